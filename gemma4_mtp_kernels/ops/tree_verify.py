@@ -1,0 +1,109 @@
+"""Public `tree_verify` (SPEC §4.4): validation, then dispatch."""
+from __future__ import annotations
+
+import torch
+
+from .. import _checks as C
+from .._dispatch import resolve
+
+OP = "tree_verify"
+
+
+def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, uniforms=None, draft_probs=None,
+                backend="auto"):
+    """Accept the longest drafted path the target agrees with; returns a VerifyResult.
+
+    draft_tokens [B, N] int32/int64 (node 0 = last committed token); parents [B, N] int32
+    (parents[:, 0] == -1, 0 <= parents[b, i] < i or -1 for padding); target_logits [B, N, V].
+    temperature None (all greedy), a float, or [B] fp32 (0 = greedy row); uniforms [B, N, 2] fp32 in
+    [0, 1), required for sampling rows; draft_probs [B, N, V] for chain drafts sampled from q.
+    """
+    C.tensor(OP, "draft_tokens", draft_tokens, ndim=2, dtypes=C.INDEX_DTYPES)
+    C.tensor(OP, "parents", parents, ndim=2, dtypes=(torch.int32,))
+    C.tensor(OP, "target_logits", target_logits, ndim=3, dtypes=C.FLOAT_DTYPES)
+    B, N, V = target_logits.shape
+    if N < 1:
+        C.fail_value(OP, "target_logits", "at least one node (shape[1] >= 1)", f"shape {tuple(target_logits.shape)}")
+    if V < 1:
+        C.fail_value(OP, "target_logits", "a non-empty vocabulary (shape[2] >= 1)", f"shape {tuple(target_logits.shape)}")
+    for name, t in (("draft_tokens", draft_tokens), ("parents", parents)):
+        if tuple(t.shape) != (B, N):
+            C.fail_value(OP, name, f"of shape (B, N) = {(B, N)} from target_logits", f"shape {tuple(t.shape)}")
+    C.inner_contiguous(OP, "target_logits", target_logits)
+    C.contiguous(OP, "parents", parents)
+    C.contiguous(OP, "draft_tokens", draft_tokens)
+    dev = target_logits.device
+    C.same_device(OP, "target_logits", target_logits, [("draft_tokens", draft_tokens), ("parents", parents)])
+
+    if temperature is not None and not isinstance(temperature, torch.Tensor):
+        t = C.finite_float(OP, "temperature", temperature)
+        if t < 0:
+            C.fail_value(OP, "temperature", ">= 0", t)
+        temperature = torch.full((B,), t, dtype=torch.float32, device=dev)
+    if temperature is not None:
+        C.tensor(OP, "temperature", temperature, ndim=1, dtypes=(torch.float32,))
+        C.dim(OP, "temperature", temperature, 0, B, "B")
+        C.same_device(OP, "target_logits", target_logits, [("temperature", temperature)])
+        C.contiguous(OP, "temperature", temperature)
+    if uniforms is not None:
+        C.tensor(OP, "uniforms", uniforms, ndim=3, dtypes=(torch.float32,))
+        if tuple(uniforms.shape) != (B, N, 2):
+            C.fail_value(OP, "uniforms", f"of shape (B, N, 2) = {(B, N, 2)}", f"shape {tuple(uniforms.shape)}")
+        C.same_device(OP, "target_logits", target_logits, [("uniforms", uniforms)])
+        C.contiguous(OP, "uniforms", uniforms)
+    if draft_probs is not None:
+        C.tensor(OP, "draft_probs", draft_probs, ndim=3, dtypes=C.FLOAT_DTYPES)
+        if tuple(draft_probs.shape) != (B, N, V):
+            C.fail_value(OP, "draft_probs", f"of shape (B, N, V) = {(B, N, V)}", f"shape {tuple(draft_probs.shape)}")
+        C.same_device(OP, "target_logits", target_logits, [("draft_probs", draft_probs)])
+        C.inner_contiguous(OP, "draft_probs", draft_probs)
+        if temperature is None:
+            C.fail_value(OP, "draft_probs", "None when temperature is None (greedy rows ignore draft probabilities)",
+                         "a tensor")
+
+    if temperature is not None and uniforms is None:
+        if not C.values_checkable(temperature) or bool((temperature > 0).any()):
+            C.fail_value(OP, "uniforms", "a [B, N, 2] fp32 tensor when any row samples (temperature > 0)", "None")
+    if C.values_checkable(parents):
+        _check_tree(parents, draft_probs is not None)
+        C.index_range(OP, "draft_tokens", draft_tokens[parents >= 0],
+                      0, V, "vocabulary ids of drafted nodes")
+        if temperature is not None:
+            if bool((temperature < 0).any()) or bool(torch.isnan(temperature).any()):
+                C.fail_value(OP, "temperature", ">= 0 in every row", temperature.tolist())
+        if uniforms is not None and uniforms.numel():
+            if bool(((uniforms < 0) | (uniforms >= 1) | torch.isnan(uniforms)).any()):
+                C.fail_value(OP, "uniforms", "in [0, 1)", f"min {float(uniforms.min())}, max {float(uniforms.max())}")
+    impl = resolve(OP, backend, dev, target_logits.dtype)
+    return impl(draft_tokens, parents, target_logits, temperature=temperature, uniforms=uniforms,
+                draft_probs=draft_probs)
+
+
+def _check_tree(parents: torch.Tensor, chain_only: bool) -> None:
+    B, N = parents.shape
+    if B == 0:
+        return
+    if bool((parents[:, 0] != -1).any()):
+        b = int((parents[:, 0] != -1).nonzero()[0])
+        C.fail_value(OP, "parents", "-1 at node 0 (the root)", f"parents[{b}, 0] = {int(parents[b, 0])}")
+    idx = torch.arange(N, device=parents.device)
+    bad = (parents < -1) | (parents >= idx[None, :])
+    if bool(bad.any()):
+        b, i = bad.nonzero()[0].tolist()
+        C.fail_value(OP, "parents", "topological: -1 or 0 <= parents[b, i] < i",
+                     f"parents[{b}, {i}] = {int(parents[b, i])}")
+    used = parents >= 0
+    used[:, 0] = True
+    par = parents.clamp(min=0).long()
+    orphan = (parents >= 0) & ~torch.gather(used, 1, par)
+    if bool(orphan.any()):
+        b, i = orphan.nonzero()[0].tolist()
+        C.fail_value(OP, "parents", "pointing at used nodes (padding slots have no children)",
+                     f"parents[{b}, {i}] = {int(parents[b, i])}, a padding slot")
+    if chain_only:
+        children = torch.zeros(B, N, dtype=torch.int64, device=parents.device)
+        children.scatter_add_(1, par, (parents >= 0).long())
+        if bool((children > 1).any()):
+            b, i = (children > 1).nonzero()[0].tolist()
+            C.fail_value(OP, "draft_probs", "given only for chain drafts (at most one child per node)",
+                         f"node {i} of request {b} with {int(children[b, i])} children")

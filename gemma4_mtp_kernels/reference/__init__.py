@@ -1,0 +1,10 @@
+"""PyTorch reference implementations: the spec in code (SPEC §3 `torch` backend).
+
+Any device, fp32/bf16/fp16 inputs, fp32 accumulation. Inputs are assumed validated by the public ops.
+"""
+from .centroid_logits import centroid_logits
+from .fused_concat_down_proj import fused_concat_down_proj
+from .q_only_attention import q_only_paged_attention
+from .tree_verify import tree_verify
+
+__all__ = ["fused_concat_down_proj", "q_only_paged_attention", "centroid_logits", "tree_verify"]

@@ -1,0 +1,29 @@
+"""Reference `centroid_logits` (SPEC §4.3): score centroids, keep top_k clusters, score their tokens."""
+import torch
+
+
+def candidates(hidden, centroids, token_ordering, top_k):
+    """Candidate token ids [T, K] in cluster order (descending score, ties to the lower cluster)."""
+    scores = hidden.float() @ centroids.float().T
+    # a stable descending sort keeps equal scores in ascending cluster order
+    top = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :top_k]
+    clusters = token_ordering.long().view(centroids.shape[0], -1)
+    return clusters[top].reshape(hidden.shape[0], -1)
+
+
+def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, output="argmax", fill_value=None):
+    T = hidden.shape[0]
+    V = lm_head.shape[0]
+    ids = candidates(hidden, centroids, token_ordering, top_k)  # [T, K]
+    logits = torch.einsum("td,tkd->tk", hidden.float(), lm_head[ids].float())
+    if output == "sparse":
+        return ids, logits
+    if output == "dense":
+        fill = float("-inf") if fill_value is None else fill_value
+        dense = torch.full((T, V), fill, dtype=torch.float32, device=hidden.device)
+        return dense.scatter_(1, ids, logits)
+    # argmax, ties to the lowest vocabulary id
+    best = logits.max(dim=1, keepdim=True).values
+    big = torch.iinfo(torch.int64).max
+    token = torch.where(logits == best, ids, torch.full_like(ids, big)).min(dim=1).values
+    return token, best.squeeze(1)

@@ -1,0 +1,75 @@
+"""Reference `tree_verify` (SPEC §4.4): walk each request's tree node by node."""
+import torch
+
+from .._types import VerifyResult
+
+
+def inverse_cdf(probs: torch.Tensor, u: float) -> int:
+    """The first id whose cumulative probability exceeds u; the last id with nonzero probability if
+    rounding leaves the total at or below u."""
+    cdf = torch.cumsum(probs.double(), dim=0)
+    hit = (cdf > u).nonzero()
+    if hit.numel():
+        return int(hit[0])
+    return int((probs > 0).nonzero()[-1])
+
+
+def _children(parents_row):
+    kids = [[] for _ in parents_row]
+    for i in range(1, len(parents_row)):
+        if parents_row[i] >= 0:
+            kids[parents_row[i]].append(i)  # ascending node index
+    return kids
+
+
+def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, uniforms=None, draft_probs=None):
+    B, N, V = target_logits.shape
+    dev = target_logits.device
+    accept_len = torch.zeros(B, dtype=torch.int32)
+    accepted = torch.full((B, N), -1, dtype=torch.int32)
+    tokens = torch.full((B, N), -1, dtype=torch.int64)
+    last = torch.zeros(B, dtype=torch.int32)
+    for b in range(B):
+        kids = _children(parents[b].tolist())
+        drafts = draft_tokens[b].tolist()
+        temp = 0.0 if temperature is None else float(temperature[b])
+        path, bonus, u = [], None, 0
+        while bonus is None:
+            logits = target_logits[b, u].float()
+            by_token = {}
+            for c in kids[u]:
+                by_token.setdefault(drafts[c], c)  # duplicates: the lowest-index child wins
+            if temp == 0.0:
+                t = int(torch.argmax(logits))  # first maximum = lowest id
+                child = by_token.get(t)
+            elif draft_probs is None:
+                t = inverse_cdf(torch.softmax(logits / temp, dim=0), float(uniforms[b, u, 0]))
+                child = by_token.get(t)
+            else:
+                p = torch.softmax(logits / temp, dim=0)
+                child, t = None, None
+                if kids[u]:
+                    c = kids[u][0]  # chains only: one child
+                    q = draft_probs[b, u].float()
+                    x = drafts[c]
+                    if q[x] > 0 and float(uniforms[b, u, 0]) < float(p[x] / q[x]):
+                        child, t = c, x
+                    else:
+                        residual = (p - q).clamp(min=0)
+                        total = residual.sum()
+                        # p == q leaves no residual; rejection is then impossible in exact arithmetic
+                        t = inverse_cdf(residual / total if total > 0 else p, float(uniforms[b, u, 1]))
+                else:
+                    t = inverse_cdf(p, float(uniforms[b, u, 1]))
+            if child is None:
+                bonus = t
+            else:
+                path.append(child)
+                u = child
+        n = len(path)
+        accept_len[b] = n
+        accepted[b, :n] = torch.tensor(path, dtype=torch.int32)
+        tokens[b, :n] = torch.tensor([drafts[c] for c in path], dtype=torch.int64)
+        tokens[b, n] = bonus
+        last[b] = path[-1] if path else 0
+    return VerifyResult(accept_len.to(dev), accepted.to(dev), tokens.to(dev), last.to(dev))
