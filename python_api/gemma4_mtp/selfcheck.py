@@ -1,0 +1,88 @@
+"""Runs each op through every available backend on small drafter-like inputs and compares it with the
+torch reference. `python -m gemma4_mtp selfcheck` prints the table."""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+
+def _cases(device):
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, generator=g).to(dtype).to(device)
+
+    T, Hb, Hd, V = 3, 256, 64, 512
+    yield "fused_concat_down_proj", (
+        torch.randint(0, V, (T,), generator=g).to(device), rnd(V, Hb), rnd(T, Hb), rnd(Hd, 2 * Hb) * 0.05,
+    ), dict(embed_scale=Hb ** 0.5)
+
+    B, Qn, Hq, Hkv, bs, D = 2, 2, 4, 2, 16, 256
+    nb = 12
+    seq = torch.tensor([37, 5], dtype=torch.int32, device=device)
+    table = torch.randperm(nb, generator=g)[: 2 * 6].view(2, 6).to(torch.int32).to(device)
+    yield "q_only_paged_attention", (
+        rnd(B, Qn, Hq, D) * 0.1, rnd(nb, bs, Hkv, D), rnd(nb, bs, Hkv, D), table, seq,
+    ), dict(window=24, return_lse=True)
+
+    C, Vc = 16, 512
+    yield "centroid_logits", (
+        rnd(T, Hd), rnd(C, Hd), torch.randperm(Vc, generator=g).to(device), rnd(Vc, Hd),
+    ), dict(top_k=4, output="argmax")
+
+    N, Vv = 5, 300
+    parents = torch.tensor([[-1, 0, 0, 1, 3]] * 2, dtype=torch.int32, device=device)
+    logits = rnd(2, N, Vv, dtype=torch.float32)
+    drafts = logits.argmax(-1).roll(1, dims=1)  # node i holds the target's choice at its parent: accepts
+    yield "tree_verify", (drafts, parents, logits), dict(
+        temperature=torch.tensor([0.0, 0.8], device=device),
+        uniforms=torch.rand(2, N, 2, generator=g).to(device))
+
+
+def _flat(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    return [t for item in x for t in _flat(item)]
+
+
+def run(device: str | None = None) -> list[tuple[str, str, str, str]]:
+    import gemma4_mtp_kernels as K
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    rows = []
+    for op, args, kwargs in _cases(device):
+        fn = getattr(K, op)
+        ref = _flat(fn(*args, **kwargs, backend="torch"))
+        for backend, status in K.available_backends().items():
+            if backend == "torch":
+                rows.append((op, backend, "ok", "reference"))
+                continue
+            if not status.available:
+                rows.append((op, backend, "unavailable", status.detail))
+                continue
+            try:
+                t0 = time.perf_counter()
+                got = _flat(fn(*args, **kwargs, backend=backend))
+                dt = time.perf_counter() - t0
+            except Exception as e:  # the table reports it; nothing is hidden
+                rows.append((op, backend, "ERROR", f"{type(e).__name__}: {e}"[:100]))
+                continue
+            err = max(((a.double() - b.double()).abs().nan_to_num(0.0).max().item() if a.numel() else 0.0)
+                      for a, b in zip(got, ref))
+            exact = all(torch.equal(a.isnan(), b.isnan()) for a, b in zip(got, ref))
+            ok = exact and err <= 2e-2
+            rows.append((op, backend, "ok" if ok else "MISMATCH", f"max |diff| {err:.2e}, {dt * 1e3:.0f} ms"))
+    return rows
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # lets the triton kernels run on CPU tensors
+    rows = run()
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    print(f"{'op':{widths[0]}}  {'backend':{widths[1]}}  {'status':{widths[2]}}  detail")
+    for r in rows:
+        print(f"{r[0]:{widths[0]}}  {r[1]:{widths[1]}}  {r[2]:{widths[2]}}  {r[3]}")
+    return 0 if all(r[2] in ("ok", "unavailable") for r in rows) else 1
