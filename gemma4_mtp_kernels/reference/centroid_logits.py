@@ -8,7 +8,7 @@ def candidates(hidden, centroids, token_ordering, top_k):
     # a stable descending sort keeps equal scores in ascending cluster order
     top = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :top_k]
     clusters = token_ordering.long().view(centroids.shape[0], -1)
-    return clusters[top].reshape(hidden.shape[0], -1)
+    return clusters[top].reshape(hidden.shape[0], top_k * clusters.shape[1])
 
 
 def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, output="argmax", fill_value=None):
