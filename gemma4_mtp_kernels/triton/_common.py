@@ -1,0 +1,62 @@
+"""Launch-size helpers shared by the Triton launchers."""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+# On CPU (the interpreter) there is no SM count; a small fixed one keeps the split heuristics
+# deterministic and makes ordinary test shapes take the split paths.
+INTERPRETER_SMS = 4
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs must not silently drop to tf32 in tl.dot; bf16/fp16 take the default."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def interpreting(device: torch.device) -> bool:
+    return device.type != "cuda"
+
+
+@triton.jit
+def mma(a, b, acc, PREC: tl.constexpr, INTERP: tl.constexpr):
+    """acc + a @ b. The interpreter (triton 3.8) multiplies bf16 tiles as raw integer bits, so on
+    CPU the operands go up to fp32 first: the same products (exact in fp32) and fp32 accumulation."""
+    if INTERP:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision=PREC)
+
+
+TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def pow2_at_least(n: int, floor: int) -> int:
+    return max(floor, triton.next_power_of_2(max(1, n)))
+
+
+@triton.jit
+def cast(x, dtype: tl.constexpr, INTERP: tl.constexpr):
+    """x.to(dtype) with round-to-nearest-even, as the GPU converts. The interpreter (triton 3.8)
+    truncates fp32 -> bf16, so there the rounding is done on the fp32 bits first (then the
+    truncating conversion is exact)."""
+    if INTERP and dtype == tl.bfloat16:
+        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True).to(dtype)
+    else:
+        return x.to(dtype)

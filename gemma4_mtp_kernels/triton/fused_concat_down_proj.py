@@ -1,0 +1,131 @@
+"""Triton `fused_concat_down_proj` (SPEC §4.1).
+
+Design. y[T, Hd] = W[Hd, 2Hb] @ concat(e, h)[T, 2Hb]^T is a skinny GEMM whose cost is the weight
+(Hd * 2Hb elements, 1.5 MiB for E2B up to 21 MiB for 31B in bf16); the T <= 64 activations are tiny.
+- Grid (Hd / BLOCK_N, T / BLOCK_T, SPLIT_K). A program owns BLOCK_N weight rows and all T tokens of
+  its T tile (BLOCK_T = T rounded up to 16..64), so each weight row is read once per call when
+  T <= 64 (the hot case); the output tile is acc[BLOCK_N, BLOCK_T] = W_tile @ x_tile^T via tl.dot.
+- Both halves of W are reduced in two loops over the same K range: the embedding half against the
+  gathered rows embed_table[token_ids] (scaled by the table-dtype-rounded scale and rounded back to
+  the table dtype in registers, as Gemma's scaled embedding does), the hidden half against hidden.
+  Neither the concat nor the gathered rows ever touch memory.
+- Split-K: E2B/E4B (Hd 256) give only Hd / BLOCK_N = 8 row tiles, far from filling 132 SMs, so each
+  half's K blocks are divided among SPLIT_K programs. SPLIT_K is capped so that the fp32 partials
+  (written and read back: 8 * SPLIT_K * T * Hd bytes) stay under ~1/4 of the weight bytes
+  (SPLIT_K <= Hb / (8 T)). Partials go to an fp32 workspace and a second tiny kernel sums them in a
+  fixed order: deterministic, and the output is fully written. (fp32 atomics would save that launch
+  but need a zeroed output and give run-to-run differences.) SPLIT_K = 1 is a single launch that
+  writes the output directly.
+- Token ids are not range-checked on the GPU (that would sync); an id outside [0, V) loads NaN
+  instead of its embedding row, so its output row is NaN: never an out-of-bounds read, never a
+  plausible wrong number.
+Expected on H100/H200: the weight stream dominates (Hd * 2Hb * 2 bytes, plus T * 2Hb * 2 bytes of
+activations read from L2 per row tile). At T = 1..16 the MMA work is negligible, so with >= 2
+programs per SM and 64-wide K tiles this should reach ~70-80% of copy bandwidth for 26B/31B
+(11-21 MiB); E2B/E4B (1.5-2.5 MiB, < 1 us of traffic) are bound by launch latency (~3-5 us with the
+reduce launch) rather than bytes.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import cast, dot_precision, interpreting, mma, num_sms, pow2_at_least
+
+
+@triton.jit
+def _down_proj_kernel(tok_ptr, emb_ptr, hid_ptr, w_ptr, dst_ptr,
+                      T, V, Hb, Hd, kb_per_split, scale,
+                      stride_emb, stride_hid, stride_w, stride_split, stride_t,
+                      BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+                      PREC: tl.constexpr, INTERP: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    n_mask = n < Hd
+    t_mask = t < T
+    tok = tl.load(tok_ptr + t, mask=t_mask, other=0).to(tl.int64)
+    tok_ok = (tok >= 0) & (tok < V)
+    tok = tl.where(tok_ok, tok, 0)
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w
+    emb_rows = emb_ptr + tok[None, :] * stride_emb
+    hid_rows = hid_ptr + t.to(tl.int64)[None, :] * stride_hid
+    kb_lo = pid_s * kb_per_split
+    kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(Hb, BLOCK_K))
+    acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+    for kb in range(kb_lo, kb_hi):
+        k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_mask = k < Hb
+        w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        e = tl.load(emb_rows + k[:, None], mask=k_mask[:, None] & t_mask[None, :], other=0.0)
+        # Gemma rounds the scaled embedding to the table dtype before the projection
+        e = cast(tl.where(tok_ok[None, :], e.to(tl.float32) * scale, float("nan")), w.dtype, INTERP)
+        acc = mma(w, e, acc, PREC, INTERP)
+    for kb in range(kb_lo, kb_hi):
+        k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_mask = k < Hb
+        w = tl.load(w_rows + Hb + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        h = tl.load(hid_rows + k[:, None], mask=k_mask[:, None] & t_mask[None, :], other=0.0)
+        acc = mma(w, h, acc, PREC, INTERP)
+    dst = dst_ptr + pid_s * stride_split + t.to(tl.int64)[None, :] * stride_t + n[:, None]
+    tl.store(dst, cast(acc, dst_ptr.dtype.element_ty, INTERP), mask=n_mask[:, None] & t_mask[None, :])
+
+
+@triton.jit
+def _split_k_reduce_kernel(part_ptr, out_ptr, numel, split_k, BLOCK: tl.constexpr, INTERP: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(split_k):  # fixed order: deterministic
+        acc += tl.load(part_ptr + s * numel + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, cast(acc, out_ptr.dtype.element_ty, INTERP), mask=mask)
+
+
+BLOCK_K = 64
+REDUCE_BLOCK = 1024
+
+
+def launch_config(T: int, Hb: int, Hd: int, sms: int) -> dict:
+    """Tile sizes and split count for a call (also used by the AOT compile check)."""
+    block_t = min(64, pow2_at_least(T, 16))
+    block_n = 32 if Hd <= 512 else 64
+    tiles = triton.cdiv(Hd, block_n) * triton.cdiv(T, block_t)
+    nkb = triton.cdiv(Hb, BLOCK_K)
+    split = max(1, min(triton.cdiv(2 * sms, tiles), nkb, Hb // (8 * max(T, 1))))
+    kb_per_split = triton.cdiv(nkb, split)
+    split = triton.cdiv(nkb, kb_per_split)
+    num_warps = 4
+    return dict(BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=BLOCK_K, split_k=split, kb_per_split=kb_per_split,
+                num_warps=num_warps)
+
+
+def fused_concat_down_proj(token_ids, embed_table, hidden, weight, *, embed_scale, out=None):
+    T, Hb = hidden.shape
+    Hd = weight.shape[0]
+    if out is None:
+        out = torch.empty(T, Hd, dtype=hidden.dtype, device=hidden.device)
+    if T == 0 or Hd == 0:
+        return out
+    scale = float(torch.tensor(embed_scale, dtype=embed_table.dtype).float())
+    cfg = launch_config(T, Hb, Hd, num_sms(hidden.device))
+    split = cfg["split_k"]
+    if split == 1:
+        dst, stride_split = out, 0
+    else:
+        dst = torch.empty(split, T, Hd, dtype=torch.float32, device=hidden.device)
+        stride_split = dst.stride(0)
+    grid = (triton.cdiv(Hd, cfg["BLOCK_N"]), triton.cdiv(T, cfg["BLOCK_T"]), split)
+    _down_proj_kernel[grid](
+        token_ids, embed_table, hidden, weight, dst,
+        T, embed_table.shape[0], Hb, Hd, cfg["kb_per_split"], scale,
+        embed_table.stride(0), hidden.stride(0), weight.stride(0), stride_split, Hd,
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"],
+        PREC=dot_precision(weight.dtype), INTERP=interpreting(hidden.device), num_warps=cfg["num_warps"])
+    if split > 1:
+        numel = T * Hd
+        _split_k_reduce_kernel[(triton.cdiv(numel, REDUCE_BLOCK),)](dst, out, numel, split, BLOCK=REDUCE_BLOCK,
+                                                                      INTERP=interpreting(out.device))
+    return out

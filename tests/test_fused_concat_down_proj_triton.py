@@ -1,0 +1,98 @@
+"""Triton fused_concat_down_proj against the reference (SPEC §4.1, §6), under the interpreter on CPU."""
+import math
+
+import pytest
+import torch
+
+from gemma4_mtp_kernels import fused_concat_down_proj
+from gemma4_mtp_kernels.triton import fused_concat_down_proj as triton_impl
+from gemma4_mtp_kernels.triton._common import num_sms
+from helpers import DRAFTERS, assert_tolerance, poisoned
+
+
+def exact_down_proj(token_ids, embed_table, hidden, weight, embed_scale):
+    """fp64 oracle with the two table-dtype roundings of Gemma's scaled embedding kept."""
+    table_dtype = embed_table.dtype
+    scale = torch.tensor(embed_scale, dtype=table_dtype).double()
+    emb = (embed_table[token_ids.long()].double() * scale).to(table_dtype).double()
+    return torch.cat([emb, hidden.double()], dim=-1) @ weight.double().T
+
+
+def make_inputs(T, Hb, Hd, dtype, V=97, g=None):
+    token_ids = torch.randint(0, V, (T,), generator=g)
+    embed_table = torch.randn(V, Hb, generator=g).to(dtype)
+    hidden = torch.randn(T, Hb, generator=g).to(dtype)
+    weight = (torch.randn(Hd, 2 * Hb, generator=g) / math.sqrt(2 * Hb)).to(dtype)
+    return token_ids, embed_table, hidden, weight
+
+
+def check(T, Hb, Hd, dtype, *, index_dtype=torch.int64, strided=False):
+    token_ids, embed_table, hidden, weight = make_inputs(T, Hb, Hd, dtype)
+    token_ids = token_ids.to(index_dtype)
+    if strided:  # row strides the op accepts: views into wider storage
+        embed_table = torch.cat([embed_table, embed_table[:, :3]], dim=1)[:, :Hb]
+        hidden = torch.cat([hidden, hidden[:, :5]], dim=1)[:, :Hb]
+    scale = math.sqrt(Hb)
+    out = poisoned((T, Hd), dtype)
+    got = fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=scale, out=out, backend="triton")
+    assert got is out
+    exact = exact_down_proj(token_ids, embed_table, hidden, weight, scale)
+    ref = fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=scale, backend="torch")
+    # fp32 results differ from the fp64 oracle only by summation order over 2*Hb terms
+    atol = 1e-6 * math.sqrt(2 * Hb) * exact.abs().max().item() + 1e-6
+    assert_tolerance(got, exact, ref, atol=atol, what=f"T={T} Hb={Hb} Hd={Hd} {dtype}")
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+@pytest.mark.parametrize("T", [1])
+def test_drafter_shapes_bf16(name, T):
+    d = DRAFTERS[name]
+    check(T, d["Hb"], d["Hd"], torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T,Hb,Hd", [(1, 64, 16), (7, 200, 72), (17, 96, 40), (65, 64, 24), (64, 128, 33)])
+def test_awkward_shapes(T, Hb, Hd, dtype):
+    check(T, Hb, Hd, dtype)
+
+
+def test_int32_ids_and_strided_rows():
+    check(5, 136, 48, torch.bfloat16, index_dtype=torch.int32, strided=True)
+
+
+def test_split_and_single_launch_paths_agree_with_reference():
+    """Few row tiles split K (partial sums + reduce); large T leaves SPLIT_K = 1 (direct store)."""
+    from gemma4_mtp_kernels.triton.fused_concat_down_proj import launch_config
+    assert launch_config(1, 1536, 256, 132)["split_k"] > 1  # E2B at T=1 on an H100/H200 splits
+    sms = num_sms(torch.device("cpu"))
+    assert launch_config(1, 1536, 32, sms)["split_k"] > 1
+    assert launch_config(64, 128, 256, sms)["split_k"] == 1
+    check(1, 1536, 32, torch.bfloat16)
+    check(64, 128, 256, torch.bfloat16)
+
+
+def test_scale_rounding_is_table_dtype():
+    """sqrt(1536) rounds to 39.25 in bf16: a kernel using the fp32 scale is off by ~0.15% and fails."""
+    T, Hb, Hd = 2, 1536, 16
+    token_ids, embed_table, hidden, weight = make_inputs(T, Hb, Hd, torch.bfloat16)
+    hidden.zero_()  # only the embedding half contributes
+    got = triton_impl(token_ids, embed_table, hidden, weight, embed_scale=math.sqrt(Hb))
+    exact = exact_down_proj(token_ids, embed_table, hidden, weight, math.sqrt(Hb))
+    ref = fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=math.sqrt(Hb), backend="torch")
+    assert_tolerance(got, exact, ref, what="scale rounding")
+
+
+def test_empty_T():
+    token_ids, embed_table, hidden, weight = make_inputs(0, 32, 16, torch.bfloat16)
+    got = fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=2.0, backend="triton")
+    assert got.shape == (0, 16) and got.dtype == torch.bfloat16
+
+
+def test_out_of_range_token_gives_nan_row_not_a_read():
+    """The GPU path skips the host check; the kernel must not read outside the table (NaN row instead).
+    Called on the backend directly, as an unchecked CUDA call would reach it."""
+    token_ids, embed_table, hidden, weight = make_inputs(3, 64, 16, torch.float32, V=10)
+    token_ids[1] = 10**6
+    got = triton_impl(token_ids, embed_table, hidden, weight, embed_scale=1.0)
+    assert torch.isnan(got[1]).all()
+    assert not torch.isnan(got[[0, 2]]).any()
