@@ -1,0 +1,83 @@
+"""centroid_logits (argmax) vs the dense 262144-row LM head + argmax, and vs Hugging Face's masked
+embedder path (centroid scores, topk, gather, matmul, scatter into a dense [T, V] row, argmax).
+
+Floor: all centroids and the K = 4096 candidate rows per token (roofline.centroid_head). The dense
+head's floor (roofline.dense_head) is ~42x larger at E2B shapes: the ratio the issue targets sits
+near that limit.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import roofline
+from .common import Case, close, compiled, equal, ours
+
+OP = "centroid_logits"
+
+
+def dense_head_argmax(hidden, lm_head):
+    logits = hidden @ lm_head.T
+    return logits.argmax(dim=-1)
+
+
+def hf_masked_embedder_argmax(hidden, centroids, token_ordering, lm_head, top_k: int):
+    """Gemma4AssistantMaskedEmbedder.forward followed by argmax, for [T, Hd] hidden states."""
+    C = centroids.shape[0]
+    V = token_ordering.shape[0]
+    scores = hidden @ centroids.T
+    top = torch.topk(scores, k=top_k, dim=-1).indices
+    selected = token_ordering.long().view(C, V // C)[top].reshape(hidden.shape[0], -1)
+    logits = (hidden.unsqueeze(-2) @ lm_head[selected].transpose(-1, -2)).squeeze(-2)
+    mask_value = logits.min().item() - 1.0  # HF syncs with the host here
+    dense = torch.full((hidden.shape[0], V), mask_value, dtype=hidden.dtype, device=hidden.device)
+    return dense.scatter_(-1, selected, logits).argmax(dim=-1)
+
+
+def _inputs(Hd, V, C, T):
+    def make(device, dtype, seed):
+        g = torch.Generator().manual_seed(seed)
+        return {"hidden": torch.randn(T, Hd, generator=g).to(device, dtype),
+                "centroids": (torch.randn(C, Hd, generator=g) / math.sqrt(Hd)).to(device, dtype),
+                "token_ordering": torch.randperm(V, generator=g).to(device),
+                "lm_head": (torch.randn(V, Hd, generator=g) / math.sqrt(Hd)).to(device, dtype)}
+    return make
+
+
+def cases(dry: bool) -> list[Case]:
+    masked_c = compiled(hf_masked_embedder_argmax, dry)
+    dense_c = compiled(dense_head_argmax, dry)
+    if dry:
+        grid = [("E2B-tiny", 32, 1024, 64, 4, T) for T in (1, 3)]
+    else:
+        grid = [(n, d["Hd"], d["vocab"], d["centroids"], d["top_k"], T)
+                for n, d in roofline.DRAFTERS.items() if d["centroids"] for T in (1, 8, 64)]
+    out = []
+    for name, Hd, V, C, top_k, T in grid:
+        def call(fn, i, backend, top_k=top_k):
+            return fn(i["hidden"], i["centroids"], i["token_ordering"], i["lm_head"], top_k=top_k, output="argmax",
+                      backend=backend)
+
+        def masked(fn, top_k=top_k):
+            return lambda i: (lambda: fn(i["hidden"], i["centroids"], i["token_ordering"], i["lm_head"], top_k))
+
+        def dense(fn):
+            return lambda i: (lambda: fn(i["hidden"], i["lm_head"]))
+
+        baselines = {"dense_head_argmax": dense(dense_head_argmax), "dense_head_argmax_compile": dense(dense_c),
+                     "hf_masked_embedder": masked(hf_masked_embedder_argmax),
+                     "hf_masked_embedder_compile": masked(masked_c),
+                     "triton": ours(OP, "triton", call), "cuda": ours(OP, "cuda", call)}
+        not_comparable = lambda out, ref: {"ok": None, "detail": "dense argmax over all V: a different function"}  # noqa: E731
+        out.append(Case(
+            op=OP, label=f"{name} argmax T={T}", params=dict(drafter=name, Hd=Hd, V=V, C=C, top_k=top_k, T=T),
+            cost=roofline.centroid_head(Hd, V, C, top_k, T), make_inputs=_inputs(Hd, V, C, T),
+            reference=lambda i, call=call: call(__import__("gemma4_mtp_kernels").centroid_logits, i, "torch"),
+            baselines=baselines,
+            compare={"dense_head_argmax": not_comparable, "dense_head_argmax_compile": not_comparable,
+                     "hf_masked_embedder": lambda o, r: equal(o, r[0]),
+                     "hf_masked_embedder_compile": lambda o, r: equal(o, r[0]),
+                     "triton": lambda o, r: {**equal(o[0], r[0]), "logit": close(o[1], r[1])["ok"]},
+                     "cuda": lambda o, r: {**equal(o[0], r[0]), "logit": close(o[1], r[1])["ok"]}}))
+    return out

@@ -1,0 +1,235 @@
+"""Run every op benchmark with its baselines and write one results JSON.
+
+    python -m benchmarks.run_all --out results.json            # on a GPU: real shapes, timed
+    python -m benchmarks.run_all --dry-run --out dry.json      # on CPU: tiny shapes, every path but timing
+    python -m benchmarks.run_all --table results.json          # print the summary table of a results file
+
+Per case the JSON holds the cost (bytes, FLOPs, where the bytes go), the floor on the measured device
+(its copy bandwidth measured in the same run) and on the datasheet devices, and per baseline: status
+("ok", "missing" with the reason, "error" with the exception, "not run" past the time budget), the
+median time, GB/s, the fraction of the floor reached, and a sanity check against the reference op.
+The file is rewritten after every case, so a run killed by a timeout leaves what it measured.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+
+if __package__ in (None, ""):  # python benchmarks/run_all.py
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    __package__ = "benchmarks"
+
+MODULES = ("bench_q_only_attention", "bench_centroid_logits", "bench_fused_concat_down_proj", "bench_tree_verify")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _git(*args) -> str | None:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment(torch) -> dict:
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cuda_runtime": torch.version.cuda,
+           "commit": _git("rev-parse", "HEAD"), "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+           "host": platform.node(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    if torch.cuda.is_available():
+        env["device"] = torch.cuda.get_device_name()
+        env["capability"] = list(torch.cuda.get_device_capability())
+        try:
+            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True, timeout=20).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            env["driver"] = None
+    else:
+        env["device"] = "cpu (dry run)"
+        env["driver"] = None
+    import gemma4_mtp_kernels as g
+    env["backends"] = {k: {"available": v.available, "detail": v.detail} for k, v in g.available_backends().items()}
+    return env
+
+
+def _run_case(case, *, torch, dry, device, dtype, l2_bytes, measured_dev, datasheet, timer, runs):
+    from . import common
+    c = case.cost
+    rec = {"op": case.op, "case": case.label, "params": case.params, "bytes": c.bytes, "flops": c.flops,
+           "parts": c.parts, "floor_datasheet_s": {d.key: c.floor_s(d) for d in datasheet},
+           "floor_s": c.floor_s(measured_dev) if measured_dev else None, "results": []}
+    sets = 1 if dry else timer.n_sets(c.bytes, l2_bytes)
+    inputs = [case.make_inputs(device, dtype, seed) for seed in range(sets)]
+    ref = case.reference(inputs[0])
+    for name, factory in case.baselines.items():
+        r = {"baseline": name}
+        try:
+            calls = [factory(i) for i in inputs]
+            out = calls[0]()
+            cmp = case.compare.get(name, case.default_compare)
+            r["check"] = cmp(out, ref) if cmp else None
+            if not dry:
+                t = timer.time_calls(calls, runs=runs)
+                r.update(t.to_dict())
+                r["gbps"] = c.bytes / t.median_s / 1e9
+                r["tflops"] = c.flops / t.median_s / 1e12
+                r["fraction_of_floor"] = rec["floor_s"] / t.median_s
+            r["status"] = "ok"
+        except common.Missing as e:
+            r.update(status="missing", reason=str(e))
+        except Exception as e:  # noqa: BLE001 - a failing baseline is a result, not a crash
+            r.update(status="error", reason=f"{type(e).__name__}: {str(e)[:300]}",
+                     where=traceback.format_exc(limit=3)[-600:])
+        rec["results"].append(r)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    first = rec["results"][0]
+    for r in rec["results"]:
+        if r.get("time_s") and first.get("time_s"):
+            r["speedup_vs_first"] = first["time_s"] / r["time_s"]
+    del inputs
+    return rec
+
+
+def run(*, dry: bool, out_path: str, ops=None, time_budget_s: float | None = None, runs: int = 30,
+        log=print) -> dict:
+    import torch
+    from . import devices, timer
+    if not dry and not torch.cuda.is_available():
+        raise SystemExit("run_all: no GPU (torch.cuda.is_available() is False); use --dry-run on a CPU machine")
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())) if dry else torch.get_num_threads())
+    start = time.monotonic()
+    device = torch.device("cuda" if not dry else "cpu")
+    # dry runs use fp32 so every baseline's sanity check is exact enough to mean something on CPU
+    dtype = torch.float32 if dry else torch.bfloat16
+    results = {"schema": 1, "dry_run": dry, "dtype": str(dtype).replace("torch.", ""), "env": environment(torch),
+               "device_peaks": {}, "cases": []}
+    datasheet = list(devices.DATASHEET.values())
+    measured_dev, l2 = None, 0
+    if not dry:
+        peaks = results["device_peaks"]
+        peaks["copy_bytes_per_s"] = timer.copy_bandwidth()
+        peaks["matmul_flops_per_s"] = timer.matmul_flops()
+        peaks["launch_floor_s"] = timer.launch_floor()
+        spec = devices.match(results["env"]["device"])
+        peaks["datasheet"] = spec.key if spec else None
+        measured_dev = devices.measured(results)
+        l2 = spec.l2_bytes if spec else 64 << 20
+        log(f"device {results['env']['device']}: copy {peaks['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+            f"bf16 matmul {peaks['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s, launch {peaks['launch_floor_s'] * 1e6:.2f} µs")
+    _write(results, out_path)
+    for modname in MODULES:
+        mod = importlib.import_module(f".{modname}", __package__)
+        if ops and not any(o in modname for o in ops):
+            continue
+        for case in mod.cases(dry):
+            if time_budget_s is not None and time.monotonic() - start > time_budget_s:
+                results["cases"].append({"op": case.op, "case": case.label, "params": case.params,
+                                         "bytes": case.cost.bytes, "flops": case.cost.flops, "parts": case.cost.parts,
+                                         "floor_s": case.cost.floor_s(measured_dev) if measured_dev else None,
+                                         "results": [{"baseline": b, "status": "not run",
+                                                      "reason": f"time budget of {time_budget_s:.0f} s spent"}
+                                                     for b in case.baselines]})
+                continue
+            t0 = time.monotonic()
+            rec = _run_case(case, torch=torch, dry=dry, device=device, dtype=dtype, l2_bytes=l2,
+                            measured_dev=measured_dev, datasheet=datasheet, timer=timer, runs=runs)
+            results["cases"].append(rec)
+            _write(results, out_path)
+            log(f"{case.op:24s} {case.label:45s} {time.monotonic() - t0:6.1f} s")
+    results["wall_s"] = time.monotonic() - start
+    _write(results, out_path)
+    return results
+
+
+def _write(results: dict, path: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(tmp, path)
+
+
+def table(results: dict, *, markdown: bool = False) -> str:
+    """The summary: one line per (case, baseline): time, GB/s, fraction of floor, speedup."""
+    env = results["env"]
+    peaks = results.get("device_peaks", {})
+    head = [f"device: {env.get('device')}  driver: {env.get('driver')}  torch {env.get('torch')}  "
+            f"triton {env.get('triton')}  CUDA {env.get('cuda_runtime')}  commit {str(env.get('commit'))[:10]}"
+            f"{' (dirty)' if env.get('dirty') else ''}  dtype {results.get('dtype')}"]
+    if peaks.get("copy_bytes_per_s"):
+        head.append(f"measured copy bandwidth {peaks['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+                    f"launch floor {peaks['launch_floor_s'] * 1e6:.2f} µs")
+    if results.get("dry_run"):
+        head.append("DRY RUN: no timings (CPU); floors are for the datasheet H200")
+    cols = ("op", "case", "baseline", "status", "floor µs", "time µs", "GB/s", "% floor", "speedup", "check")
+    rows = []
+    for c in results["cases"]:
+        floor = c.get("floor_s") or (c.get("floor_datasheet_s") or {}).get("H200")
+        for r in c["results"]:
+            chk = r.get("check") or {}
+            ok = chk.get("ok") if isinstance(chk, dict) else None
+            status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('reason', '')[:70]}"
+            rows.append((c["op"], c["case"], r["baseline"], status,
+                         f"{floor * 1e6:.2f}" if floor else "-",
+                         f"{r['time_s'] * 1e6:.2f}" if r.get("time_s") else "-",
+                         f"{r['gbps']:.0f}" if r.get("gbps") else "-",
+                         f"{100 * r['fraction_of_floor']:.0f}%" if r.get("fraction_of_floor") else "-",
+                         f"{r['speedup_vs_first']:.2f}x" if r.get("speedup_vs_first") else "-",
+                         {True: "ok", False: "MISMATCH", None: "-"}[ok]))
+    if markdown:
+        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        return "\n".join(head + [""] + lines)
+    widths = [max(len(x[i]) for x in rows + [cols]) for i in range(len(cols))]
+    fmt = "  ".join(f"{{:{w}s}}" for w in widths)
+    return "\n".join(head + [fmt.format(*cols)] + [fmt.format(*r) for r in rows])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="gemma4-mtp-kernels benchmarks")
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "results.json"))
+    p.add_argument("--dry-run", action="store_true", help="CPU: tiny shapes, every code path except timing")
+    p.add_argument("--ops", nargs="*", help="substrings of op names to run (default all)")
+    p.add_argument("--time-budget", type=float, default=None, help="seconds; later cases are recorded as not run")
+    p.add_argument("--runs", type=int, default=30, help="timed repetitions per baseline (median reported)")
+    p.add_argument("--table", metavar="RESULTS", help="print the summary table of a results file and exit")
+    p.add_argument("--markdown", action="store_true", help="table as markdown")
+    p.add_argument("--plot", metavar="PNG", help="also draw the roofline plot (needs matplotlib)")
+    args = p.parse_args(argv)
+    if args.table:
+        with open(args.table) as f:
+            print(table(json.load(f), markdown=args.markdown))
+        return 0
+    if args.dry_run:
+        # the triton backend runs on CPU tensors through its interpreter; it must be set before
+        # any kernel module is imported
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    else:
+        import torch
+        if not torch.cuda.is_available():
+            print("run_all: no GPU (torch.cuda.is_available() is False); use --dry-run on a CPU machine",
+                  file=sys.stderr)
+            return 2
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    results = run(dry=args.dry_run, out_path=args.out, ops=args.ops, time_budget_s=args.time_budget,
+                  runs=args.runs, log=lambda s: print(s, file=sys.stderr, flush=True))
+    if args.plot:
+        from . import plot
+        plot.plot(results, args.plot)
+    print(table(results, markdown=args.markdown))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
