@@ -23,12 +23,12 @@ def hf_composition(token_ids, embed_table, hidden, weight, scale):
 
 def _inputs(Hb, Hd, V, T):
     def make(device, dtype, seed):
-        g = torch.Generator().manual_seed(seed)
+        g = torch.Generator(device=device).manual_seed(seed)
         return {
-            "token_ids": torch.randint(0, V, (T,), generator=g).to(device),
-            "embed_table": (torch.randn(V, Hb, generator=g) * 0.05).to(device, dtype),
-            "hidden": torch.randn(T, Hb, generator=g).to(device, dtype),
-            "weight": (torch.randn(Hd, 2 * Hb, generator=g) / math.sqrt(2 * Hb)).to(device, dtype),
+            "token_ids": torch.randint(0, V, (T,), generator=g, device=device),
+            "embed_table": (torch.randn(V, Hb, generator=g, device=device) * 0.05).to(dtype),
+            "hidden": torch.randn(T, Hb, generator=g, device=device).to(dtype),
+            "weight": (torch.randn(Hd, 2 * Hb, generator=g, device=device) / math.sqrt(2 * Hb)).to(dtype),
             "embed_scale": math.sqrt(Hb),
         }
     return make

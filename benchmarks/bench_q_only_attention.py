@@ -32,15 +32,15 @@ def gather_sdpa(q, k_cache, v_cache, block_table, lo: int, hi: int, block_size: 
 
 def _inputs(B, Q, Hq, Hkv, D, ctx, block_size):
     def make(device, dtype, seed):
-        g = torch.Generator().manual_seed(seed)
+        g = torch.Generator(device=device).manual_seed(seed)
         nblk = -(-ctx // block_size)
         num_blocks = B * nblk + 1
         # blocks in a random order, as an engine's allocator leaves them
-        perm = torch.randperm(num_blocks, generator=g)[: B * nblk].view(B, nblk).to(torch.int32)
-        k = torch.randn(num_blocks, block_size, Hkv, D, generator=g).to(device, dtype)
-        v = torch.randn(num_blocks, block_size, Hkv, D, generator=g).to(device, dtype)
-        return {"q": (torch.randn(B, Q, Hq, D, generator=g) / math.sqrt(D)).to(device, dtype),
-                "k_cache": k, "v_cache": v, "block_table": perm.to(device),
+        perm = torch.randperm(num_blocks, generator=g, device=device)[: B * nblk].view(B, nblk).to(torch.int32)
+        k = torch.randn(num_blocks, block_size, Hkv, D, generator=g, device=device).to(dtype)
+        v = torch.randn(num_blocks, block_size, Hkv, D, generator=g, device=device).to(dtype)
+        return {"q": (torch.randn(B, Q, Hq, D, generator=g, device=device) / math.sqrt(D)).to(dtype),
+                "k_cache": k, "v_cache": v, "block_table": perm,
                 "seq_lens": torch.full((B,), ctx, dtype=torch.int32, device=device)}
     return make
 
@@ -51,13 +51,15 @@ def cases(dry: bool) -> list[Case]:
         grid = [("E2B-tiny", 2, 1, 4, 1, 512, 40, None), ("E2B-tiny", 1, 3, 4, 1, 256, 40, 24),
                 ("31B-tiny", 1, 1, 8, 2, 512, 33, None)]
     else:
+        # B = 1 at long context (the targets) for every drafter first, then batches
         grid = []
-        for name in ("E2B", "31B", "E4B", "26B-A4B"):
+        for name, d in roofline.DRAFTERS.items():
+            grid += [(name, 1, 1, d["Hq"], d["Hkv_full"], d["D_full"], ctx, None) for ctx in (8192, 32768)]
+            grid.append((name, 1, 1, d["Hq"], d["Hkv_swa"], d["D_swa"], 8192, d["window"]))
+        for name in ("E2B", "31B"):
             d = roofline.DRAFTERS[name]
-            for B, Q, ctx in ((1, 1, 8192), (1, 1, 32768), (8, 1, 8192), (1, 4, 8192), (32, 1, 8192)):
-                grid.append((name, B, Q, d["Hq"], d["Hkv_full"], d["D_full"], ctx, None))
-            for B in (1, 8):
-                grid.append((name, B, 1, d["Hq"], d["Hkv_swa"], d["D_swa"], 8192, d["window"]))
+            grid += [(name, B, Q, d["Hq"], d["Hkv_full"], d["D_full"], 8192, None) for B, Q in ((8, 1), (1, 4), (32, 1))]
+            grid.append((name, 8, 1, d["Hq"], d["Hkv_swa"], d["D_swa"], 8192, d["window"]))
     block_size = 16
     out = []
     for name, B, Q, Hq, Hkv, D, ctx, window in grid:

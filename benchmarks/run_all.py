@@ -80,7 +80,7 @@ def _run_case(case, *, torch, dry, device, dtype, l2_bytes, measured_dev, datash
             cmp = case.compare.get(name, case.default_compare)
             r["check"] = cmp(out, ref) if cmp else None
             if not dry:
-                t = timer.time_calls(calls, runs=runs)
+                t = timer.time_calls(calls, runs=runs, graph=name not in case.eager)
                 r.update(t.to_dict())
                 r["gbps"] = c.bytes / t.median_s / 1e9
                 r["tflops"] = c.flops / t.median_s / 1e12
@@ -129,17 +129,21 @@ def run(*, dry: bool, out_path: str, ops=None, time_budget_s: float | None = Non
         log(f"device {results['env']['device']}: copy {peaks['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
             f"bf16 matmul {peaks['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s, launch {peaks['launch_floor_s'] * 1e6:.2f} µs")
     _write(results, out_path)
-    for modname in MODULES:
+    mods = [m for m in MODULES if not ops or any(o in m for o in ops)]
+    for n_mod, modname in enumerate(mods):
         mod = importlib.import_module(f".{modname}", __package__)
-        if ops and not any(o in modname for o in ops):
-            continue
+        # each op gets an equal share of what is left of the budget, so a slow op cannot starve the rest
+        deadline = None
+        if time_budget_s is not None:
+            now = time.monotonic()
+            deadline = now + (start + time_budget_s - now) / (len(mods) - n_mod)
         for case in mod.cases(dry):
-            if time_budget_s is not None and time.monotonic() - start > time_budget_s:
+            if deadline is not None and time.monotonic() > deadline:
                 results["cases"].append({"op": case.op, "case": case.label, "params": case.params,
                                          "bytes": case.cost.bytes, "flops": case.cost.flops, "parts": case.cost.parts,
                                          "floor_s": case.cost.floor_s(measured_dev) if measured_dev else None,
                                          "results": [{"baseline": b, "status": "not run",
-                                                      "reason": f"time budget of {time_budget_s:.0f} s spent"}
+                                                      "reason": "the time budget of this op was spent"}
                                                      for b in case.baselines]})
                 continue
             t0 = time.monotonic()
