@@ -1,0 +1,210 @@
+"""Triton `q_only_paged_attention` (SPEC §4.2): split-KV flash decoding over a borrowed paged cache.
+
+Design. The op is a pure K/V stream: every attended cache entry is read once, the queries are tiny.
+- Grid (B * Hkv, SPLITS, row tiles). A program owns one request b, one KV head and a contiguous key
+  range of that request. Its rows are all Q queries x (Hq / Hkv) query heads that share the KV head
+  (row r -> query r // G, head kvh * G + r % G), padded to BLOCK_M = 16..64 rows, so one K/V tile
+  feeds every row through tl.dot and each K/V byte is read once per call (more row tiles only when
+  Q * G > 64, e.g. wide trees on 31B full layers).
+- Keys are walked in tiles of BLOCK_N tokens. Each token's address is computed from the block table
+  (page = pos // block_size, slot = pos % block_size) with the cache's own strides, so any
+  block_size and all four engine layouts (NHD, vLLM [nb, 2, ...], FlashAttention [2, nb, ...], HND
+  views) work without copies. Only D has to be contiguous; a K/V row is D contiguous elements.
+- The walk starts at the first in-window token (pos >= seq_len - window): table entries of blocks
+  wholly outside the window are never loaded. Table entries are loaded only for positions the call
+  attends. A block id outside [0, num_blocks) (possible on the GPU, where ids are not validated to
+  avoid a sync) is never dereferenced: its keys score NaN, so the affected rows come out NaN.
+- Online softmax in fp32 on exp2 (scores pre-multiplied by log2 e), softcap as
+  softcap * tanh(s / softcap) before it; P is cast to the cache dtype for the P @ V tl.dot.
+- Split-KV: SPLITS is picked on the host from an upper bound of the attended length
+  (block_table columns * block_size, capped by window; no device sync, so CUDA-graph safe) and the
+  SM count, aiming at >= 2 programs per SM with >= 2 key tiles (64 tokens at D 256/512) each. With SPLITS > 1 each program
+  writes its normalised partial output and its lse (fp32) and a merge kernel combines them
+  (out = sum_s exp(lse_s - lse) o_s); with SPLITS = 1 the main kernel writes out/lse directly.
+  seq_len 0 (or an empty split) leaves l = 0: partial output 0 with lse -inf, final output 0.
+Expected on H100/H200 (B = 1, context 8K, bf16): K+V = 8192 * D * 4 bytes per KV head (16 MiB at
+D 512 / Hkv 1) spread over ~2 programs per SM, plus 4 * S * rows * D bytes of partials (~6%); the
+loads are row-gathers of D * 2 contiguous bytes, pipelined 2-3 deep. We expect ~70-80% of copy
+bandwidth at D 512 and 256; vLLM's unified attention reads K/V once per query head group without a
+KV split at B = 1, so >= 2x over it is expected at these shapes.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import cast, dot_precision, interpreting, mma, num_sms, pow2_at_least
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, lse_ptr,
+                 scale_log2, softcap, window, num_blocks, block_size, chunk, rows, G, Hkv,
+                 sq_b, sq_q, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, st_b,
+                 so_b, so_q, so_h, so_s, sl_b, sl_q, sl_h, sl_s,
+                 D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, WRITE_LSE: tl.constexpr,
+                 PARTIAL: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr):
+    pid_bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = pid_bh // Hkv
+    kvh = pid_bh % Hkv
+    r = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    r_mask = r < rows
+    qi = r // G
+    head = kvh * G + r % G
+    d = tl.arange(0, D)
+
+    seq_len = tl.load(lens_ptr + b)
+    start = 0
+    if HAS_WINDOW:
+        start = tl.maximum(seq_len - window, 0)
+    lo = start + split * chunk
+    hi = tl.minimum(lo + chunk, seq_len)
+
+    q = tl.load(q_ptr + b.to(tl.int64) * sq_b + qi[:, None] * sq_q + head[:, None] * sq_h + d[None, :],
+                mask=r_mask[:, None], other=0.0)
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+    table_row = table_ptr + b.to(tl.int64) * st_b
+    k_head = k_ptr + kvh.to(tl.int64) * sk_h
+    v_head = v_ptr + kvh.to(tl.int64) * sv_h
+    for n0 in range(lo, hi, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        p_mask = pos < hi
+        blk = tl.load(table_row + pos // block_size, mask=p_mask, other=0).to(tl.int64)
+        bad = p_mask & ((blk < 0) | (blk >= num_blocks))
+        ld_mask = p_mask & ~bad
+        slot = (pos % block_size).to(tl.int64)
+        k = tl.load(k_head + blk[:, None] * sk_b + slot[:, None] * sk_s + d[None, :], mask=ld_mask[:, None], other=0.0)
+        v = tl.load(v_head + blk[:, None] * sv_b + slot[:, None] * sv_s + d[None, :], mask=ld_mask[:, None], other=0.0)
+        s = mma(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), PREC, INTERP)
+        if HAS_SOFTCAP:
+            # softcap * tanh(x / softcap), tanh(y) = 1 - 2 / (exp(2y) + 1): exact limits at +-inf
+            y = s * (scale_log2 / (softcap * 1.4426950408889634))
+            s = (softcap * 1.4426950408889634) * (1.0 - 2.0 / (tl.exp2(2.8853900817779268 * y) + 1.0))
+        else:
+            s = s * scale_log2
+        s = tl.where(p_mask[None, :], s, float("-inf"))
+        s = tl.where(bad[None, :], float("nan"), s)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = mma(cast(p, v.dtype, INTERP), v, acc * alpha[:, None], PREC, INTERP)
+        m_i = m_new
+
+    # l = 0: nothing attended (acc is 0, so out 0, lse -inf); a NaN l (bad block id) stays NaN
+    l_div = tl.where(l_i == 0, 1.0, l_i)
+    o = acc / l_div[:, None]
+    lse = tl.where(l_i == 0, float("-inf"), (m_i + tl.log2(l_div)) * 0.6931471805599453)
+    row_off = b.to(tl.int64) * so_b + qi * so_q + head * so_h + split * so_s
+    if PARTIAL:
+        tl.store(out_ptr + row_off[:, None] + d[None, :], o, mask=r_mask[:, None])
+    else:
+        tl.store(out_ptr + row_off[:, None] + d[None, :], cast(o, out_ptr.dtype.element_ty, INTERP),
+                 mask=r_mask[:, None])
+    if WRITE_LSE:
+        tl.store(lse_ptr + b.to(tl.int64) * sl_b + qi * sl_q + head * sl_h + split * sl_s, lse, mask=r_mask)
+
+
+@triton.jit
+def _merge_kernel(po_ptr, plse_ptr, out_ptr, lse_ptr, splits, Qn, Hq,
+                  so_b, so_q, so_h, sl_b, sl_q, sl_h,
+                  D: tl.constexpr, BLOCK_S: tl.constexpr, WRITE_LSE: tl.constexpr, INTERP: tl.constexpr):
+    row = tl.program_id(0)  # (b, q, h) of the contiguous partial buffers
+    b = row // (Qn * Hq)
+    qi = (row // Hq) % Qn
+    h = row % Hq
+    s = tl.arange(0, BLOCK_S)
+    lse_s = tl.load(plse_ptr + row.to(tl.int64) * splits + s, mask=s < splits, other=float("-inf"))
+    m = tl.max(lse_s, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - m_safe)
+    total = tl.sum(w, axis=0)
+    d = tl.arange(0, D)
+    acc = tl.zeros((D,), dtype=tl.float32)
+    base = po_ptr + row.to(tl.int64) * splits * D
+    for i in range(splits):
+        wi = tl.exp(tl.load(plse_ptr + row.to(tl.int64) * splits + i) - m_safe)
+        acc += wi * tl.load(base + i * D + d)
+    total_div = tl.where(total == 0, 1.0, total)
+    o = acc / total_div
+    tl.store(out_ptr + b.to(tl.int64) * so_b + qi * so_q + h * so_h + d, cast(o, out_ptr.dtype.element_ty, INTERP))
+    if WRITE_LSE:
+        tl.store(lse_ptr + b.to(tl.int64) * sl_b + qi * sl_q + h * sl_h,
+                 tl.where(total == 0, float("-inf"), m_safe + tl.log(total_div)))
+
+
+MIN_TILES_PER_SPLIT = 2
+
+
+def kernel_config(D: int, rows: int) -> dict:
+    """Tiles and warps for one head dim (also used by the AOT compile check)."""
+    block_m = min(64, pow2_at_least(rows, 16))
+    if D <= 128:
+        return dict(BLOCK_M=block_m, BLOCK_N=64, num_warps=4, num_stages=3)
+    if D == 256:
+        return dict(BLOCK_M=block_m, BLOCK_N=32, num_warps=4, num_stages=3)
+    return dict(BLOCK_M=block_m, BLOCK_N=32, num_warps=8, num_stages=2)
+
+
+def num_splits(B: int, Hkv: int, row_tiles: int, max_len: int, block_n: int, sms: int) -> tuple[int, int]:
+    """(splits, tokens per split) for an attended length of at most max_len."""
+    tiles = max(1, triton.cdiv(max_len, block_n))
+    programs = B * Hkv * row_tiles
+    splits = max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(tiles, MIN_TILES_PER_SPLIT)))
+    tiles_per_split = triton.cdiv(tiles, splits)
+    return triton.cdiv(tiles, tiles_per_split), tiles_per_split * block_n
+
+
+def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=1.0, window=None, softcap=None,
+                           out=None, return_lse=False, splits=None):
+    """`splits` (tests only) forces the key-range split count instead of the SM-count heuristic."""
+    B, Qn, Hq, D = q.shape
+    num_blocks, block_size, Hkv, _ = k_cache.shape
+    G = Hq // Hkv
+    rows = Qn * G
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(B, Qn, Hq, dtype=torch.float32, device=q.device) if return_lse else None
+    if B == 0 or Qn == 0:
+        return (out, lse) if return_lse else out
+    cfg = kernel_config(D, rows)
+    row_tiles = triton.cdiv(rows, cfg["BLOCK_M"])
+    max_len = block_table.shape[1] * block_size
+    if window is not None:
+        max_len = min(max_len, window)
+    if splits is None:
+        splits, chunk = num_splits(B, Hkv, row_tiles, max_len, cfg["BLOCK_N"], num_sms(q.device))
+    else:
+        chunk = triton.cdiv(max(1, triton.cdiv(max_len, splits)), cfg["BLOCK_N"]) * cfg["BLOCK_N"]
+    interp = interpreting(q.device)
+    common = dict(D=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], HAS_WINDOW=window is not None,
+                  HAS_SOFTCAP=softcap is not None, PREC=dot_precision(q.dtype), INTERP=interp,
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    args = (q, k_cache, v_cache, block_table, seq_lens)
+    scalars = (scale * LOG2E, 1.0 if softcap is None else softcap, 0 if window is None else window, num_blocks,
+               block_size, chunk, rows, G, Hkv, *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
+               block_table.stride(0))
+    grid = (B * Hkv, splits, row_tiles)
+    if splits == 1:
+        lse_strides = (*lse.stride(), 0) if return_lse else (0, 0, 0, 0)
+        _attn_kernel[grid](*args, out, lse, *scalars, *out.stride()[:3], 0, *lse_strides,
+                           WRITE_LSE=return_lse, PARTIAL=False, **common)
+    else:
+        po = torch.empty(B, Qn, Hq, splits, D, dtype=torch.float32, device=q.device)
+        plse = torch.empty(B, Qn, Hq, splits, dtype=torch.float32, device=q.device)
+        _attn_kernel[grid](*args, po, plse, *scalars, *po.stride()[:4], *plse.stride(),
+                           WRITE_LSE=True, PARTIAL=True, **common)
+        lse_strides = lse.stride() if return_lse else (0, 0, 0)
+        _merge_kernel[(B * Qn * Hq,)](po, plse, out, lse, splits, Qn, Hq, *out.stride()[:3], *lse_strides,
+                                      D=D, BLOCK_S=pow2_at_least(splits, 2), WRITE_LSE=return_lse, INTERP=interp,
+                                      num_warps=4)
+    return (out, lse) if return_lse else out

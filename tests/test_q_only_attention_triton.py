@@ -1,0 +1,109 @@
+"""Triton q_only_paged_attention against the reference (SPEC §4.2, §6), under the interpreter on CPU."""
+import pytest
+import torch
+
+from gemma4_mtp_kernels import q_only_paged_attention
+from gemma4_mtp_kernels.triton import q_only_attention as tq
+from helpers import CACHE_LAYOUTS, DRAFTERS, assert_tolerance, paged_kv, poisoned
+
+
+def run_case(seq_lens, Qn, Hq, Hkv, D, *, dtype=torch.bfloat16, block_size=16, layout="nhd", window=None,
+             softcap=None, scale=1.0, splits=None):
+    k, v, table, lens = paged_kv(seq_lens, block_size, Hkv, D, dtype=dtype, layout=layout, window=window)
+    B = len(seq_lens)
+    q = torch.randn(B, Qn, Hq, D).to(dtype)
+    out = poisoned((B, Qn, Hq, D), dtype)
+    kw = dict(scale=scale, window=window, softcap=softcap)
+    if splits is None:
+        got, lse = q_only_paged_attention(q, k, v, table, lens, out=out, return_lse=True, backend="triton", **kw)
+        assert got is out
+    else:
+        got, lse = tq.q_only_paged_attention(q, k, v, table, lens, out=out, return_lse=True, splits=splits, **kw)
+    # fp32 reference as the (near) exact result: its error is ~1e-6, far below the bf16 budget
+    exact, exact_lse = q_only_paged_attention(q.float(), k.float(), v.float(), table, lens, return_lse=True,
+                                              backend="torch", **kw)
+    ref = q_only_paged_attention(q, k, v, table, lens, backend="torch", **kw)
+    what = f"lens={seq_lens} Q={Qn} Hq={Hq} Hkv={Hkv} D={D} {dtype} {layout} window={window} softcap={softcap}"
+    atol = 2e-5 if dtype == torch.float32 else 1e-5
+    assert_tolerance(got, exact, ref, atol=atol, what=what)
+    # lse is fp32 in every backend: only summation order separates it from the fp32 reference
+    empty = torch.isinf(exact_lse)
+    assert torch.equal(torch.isinf(lse), empty) and bool((lse[empty] < 0).all()), what
+    assert_tolerance(lse[~empty], exact_lse[~empty], exact_lse[~empty], atol=1e-4, what=what + " lse")
+    return got, lse
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+@pytest.mark.parametrize("layer", ["swa", "full"])
+def test_drafter_shapes(name, layer):
+    d = DRAFTERS[name]
+    Hkv, D = d[f"Hkv_{layer}"], d[f"D_{layer}"]
+    # sliding layers: a window shorter than the context (scaled down: the interpreter is slow)
+    window = 48 if layer == "swa" else None
+    run_case([70, 129], 2, d["Hq"], Hkv, D, window=window)
+
+
+@pytest.mark.parametrize("D,dtype", [(64, torch.float16), (128, torch.float32), (64, torch.bfloat16)])
+def test_small_head_dims(D, dtype):
+    run_case([33, 200, 5], 3, 8, 2, D, dtype=dtype)
+
+
+@pytest.mark.parametrize("layout", CACHE_LAYOUTS)
+def test_cache_layouts(layout):
+    run_case([50, 97], 1, 4, 2, 256, layout=layout, block_size=8)
+
+
+@pytest.mark.parametrize("window", [1, 17, 64, 65, 1000])
+def test_windows(window):
+    # contexts shorter, equal and longer than the window; windows starting mid-block
+    run_case([64, 100, 10], 2, 4, 1, 128, window=window)
+
+
+def test_awkward_lengths():
+    bs = 16
+    run_case([0, 1, bs - 1, bs, bs + 1], 3, 4, 2, 64, block_size=bs)
+
+
+def test_softcap_and_scale():
+    run_case([90, 40], 2, 4, 2, 256, softcap=2.0, scale=0.3)
+
+
+def test_large_q_times_group_spans_row_tiles():
+    run_case([45], 9, 16, 2, 64)  # 9 * 8 = 72 rows > 64: two row tiles
+
+
+@pytest.mark.parametrize("splits", [1, 3, 7])
+def test_split_and_merge_paths(splits):
+    """splits=1 writes out/lse from the main kernel; >1 goes through the fp32 merge. 7 splits of a
+    short request leave empty splits (lse -inf partials) for the merge to ignore."""
+    run_case([150, 30, 0], 2, 8, 2, 256, splits=splits, window=120)
+
+
+def test_heuristic_splits_long_context_at_small_batch():
+    cfg = tq.kernel_config(512, 4)
+    splits, chunk = tq.num_splits(1, 1, 1, 8192, cfg["BLOCK_N"], 132)
+    assert splits >= 128 and splits * chunk >= 8192  # E2B full layer, B = 1, 8K: ~1 wave on 132 SMs
+    splits, _ = tq.num_splits(64, 8, 1, 256, cfg["BLOCK_N"], 132)
+    assert splits == 1
+
+
+def test_without_lse_and_without_out():
+    k, v, table, lens = paged_kv([37, 80], 16, 2, 128, dtype=torch.bfloat16)
+    q = torch.randn(2, 1, 4, 128).to(torch.bfloat16)
+    got = q_only_paged_attention(q, k, v, table, lens, backend="triton")
+    exact = q_only_paged_attention(q.float(), k.float(), v.float(), table, lens, backend="torch")
+    ref = q_only_paged_attention(q, k, v, table, lens, backend="torch")
+    assert got.dtype == torch.bfloat16 and got.shape == q.shape
+    assert_tolerance(got, exact, ref, what="no lse")
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_unchecked_bad_block_id_gives_nan_not_a_read(splits):
+    """On the GPU ids are not validated; an id outside [0, num_blocks) must not be dereferenced.
+    Called on the backend directly, as an unchecked CUDA call would reach it."""
+    k, v, table, lens = paged_kv([40, 40], 16, 1, 64, dtype=torch.float32)
+    table[1, 1] = 10**6
+    q = torch.randn(2, 1, 2, 64)
+    out, lse = tq.q_only_paged_attention(q, k, v, table, lens, splits=splits, return_lse=True)
+    assert not torch.isnan(out[0]).any()
+    assert torch.isnan(out[1]).all() and torch.isnan(lse[1]).all()
