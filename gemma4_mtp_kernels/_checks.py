@@ -102,7 +102,7 @@ def out_tensor(op: str, out, shape: Sequence[int], dtype: torch.dtype, device: t
 
 def positive_int(op: str, name: str, v) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
-        fail_type(op, name, "an int", v)
+        fail_type(op, name, "an int", _describe(v))
     if v < 1:
         fail_value(op, name, ">= 1", v)
     return v
@@ -110,7 +110,7 @@ def positive_int(op: str, name: str, v) -> int:
 
 def finite_float(op: str, name: str, v, *, positive: bool = False) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        fail_type(op, name, "a float", v)
+        fail_type(op, name, "a float", _describe(v))
     v = float(v)
     if v != v or v in (float("inf"), float("-inf")):
         fail_value(op, name, "finite", v)

@@ -49,7 +49,7 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
         if output != "dense":
             C.fail_value(OP, "fill_value", "None unless output='dense'", fill_value)
         if isinstance(fill_value, bool) or not isinstance(fill_value, (int, float)):
-            C.fail_type(OP, "fill_value", "a float", fill_value)
+            C.fail_type(OP, "fill_value", "a float", f"{type(fill_value).__name__} {fill_value!r}")
     if C.values_checkable(token_ordering):
         C.index_range(OP, "token_ordering", token_ordering, 0, V, "vocabulary ids")
         if V and int(torch.bincount(token_ordering.long(), minlength=V).max()) != 1:

@@ -33,6 +33,8 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
     if tuple(v_cache.shape) != tuple(k_cache.shape):
         C.fail_value(OP, "v_cache", f"of the same shape as k_cache {tuple(k_cache.shape)}", f"shape {tuple(v_cache.shape)}")
     num_blocks, block_size, Hkv, Dk = k_cache.shape
+    if block_size < 1:
+        C.fail_value(OP, "k_cache", "a block size >= 1 (shape[1])", f"shape {tuple(k_cache.shape)}")
     C.dim(OP, "k_cache", k_cache, 3, D, "head dim D = q.shape[3]")
     if Hkv < 1 or Hq % Hkv != 0:
         C.fail_value(OP, "k_cache", f"a KV head count dividing Hq = {Hq} (shape[2])", f"Hkv = {Hkv}")
