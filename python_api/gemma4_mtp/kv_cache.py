@@ -1,0 +1,107 @@
+"""Paged K/V cache of one attention type, as engines keep it (SPEC §5).
+
+All layers of one type (sliding or full) share a block size, a block allocator and one block table
+per request, so the drafter can read any of them with that table. Block-table entries of blocks
+that slid out of a sliding window are released and set to -1: the ops must never read them.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class OutOfBlocksError(RuntimeError):
+    pass
+
+
+class BlockAllocator:
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self._free = list(range(num_blocks - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise OutOfBlocksError(f"the KV cache has no free block left (num_blocks={self.num_blocks}); "
+                                   "load the target with a larger num_blocks")
+        return self._free.pop()
+
+    def release(self, block: int) -> None:
+        self._free.append(block)
+
+
+class PagedKVCache:
+    """k[i], v[i]: [num_blocks, block_size, num_kv_heads, head_dim] of the i-th layer of this type.
+
+    Unwritten slots hold NaN, so a reader that strays outside the written range poisons its output."""
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, *,
+                 dtype: torch.dtype, device: torch.device | str, window: int | None):
+        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        self.k = torch.full(shape, float("nan"), dtype=dtype, device=device)
+        self.v = torch.full(shape, float("nan"), dtype=dtype, device=device)
+        self.block_size = block_size
+        self.window = window
+        self.allocator = BlockAllocator(num_blocks)
+        self.tables: dict[int, list[int]] = {}
+
+    def add_request(self, req: int) -> None:
+        self.tables[req] = []
+
+    def remove_request(self, req: int) -> None:
+        for b in self.tables.pop(req):
+            if b >= 0:
+                self.allocator.release(b)
+
+    def reserve(self, req: int, length: int) -> None:
+        """Blocks for positions [0, length)."""
+        table = self.tables[req]
+        while len(table) * self.block_size < length:
+            table.append(self.allocator.allocate())
+
+    def trim(self, req: int, length: int, keep_from: int = 0) -> None:
+        """Release blocks holding only positions >= length, and (sliding) only positions < keep_from."""
+        table = self.tables[req]
+        needed = -(-length // self.block_size)
+        while len(table) > needed:
+            b = table.pop()
+            if b >= 0:
+                self.allocator.release(b)
+        for j in range(min(keep_from // self.block_size, len(table))):
+            if table[j] >= 0:
+                self.allocator.release(table[j])
+                table[j] = -1
+
+    def _slots(self, req: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        table = torch.tensor(self.tables[req], dtype=torch.long, device=self.k.device)
+        pos = positions.to(device=self.k.device, dtype=torch.long)
+        blocks = table[pos // self.block_size]
+        if bool((blocks < 0).any()):
+            raise RuntimeError("internal error: access to a released KV block")
+        return blocks, pos % self.block_size
+
+    def write(self, layer: int, req: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        blocks, offs = self._slots(req, positions)
+        self.k[layer, blocks, offs] = k.to(self.k.dtype)
+        self.v[layer, blocks, offs] = v.to(self.v.dtype)
+
+    def read(self, layer: int, req: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        blocks, offs = self._slots(req, positions)
+        return self.k[layer, blocks, offs], self.v[layer, blocks, offs]
+
+    def move(self, req: int, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy the K/V of positions src to positions dst in every layer (gathered first, so overlaps are safe)."""
+        sb, so = self._slots(req, src)
+        db, do = self._slots(req, dst)
+        self.k[:, db, do] = self.k[:, sb, so].clone()
+        self.v[:, db, do] = self.v[:, sb, so].clone()
+
+    def block_table(self, reqs: list[int]) -> torch.Tensor:
+        """int32 [len(reqs), max_blocks]; -1 past each request's blocks and for released blocks."""
+        width = max([len(self.tables[r]) for r in reqs] + [1])
+        out = torch.full((len(reqs), width), -1, dtype=torch.int32)
+        for i, r in enumerate(reqs):
+            out[i, :len(self.tables[r])] = torch.tensor(self.tables[r], dtype=torch.int32)
+        return out.to(self.k.device)

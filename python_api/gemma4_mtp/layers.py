@@ -1,0 +1,93 @@
+"""Building blocks shared by the target and the drafter (SPEC §1), numerically as Hugging Face does them.
+
+Module and parameter names follow the Hugging Face checkpoints so that a state dict loads as is.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import AttentionSpec, TextConfig
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """`x_hat * weight` in fp32, back in x's dtype (Gemma 4 uses no `1 + weight` offset)."""
+    xf = x.float()
+    y = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    if weight is not None:
+        y = y * weight.float()
+    return y.type_as(x)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rope_inv_freq(spec: AttentionSpec) -> torch.Tensor:
+    """Inverse frequencies [head_dim / 2] (fp32) for neox-style rotation of pairs (j, j + head_dim/2).
+
+    "proportional" (full layers) rotates only the first `partial_rotary_factor * head_dim / 2` pairs,
+    with exponents over the whole head dim; the other pairs get frequency 0 (identity)."""
+    D = spec.head_dim
+    if spec.rope_type == "default":
+        return 1.0 / (spec.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    rotated = int(spec.partial_rotary_factor * D // 2)
+    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, 2 * rotated, 2, dtype=torch.float32) / D))
+    inv = torch.cat([inv, torch.zeros(D // 2 - rotated, dtype=torch.float32)])
+    return inv / spec.rope_factor
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, H, D] by positions [T]; cos/sin in fp32, rounded to x's dtype as Hugging Face does."""
+    freqs = positions.to(torch.float32)[:, None] * inv_freq.to(device=x.device)[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    cos = emb.cos().to(x.dtype)[:, None, :]
+    sin = emb.sin().to(x.dtype)[:, None, :]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Everything of a Gemma 4 decoder layer except how attention finds its keys.
+
+    `self_attn` holds the projections and norms; the caller passes `attend(q_input) -> o_proj input`
+    semantics through `forward(x, attention)` where `attention(h)` maps the normed input to the
+    attention block output (after o_proj)."""
+
+    def __init__(self, config: TextConfig, self_attn: nn.Module):
+        super().__init__()
+        H, eps = config.hidden_size, config.rms_norm_eps
+        self.self_attn = self_attn
+        self.mlp = MLP(H, config.intermediate_size)
+        self.input_layernorm = RMSNorm(H, eps)
+        self.post_attention_layernorm = RMSNorm(H, eps)
+        self.pre_feedforward_layernorm = RMSNorm(H, eps)
+        self.post_feedforward_layernorm = RMSNorm(H, eps)
+        self.register_buffer("layer_scalar", torch.ones(1))
+
+    def forward(self, x: torch.Tensor, attention: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        h = self.post_attention_layernorm(attention(self.input_layernorm(x)))
+        x = x + h
+        h = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        return (x + h) * self.layer_scalar

@@ -1,0 +1,270 @@
+"""The reference speculative decode loop: draft with the MTP drafter, verify with the target (SPEC §5).
+
+Each round, for every unfinished request: the drafter drafts a chain or a tree from the pending token
+(the last emitted token, not yet run through the target) and the target's hidden state at the last
+accepted position; the target runs the whole tree in one forward; `tree_verify` keeps the longest
+path the target agrees with (greedy) or that its own sampling picks (temperature > 0) and emits one
+more token; the target commits the accepted K/V. Greedy output equals the target's own greedy
+decoding token for token; sampled output has the target's distribution.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple, Sequence
+
+import torch
+
+import gemma4_mtp_kernels as K
+
+QUERY_POSITIONS = ("last_cached", "next")
+SCHEDULES = ("constant", "heuristic")
+_FROM_TARGET = object()
+
+
+@dataclass
+class SpeculativeStats:
+    """rounds: batched verification forwards. Per request: accepted_per_round (accepted draft tokens
+    of each round it took part in), draft_lengths (tree depth drafted each round), accepted_paths
+    (accepted node indices per round), target_forwards (prefill + rounds), new_tokens."""
+
+    rounds: int = 0
+    accepted_per_round: list = field(default_factory=list)
+    draft_lengths: list = field(default_factory=list)
+    accepted_paths: list = field(default_factory=list)
+    target_forwards: list = field(default_factory=list)
+    new_tokens: list = field(default_factory=list)
+
+    @property
+    def mean_accepted(self) -> float:
+        """Accepted draft tokens per request-round."""
+        flat = [a for per in self.accepted_per_round for a in per]
+        return sum(flat) / len(flat) if flat else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens emitted per request-round: accepted drafts plus the target's own token."""
+        return self.mean_accepted + 1.0 if any(self.accepted_per_round) else 0.0
+
+    @property
+    def tokens_per_target_forward(self) -> float:
+        """Generated tokens per target forward a request took part in (1.0 without drafting)."""
+        forwards = sum(self.target_forwards)
+        return sum(self.new_tokens) / forwards if forwards else 0.0
+
+
+class SpeculativeOutput(NamedTuple):
+    ids: list  # per request, the generated token ids (int64, prompt excluded)
+    stats: SpeculativeStats
+
+
+def _prompts(prompt_ids) -> list[torch.Tensor]:
+    if isinstance(prompt_ids, torch.Tensor):
+        if prompt_ids.dim() == 1:
+            return [prompt_ids.long()]
+        if prompt_ids.dim() == 2:
+            return [row.long() for row in prompt_ids]
+        raise ValueError(f"prompt_ids: expected a 1-D or 2-D tensor, got shape {tuple(prompt_ids.shape)}")
+    if isinstance(prompt_ids, Sequence) and prompt_ids and all(isinstance(x, int) for x in prompt_ids):
+        return [torch.tensor(prompt_ids, dtype=torch.long)]
+    if isinstance(prompt_ids, Sequence) and prompt_ids:
+        return [torch.as_tensor(p, dtype=torch.long).reshape(-1) for p in prompt_ids]
+    raise ValueError("prompt_ids: expected token ids (1-D), a batch of them (2-D tensor) or a list of 1-D prompts")
+
+
+def _eos_set(target, eos_token_id) -> set:
+    if eos_token_id is _FROM_TARGET:
+        return set(target.config.eos_token_ids)
+    if eos_token_id is None:
+        return set()
+    if isinstance(eos_token_id, int):
+        return {eos_token_id}
+    return {int(e) for e in eos_token_id}
+
+
+def _check_args(max_new_tokens, num_draft_tokens, tree, temperature, query_position, draft_schedule):
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
+    if tree is not None:
+        if (not isinstance(tree, Sequence) or not tree
+                or not all(isinstance(b, int) and b >= 1 for b in tree)):
+            raise ValueError(f"tree: expected per-depth branch counts such as (2, 2, 1), got {tree!r}")
+        if num_draft_tokens is not None and num_draft_tokens != len(tree):
+            raise ValueError(f"num_draft_tokens: {num_draft_tokens} != the tree depth {len(tree)} (pass None)")
+        if draft_schedule != "constant":
+            raise ValueError("draft_schedule: 'heuristic' adapts a chain length; trees need 'constant'")
+    elif not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens: expected an int >= 1, got {num_draft_tokens!r}")
+    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature: expected a finite number >= 0, got {temperature!r}")
+    if query_position not in QUERY_POSITIONS:
+        raise ValueError(f"query_position: expected one of {QUERY_POSITIONS}, got {query_position!r}")
+    if draft_schedule not in SCHEDULES:
+        raise ValueError(f"draft_schedule: expected one of {SCHEDULES}, got {draft_schedule!r}")
+
+
+def _draft(drafter, target, reqs, pending, hidden, shapes, query_position):
+    """Draft a tree per request. shapes[b] = per-depth branch counts of request b (all prefixes of one
+    shape, so every level has the same width across the requests that reach it).
+
+    Returns per request (tokens [N] int64, parents list[int]) with node 0 the pending token."""
+    dev = target.device
+    lengths = target.seq_lens(reqs).long()
+    positions = lengths - 1 if query_position == "last_cached" else lengths
+    ctx = drafter.context(target, reqs, positions)
+    tokens = [[int(t)] for t in pending]
+    parents = [[-1] for _ in reqs]
+    level_nodes = [[0] for _ in reqs]  # node indices of the current level, per request
+    level_tok = pending.view(-1, 1).to(dev)  # [B, Q]
+    level_hid = hidden.view(len(reqs), 1, -1)  # [B, Q, Hb]
+    rows = list(range(len(reqs)))
+    depth = 0
+    while True:
+        rows = [b for b in rows if len(shapes[b]) > depth]
+        if not rows:
+            break
+        sel = torch.tensor(rows, device=dev)
+        last, proj = drafter.step(ctx.select(rows), level_tok[sel], level_hid[sel])
+        branch = shapes[rows[0]][depth]
+        children = drafter.top_tokens(last, branch)  # [R, Q, branch]
+        R, Q = children.shape[:2]
+        new_tok = torch.zeros(len(reqs), Q * branch, dtype=torch.long, device=dev)
+        new_hid = torch.zeros(len(reqs), Q * branch, proj.shape[-1], dtype=proj.dtype, device=dev)
+        new_tok[sel] = children.reshape(R, Q * branch)
+        new_hid[sel] = proj.repeat_interleave(branch, dim=1)
+        for r, b in enumerate(rows):
+            nodes = []
+            for q in range(Q):
+                for c in range(branch):
+                    nodes.append(len(tokens[b]))
+                    tokens[b].append(int(children[r, q, c]))
+                    parents[b].append(level_nodes[b][q])
+            level_nodes[b] = nodes
+        level_tok, level_hid = new_tok, new_hid
+        depth += 1
+    return [torch.tensor(t, dtype=torch.long) for t in tokens], parents
+
+
+def _pad(rows: list[list], width: int, fill) -> list[list]:
+    return [list(r) + [fill] * (width - len(r)) for r in rows]
+
+
+@torch.no_grad()
+def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, num_draft_tokens: int | None,
+                         tree: Sequence[int] | None = None, temperature: float = 0.0, seed: int | None = None,
+                         query_position: str = "last_cached", draft_schedule: str = "constant",
+                         eos_token_id=_FROM_TARGET, verify_backend: str | None = None) -> SpeculativeOutput:
+    """Generate up to max_new_tokens tokens per prompt with speculative decoding.
+
+    prompt_ids: a 1-D tensor / list of ids, a 2-D tensor, or a list of 1-D prompts of any lengths.
+    num_draft_tokens: chain length (the starting length with draft_schedule="heuristic": +2 after a
+        round that accepted every draft, -1 otherwise, at least 1, per request).
+    tree: per-depth branch counts, e.g. (2, 2, 1): the root gets the drafter's top-2 tokens, each of
+        them its top-2, each of those its top-1 (8 draft nodes, depth 3). Replaces the chain.
+    temperature: 0 for greedy; > 0 samples from softmax(target_logits / temperature), with the
+        uniforms drawn from one torch.Generator per request seeded with seed + request index.
+    query_position: "last_cached" puts the drafter query at P, the last position in the target cache
+        (vLLM, SGLang); "next" at P + 1 (Hugging Face). Output exactness does not depend on it.
+    eos_token_id: int, ids, or None; defaults to the target config's eos_token_id. A request stops
+        after emitting one.
+    verify_backend: backend of tree_verify (default: the drafter's backend).
+    """
+    _check_args(max_new_tokens, num_draft_tokens, tree, temperature, query_position, draft_schedule)
+    drafter.check_target(target)
+    prompts = _prompts(prompt_ids)
+    backend = verify_backend or drafter.backend
+    eos = _eos_set(target, eos_token_id)
+    B = len(prompts)
+    dev = target.device
+    sampling = temperature > 0
+    temps = torch.full((B,), float(temperature), dtype=torch.float32, device=dev) if sampling else None
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, ()).item())
+    gens = [torch.Generator().manual_seed(seed + b) for b in range(B)] if sampling else None
+    if tree is not None and drafter.config.use_ordered_embeddings:
+        per_token = drafter.config.text.vocab_size // drafter.config.num_centroids
+        if max(tree) > drafter.config.centroid_top_k * per_token:
+            raise ValueError(f"tree: branch count {max(tree)} exceeds the centroid head's candidate count")
+
+    def uniforms(bs: list[int], n: int):
+        if not sampling:
+            return None
+        return torch.stack([torch.rand(n, 2, generator=gens[b]) for b in bs]).to(dev)
+
+    stats = SpeculativeStats(accepted_per_round=[[] for _ in prompts], draft_lengths=[[] for _ in prompts],
+                             accepted_paths=[[] for _ in prompts], target_forwards=[1] * B, new_tokens=[0] * B)
+    out_ids: list[list[int]] = [[] for _ in prompts]
+    reqs = [target.new_request() for _ in prompts]
+    try:
+        pre = target.prefill(reqs, [p.to(dev) for p in prompts])
+        last = torch.tensor([len(p) - 1 for p in prompts], device=dev)
+        rows = torch.arange(B, device=dev)
+        first = K.tree_verify(torch.stack([p[-1:] for p in prompts]).to(dev),
+                              torch.full((B, 1), -1, dtype=torch.int32, device=dev),
+                              pre.logits[rows, last][:, None].contiguous(), temperature=temps,
+                              uniforms=uniforms(list(range(B)), 1), backend=backend)
+        pending = first.output_tokens[:, 0].clone()
+        hidden = pre.hidden[rows, last]
+        done = [False] * B
+        for b in range(B):
+            done[b] = _emit(out_ids[b], [int(pending[b])], eos, max_new_tokens)
+        chain_len = [num_draft_tokens] * B
+        while not all(done):
+            act = [b for b in range(B) if not done[b]]
+            shapes = []
+            for b in act:
+                # like Hugging Face: never draft past what the token budget can still take
+                room = max_new_tokens - len(out_ids[b]) - 1
+                shape = list(tree) if tree is not None else [1] * chain_len[b]
+                shapes.append(shape[:max(0, room)])
+            act_reqs = [reqs[b] for b in act]
+            sel = torch.tensor(act, device=dev)
+            drafted, parents = _draft(drafter, target, act_reqs, pending[sel], hidden[sel], shapes, query_position)
+            out = target.forward_tree(act_reqs, drafted, parents)
+            N = max(len(t) for t in drafted)
+            res = K.tree_verify(
+                torch.tensor(_pad([t.tolist() for t in drafted], N, 0), dtype=torch.long, device=dev),
+                torch.tensor(_pad(parents, N, -1), dtype=torch.int32, device=dev),
+                out.logits, temperature=None if temps is None else temps[sel],
+                uniforms=None if not sampling else _pad_uniforms(uniforms, act, [len(t) for t in drafted], N),
+                backend=backend)
+            stats.rounds += 1
+            for i, b in enumerate(act):
+                n = int(res.accept_len[i])
+                path = res.accepted_nodes[i, :n].tolist()
+                emitted = res.output_tokens[i, :n + 1].tolist()
+                stats.accepted_per_round[b].append(n)
+                stats.draft_lengths[b].append(len(shapes[i]))
+                stats.accepted_paths[b].append(path)
+                stats.target_forwards[b] += 1
+                target.commit(reqs[b], path)
+                pending[b] = emitted[-1]
+                hidden[b] = out.hidden[i, int(res.last_node[i])]
+                done[b] = _emit(out_ids[b], emitted, eos, max_new_tokens)
+                if draft_schedule == "heuristic":
+                    drafted_here = len(shapes[i])
+                    chain_len[b] = chain_len[b] + 2 if n == drafted_here else max(1, chain_len[b] - 1)
+    finally:
+        for r in reqs:
+            target.release(r)
+    stats.new_tokens = [len(o) for o in out_ids]
+    return SpeculativeOutput([torch.tensor(o, dtype=torch.long) for o in out_ids], stats)
+
+
+def _pad_uniforms(uniforms, act, counts, N):
+    """Each request draws exactly its own node count from its generator, so a batch draws what each
+    request would alone."""
+    per = [uniforms([b], n)[0] for b, n in zip(act, counts)]
+    out = torch.zeros(len(act), N, 2, dtype=torch.float32, device=per[0].device)
+    for i, u in enumerate(per):
+        out[i, :len(u)] = u
+    return out
+
+
+def _emit(out: list[int], tokens: list[int], eos: set, max_new_tokens: int) -> bool:
+    """Append tokens up to the budget and the first EOS; True when the request is finished."""
+    for t in tokens:
+        out.append(t)
+        if t in eos or len(out) >= max_new_tokens:
+            return True
+    return False

@@ -1,0 +1,256 @@
+"""Gemma 4 dense text target with a paged K/V cache and tree verification (SPEC §5).
+
+Requests are identified by integers. For each request the target holds `length` committed
+positions in its caches (one paged cache per attention type, each with its own allocator and block
+tables). A forward pass takes a token tree per request whose node 0 is the pending token at position
+`length` (sampled but not yet run through the target); node i sits at position length + depth(i),
+its K/V is written to the scratch slot length + i, and it attends the committed prefix and its own
+ancestors (plus itself), limited to the sliding window on sliding layers. `commit` then moves the
+accepted path's K/V to contiguous positions and releases what is no longer needed.
+
+The attention itself is plain torch (this is the reference loop); the cache is paged like an
+engine's, so the drafter reads it through `q_only_paged_attention` exactly as it would read vLLM's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .config import FULL, SLIDING, TextConfig
+from .kv_cache import PagedKVCache
+from .layers import DecoderLayer, RMSNorm, apply_rope, rms_norm, rope_inv_freq
+
+
+class TargetAttention(nn.Module):
+    def __init__(self, config: TextConfig, layer: int):
+        super().__init__()
+        spec = config.spec(layer)
+        H, Hq, D = config.hidden_size, config.num_heads, spec.head_dim
+        self.head_dim, self.num_heads, self.num_kv_heads = D, Hq, spec.num_kv_heads
+        self.q_proj = nn.Linear(H, Hq * D, bias=False)
+        self.k_proj = nn.Linear(H, spec.num_kv_heads * D, bias=False)
+        # attention_k_eq_v: full layers take V from the (unnormalised) K projection
+        k_eq_v = config.attention_k_eq_v and config.layer_types[layer] == FULL
+        self.v_proj = None if k_eq_v else nn.Linear(H, spec.num_kv_heads * D, bias=False)
+        self.o_proj = nn.Linear(Hq * D, H, bias=False)
+        self.q_norm = RMSNorm(D, config.rms_norm_eps)
+        self.k_norm = RMSNorm(D, config.rms_norm_eps)
+
+
+@dataclass
+class TargetOutput:
+    """logits [B, N, V] fp32 (after the final softcap) and final normed hidden states [B, N, H];
+    rows past a request's node count are zero."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+def _tree_structure(parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(depth [N] int64, ancestor-or-self mask [N, N] bool) of a tree in topological order."""
+    n = len(parents)
+    depth = torch.zeros(n, dtype=torch.long)
+    anc = torch.zeros(n, n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if i == 0:
+            if p != -1:
+                raise ValueError(f"parents: node 0 must be the root (parent -1), got {p}")
+        elif not 0 <= p < i:
+            raise ValueError(f"parents: node {i} needs a parent in [0, {i}), got {p}")
+        else:
+            depth[i] = depth[p] + 1
+            anc[i] = anc[p]
+        anc[i, i] = True
+    return depth, anc
+
+
+class Gemma4Target(nn.Module):
+    """A dense Gemma 4 text model (Gemma4ForCausalLM weights) with paged caches and tree verification."""
+
+    def __init__(self, config: TextConfig, *, num_blocks: int = 1024, block_size: int = 16):
+        super().__init__()
+        self.config = config
+        H, V = config.hidden_size, config.vocab_size
+        self.embed_tokens = nn.Embedding(V, H)
+        self.layers = nn.ModuleList(DecoderLayer(config, TargetAttention(config, i)) for i in range(config.num_layers))
+        self.norm = RMSNorm(H, config.rms_norm_eps)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(H, V, bias=False)
+        for t, spec in config.attention.items():
+            self.register_buffer(f"{t}_inv_freq", rope_inv_freq(spec), persistent=False)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        # layer -> index among the layers of its type (its slot in that type's cache)
+        self._slot = {}
+        for t in config.attention:
+            for j, i in enumerate(i for i, lt in enumerate(config.layer_types) if lt == t):
+                self._slot[i] = j
+        self.caches: dict[str, PagedKVCache] = {}
+        self.lengths: dict[int, int] = {}
+        self._next_request = 0
+
+    # ---- weights -----------------------------------------------------------------------------
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        w = self.embed_tokens.weight
+        # the scale is rounded to the table dtype first, as Gemma's scaled embedding does
+        return w[token_ids.long()] * torch.tensor(self.config.embed_scale, dtype=w.dtype, device=w.device)
+
+    # ---- requests and cache ------------------------------------------------------------------
+
+    def _ensure_caches(self) -> None:
+        if self.caches:
+            return
+        for t, spec in self.config.attention.items():
+            n = sum(lt == t for lt in self.config.layer_types)
+            self.caches[t] = PagedKVCache(n, self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim,
+                                          dtype=self.dtype, device=self.device, window=spec.window)
+
+    def new_request(self) -> int:
+        self._ensure_caches()
+        req = self._next_request
+        self._next_request += 1
+        for c in self.caches.values():
+            c.add_request(req)
+        self.lengths[req] = 0
+        return req
+
+    def release(self, req: int) -> None:
+        for c in self.caches.values():
+            c.remove_request(req)
+        del self.lengths[req]
+
+    def kv_cache(self, layer_type: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k_cache, v_cache) [num_blocks, block_size, Hkv, D] of the last layer of this type: what a
+        drafter layer of that type attends."""
+        self._ensure_caches()
+        layer = self.config.last_layer_of(layer_type)
+        if layer is None:
+            raise ValueError(f"the target has no {layer_type} layer")
+        c = self.caches[layer_type]
+        return c.k[self._slot[layer]], c.v[self._slot[layer]]
+
+    def block_tables(self, reqs: list[int]) -> dict[str, torch.Tensor]:
+        return {t: c.block_table(reqs) for t, c in self.caches.items()}
+
+    def seq_lens(self, reqs: list[int]) -> torch.Tensor:
+        return torch.tensor([self.lengths[r] for r in reqs], dtype=torch.int32, device=self.device)
+
+    # ---- forward -----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def forward_tree(self, reqs: list[int], tokens: list[torch.Tensor], parents: list[list[int]]) -> TargetOutput:
+        """Run the token tree of each request (node 0 = pending token) and write its K/V to scratch slots."""
+        if not (len(reqs) == len(tokens) == len(parents)):
+            raise ValueError("reqs, tokens and parents need one entry per request")
+        dev, cfg = self.device, self.config
+        trees, positions = [], []
+        for r, tok, par in zip(reqs, tokens, parents):
+            if len(tok) != len(par) or len(tok) == 0:
+                raise ValueError(f"request {r}: tokens and parents need the same non-zero length")
+            depth, anc = _tree_structure(list(par))
+            trees.append((depth, anc.to(dev)))
+            positions.append(self.lengths[r] + depth.to(dev))
+            for c in self.caches.values():
+                c.reserve(r, self.lengths[r] + len(tok))
+        ids = torch.cat([torch.as_tensor(t, device=dev).long() for t in tokens])
+        if bool(((ids < 0) | (ids >= cfg.vocab_size)).any()):
+            raise ValueError(f"tokens: ids must be in [0, {cfg.vocab_size})")
+        pos = torch.cat(positions)
+        counts = [len(t) for t in tokens]
+        x = self.embed(ids)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, lambda h, i=i: self._attention(i, h, pos, reqs, counts, trees))
+        hidden = self.norm(x)
+        logits = (hidden @ self.lm_head_weight.T)
+        if cfg.final_logit_softcapping is not None:
+            cap = cfg.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        B, N = len(reqs), max(counts)
+        out_logits = torch.zeros(B, N, cfg.vocab_size, dtype=torch.float32, device=dev)
+        out_hidden = torch.zeros(B, N, cfg.hidden_size, dtype=hidden.dtype, device=dev)
+        for b, (lg, hd) in enumerate(zip(logits.split(counts), hidden.split(counts))):
+            out_logits[b, :len(lg)] = lg.float()
+            out_hidden[b, :len(hd)] = hd
+        return TargetOutput(out_logits, out_hidden)
+
+    def _attention(self, i, h, pos, reqs, counts, trees):
+        cfg = self.config
+        attn = self.layers[i].self_attn
+        layer_type = cfg.layer_types[i]
+        spec = cfg.attention[layer_type]
+        cache, slot = self.caches[layer_type], self._slot[i]
+        inv_freq = getattr(self, f"{layer_type}_inv_freq")
+        T, D = h.shape[0], attn.head_dim
+        q = apply_rope(attn.q_norm(attn.q_proj(h).view(T, -1, D)), pos, inv_freq)
+        k_raw = attn.k_proj(h).view(T, -1, D)
+        v_raw = k_raw if attn.v_proj is None else attn.v_proj(h).view(T, -1, D)
+        k = apply_rope(attn.k_norm(k_raw), pos, inv_freq)
+        v = rms_norm(v_raw, None, cfg.rms_norm_eps)
+        group = attn.num_heads // attn.num_kv_heads
+        outs = []
+        for b, (r, qb, kb, vb, pb) in enumerate(zip(reqs, q.split(counts), k.split(counts), v.split(counts),
+                                                    pos.split(counts))):
+            L, n = self.lengths[r], counts[b]
+            depth, anc = trees[b]
+            cache.write(slot, r, torch.arange(L, L + n, device=h.device), kb, vb)
+            lo = 0 if spec.window is None else max(0, L - spec.window + 1)
+            keys_k, keys_v = cache.read(slot, r, torch.arange(lo, L + n, device=h.device))
+            key_pos = torch.cat([torch.arange(lo, L, device=h.device), pb])
+            allowed = torch.cat([torch.ones(n, L - lo, dtype=torch.bool, device=h.device), anc], dim=1)
+            if spec.window is not None:
+                allowed &= key_pos[None, :] > pb[:, None] - spec.window
+            kk = keys_k.float().repeat_interleave(group, dim=1)
+            vv = keys_v.float().repeat_interleave(group, dim=1)
+            s = torch.einsum("qhd,khd->hqk", qb.float(), kk)  # attention scale 1.0: q_norm/k_norm scale
+            s = s.masked_fill(~allowed[None], float("-inf"))
+            o = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vv)
+            outs.append(o.to(h.dtype).reshape(n, -1))
+        return attn.o_proj(torch.cat(outs))
+
+    # ---- commit ------------------------------------------------------------------------------
+
+    def commit(self, req: int, accepted_nodes: list[int]) -> None:
+        """Keep the root and the accepted path (node indices, root excluded, in depth order): their K/V
+        move to positions length .. length + len(accepted_nodes); rejected slots are dropped."""
+        L = self.lengths[req]
+        for d, node in enumerate(accepted_nodes, start=1):
+            if node < d:
+                raise ValueError(f"accepted_nodes: node {node} cannot sit at depth {d}")
+        moves = [(L + node, L + d) for d, node in enumerate(accepted_nodes, start=1) if node != d]
+        if moves:
+            src = torch.tensor([m[0] for m in moves], device=self.device)
+            dst = torch.tensor([m[1] for m in moves], device=self.device)
+            for c in self.caches.values():
+                c.move(req, src, dst)
+        new_len = L + 1 + len(accepted_nodes)
+        self.lengths[req] = new_len
+        for c in self.caches.values():
+            c.trim(req, new_len, keep_from=0 if c.window is None else new_len - c.window)
+
+    @torch.no_grad()
+    def prefill(self, reqs: list[int], prompts: list[torch.Tensor]) -> TargetOutput:
+        """Run and commit whole prompts (each request must be empty); returns the prompts' outputs."""
+        for r, p in zip(reqs, prompts):
+            if self.lengths[r] != 0:
+                raise ValueError(f"request {r} already holds {self.lengths[r]} positions")
+            if len(p) == 0:
+                raise ValueError("prompt_ids: every prompt needs at least one token")
+        parents = [[-1] + list(range(len(p) - 1)) for p in prompts]
+        out = self.forward_tree(reqs, prompts, parents)
+        for r, p in zip(reqs, prompts):
+            # the prompt's last token is committed too: its K/V is in the cache, nothing is pending
+            self.commit(r, list(range(1, len(p))))
+        return out

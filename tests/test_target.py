@@ -1,0 +1,198 @@
+"""gemma4_mtp.Gemma4Target against Hugging Face Gemma4ForCausalLM (fp32, tiny random checkpoints)."""
+import json
+
+import pytest
+import torch
+
+import hf_tiny
+from gemma4_mtp import OutOfBlocksError, UnsupportedModelError, load_target
+from gemma4_mtp.config import parse_target_config
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["k_eq_v", "separate_v"])
+def pair(request, tmp_path_factory):
+    torch.set_num_threads(1)
+    path = tmp_path_factory.mktemp("target")
+    hf = hf_tiny.build_target(path, seed=3, k_eq_v=request.param, tie=request.param)
+    return hf, load_target(path, block_size=4, num_blocks=64)
+
+
+def hf_logits(hf, ids):
+    with torch.no_grad():
+        return hf(torch.as_tensor(ids)[None]).logits[0].float()
+
+
+def close(a, b):
+    torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
+
+
+def test_prefill_and_chain_steps_match_hf(pair):
+    hf, target = pair
+    g = torch.Generator().manual_seed(0)
+    seq = torch.randint(0, hf_tiny.VOCAB, (23,), generator=g)
+    r = target.new_request()
+    try:
+        out = target.prefill([r], [seq[:13]])  # longer than the window (8), several blocks of 4
+        close(out.logits[0, :13], hf_logits(hf, seq[:13]))
+        # pending token seq[13]: verify chains of 1 and 4 nodes, accepting all
+        for lo, hi in ((13, 14), (14, 18), (18, 23)):
+            out = target.forward_tree([r], [seq[lo:hi]], [[-1] + list(range(hi - lo - 1))])
+            close(out.logits[0, :hi - lo], hf_logits(hf, seq[:hi])[lo:hi])
+            target.commit(r, list(range(1, hi - lo)))
+    finally:
+        target.release(r)
+
+
+def _random_tree(n, g):
+    parents = [-1] + [int(torch.randint(0, i, (), generator=g)) for i in range(1, n)]
+    return parents
+
+
+def _path(parents, node):
+    out = []
+    while node > 0:
+        out.append(node)
+        node = parents[node]
+    return out[::-1]
+
+
+def test_tree_forward_and_commit_match_sequential(pair):
+    """Every node's logits equal HF's on prefix + its path; after committing a path that skips
+    earlier siblings, the cache holds what a fresh prefill of the accepted sequence holds."""
+    hf, target = pair
+    g = torch.Generator().manual_seed(1)
+    prefix = torch.randint(0, hf_tiny.VOCAB, (11,), generator=g)
+    n = 9
+    parents = _random_tree(n, g)
+    tokens = torch.randint(0, hf_tiny.VOCAB, (n,), generator=g)
+    r = target.new_request()
+    fresh = target.new_request()
+    try:
+        target.prefill([r], [prefix[:-1]])
+        out = target.forward_tree([r], [torch.cat([prefix[-1:], tokens[1:]])], [parents])
+        for i in range(n):
+            seq = torch.cat([prefix, tokens[_path(parents, i)]])
+            close(out.logits[0, i], hf_logits(hf, seq)[-1])
+        deepest = max(range(n), key=lambda i: (len(_path(parents, i)), i))
+        path = _path(parents, deepest)
+        assert path != list(range(1, len(path) + 1)), "the test tree should commit a non-contiguous path"
+        target.commit(r, path)
+        accepted = torch.cat([prefix, tokens[path]])
+        assert target.lengths[r] == len(accepted)
+        target.prefill([fresh], [accepted])
+        L = len(accepted)
+        for t, cache in target.caches.items():
+            lo = 0 if cache.window is None else L - cache.window
+            pos = torch.arange(lo, L)
+            for layer in range(cache.k.shape[0]):
+                k1, v1 = cache.read(layer, r, pos)
+                k2, v2 = cache.read(layer, fresh, pos)
+                close(k1, k2)
+                close(v1, v2)
+        nxt = torch.randint(0, hf_tiny.VOCAB, (3,), generator=g)
+        out = target.forward_tree([r], [nxt], [[-1, 0, 1]])
+        close(out.logits[0], hf_logits(hf, torch.cat([accepted, nxt]))[L:])
+    finally:
+        target.release(r)
+        target.release(fresh)
+
+
+def test_batched_ragged_equals_alone(pair):
+    _, target = pair
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, hf_tiny.VOCAB, (n,), generator=g) for n in (3, 12, 7)]
+    trees = [[-1, 0, 0, 1], [-1], [-1, 0, 1, 1, 0]]
+    drafts = [torch.randint(0, hf_tiny.VOCAB, (len(t),), generator=g) for t in trees]
+    reqs = [target.new_request() for _ in prompts]
+    try:
+        pre = target.prefill(reqs, prompts)
+        out = target.forward_tree(reqs, drafts, trees)
+        for b in range(3):
+            r = target.new_request()
+            try:
+                alone = target.prefill([r], [prompts[b]])
+                close(pre.logits[b, :len(prompts[b])], alone.logits[0, :len(prompts[b])])
+                one = target.forward_tree([r], [drafts[b]], [trees[b]])
+                close(out.logits[b, :len(trees[b])], one.logits[0])
+            finally:
+                target.release(r)
+    finally:
+        for r in reqs:
+            target.release(r)
+
+
+def test_sliding_blocks_leave_the_window_and_are_released(pair):
+    _, target = pair
+    sliding, full = target.caches["sliding_attention"], target.caches["full_attention"]
+    free_s, free_f = sliding.allocator.num_free, full.allocator.num_free
+    r = target.new_request()
+    try:
+        target.prefill([r], [torch.randint(0, hf_tiny.VOCAB, (30,))])
+        table = sliding.tables[r]
+        # window 8, block 4: positions < 22 are no longer needed, blocks 0..4 are released
+        assert table[:5] == [-1] * 5 and min(table[5:]) >= 0
+        assert min(full.tables[r]) >= 0 and len(full.tables[r]) == 8
+        assert sliding.allocator.num_free == free_s - 3
+        assert full.allocator.num_free == free_f - 8
+    finally:
+        target.release(r)
+    assert (sliding.allocator.num_free, full.allocator.num_free) == (free_s, free_f)
+
+
+def test_out_of_blocks_raises(tmp_path):
+    hf_tiny.build_target(tmp_path, seed=0)
+    target = load_target(tmp_path, block_size=4, num_blocks=2)
+    r = target.new_request()
+    with pytest.raises(OutOfBlocksError, match="num_blocks=2"):
+        target.prefill([r], [torch.arange(9)])
+
+
+def test_bad_tree_raises(pair):
+    _, target = pair
+    r = target.new_request()
+    try:
+        with pytest.raises(ValueError, match="parents"):
+            target.forward_tree([r], [torch.tensor([1, 2])], [[-1, 1]])
+        with pytest.raises(ValueError, match="tokens"):
+            target.forward_tree([r], [torch.tensor([1, 999])], [[-1, 0]])
+    finally:
+        target.release(r)
+
+
+BASE = {
+    "model_type": "gemma4_text", "hidden_size_per_layer_input": 0, "num_hidden_layers": 2,
+    "layer_types": ["sliding_attention", "full_attention"]}
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("hidden_size_per_layer_input", 256, "per-layer embeddings"),
+    ("enable_moe_block", True, "MoE"),
+    ("num_kv_shared_layers", 1, "KV-shared"),
+    ("use_bidirectional_attention", "all", "use_bidirectional_attention"),
+    ("rope_parameters", {"sliding_attention": {"rope_type": "yarn"}, "full_attention": {}}, "rope_type"),
+])
+def test_unsupported_targets_are_rejected(field, value, match):
+    with pytest.raises(UnsupportedModelError, match=match):
+        parse_target_config({**BASE, field: value})
+
+
+def test_unsupported_checkpoint_rejected_by_loader(tmp_path):
+    hf_tiny.build_target(tmp_path, seed=0)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["hidden_size_per_layer_input"] = 16
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match="hidden_size_per_layer_input"):
+        load_target(tmp_path)
+
+
+def test_config_reads_global_head_dim_form():
+    """Hub configs may carry global_head_dim / num_global_key_value_heads instead of per_layer_config."""
+    cfg, prefix = parse_target_config({**BASE, "head_dim": 64, "global_head_dim": 128, "num_key_value_heads": 2,
+                                       "num_global_key_value_heads": 1, "attention_k_eq_v": True})
+    assert prefix == "model."
+    assert (cfg.attention["full_attention"].head_dim, cfg.attention["full_attention"].num_kv_heads) == (128, 1)
+    assert (cfg.attention["sliding_attention"].head_dim, cfg.attention["sliding_attention"].num_kv_heads) == (64, 2)
+    cfg, prefix = parse_target_config({"model_type": "gemma4", "text_config": BASE})
+    assert prefix == "model.language_model." and cfg.num_layers == 2
