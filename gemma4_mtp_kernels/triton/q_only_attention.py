@@ -4,8 +4,9 @@ Design. The op is a pure K/V stream: every attended cache entry is read once, th
 - Grid (B * Hkv, SPLITS, row tiles). A program owns one request b, one KV head and a contiguous key
   range of that request. Its rows are all Q queries x (Hq / Hkv) query heads that share the KV head
   (row r -> query r // G, head kvh * G + r % G), padded to BLOCK_M = 16..64 rows, so one K/V tile
-  feeds every row through tl.dot and each K/V byte is read once per call (more row tiles only when
-  Q * G > 64, e.g. wide trees on 31B full layers).
+  feeds every row through tl.dot and each K/V byte is read once per call. More row tiles (K/V read
+  again per tile) only when Q * G > 64, or > 32 at D 512 where a [64, 512] fp32 accumulator spills
+  (e.g. a 31B full layer with 8 tree branches: 64 rows, 2 tiles).
 - Keys are walked in tiles of BLOCK_N tokens. Each token's address is computed from the block table
   (page = pos // block_size, slot = pos % block_size) with the cache's own strides, so any
   block_size and all four engine layouts (NHD, vLLM [nb, 2, ...], FlashAttention [2, nb, ...], HND
@@ -146,13 +147,16 @@ MIN_TILES_PER_SPLIT = 2
 
 
 def kernel_config(D: int, rows: int) -> dict:
-    """Tiles and warps for one head dim (also used by the AOT compile check)."""
-    block_m = min(64, pow2_at_least(rows, 16))
+    """Tiles and warps for one head dim (also used by the AOT compile check). Chosen from the sm_80 /
+    sm_90 compiles: the largest row tile whose fp32 accumulator [BLOCK_M, D] fits without spills
+    (D 512 caps BLOCK_M at 32: 64 rows spill even with 16 warps)."""
+    block_m = min(32 if D == 512 else 64, pow2_at_least(rows, 16))
+    warps = 4 if block_m * D <= 16 * 256 else 8
     if D <= 128:
-        return dict(BLOCK_M=block_m, BLOCK_N=64, num_warps=4, num_stages=3)
+        return dict(BLOCK_M=block_m, BLOCK_N=64, num_warps=warps, num_stages=3)
     if D == 256:
-        return dict(BLOCK_M=block_m, BLOCK_N=32, num_warps=4, num_stages=3)
-    return dict(BLOCK_M=block_m, BLOCK_N=32, num_warps=8, num_stages=2)
+        return dict(BLOCK_M=block_m, BLOCK_N=32, num_warps=warps, num_stages=3)
+    return dict(BLOCK_M=block_m, BLOCK_N=32, num_warps=8, num_stages=3 if block_m == 16 else 2)
 
 
 def num_splits(B: int, Hkv: int, row_tiles: int, max_len: int, block_n: int, sms: int) -> tuple[int, int]:
