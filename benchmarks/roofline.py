@@ -271,14 +271,15 @@ def op_table(devs, batches=(1, 8, 64), contexts=(2048, 8192, 32768), queries=(1,
     return "\n".join(lines)
 
 
-def round_table(devs, contexts=(8192, 32768), k: int = 4, batches=(1,)) -> str:
+def round_table(devs, contexts=(8192, 32768), k: int = 4, batches=(1,), widths=None, step: bool = False) -> str:
+    """Draft rounds (or single steps with step=True) per drafter, with where their bytes go."""
     head = ("| drafter | B | ctx | bytes | " + " | ".join(f"{d.key} µs" for d in devs)
             + " | weights | target KV | LM head | verify logits | dominant |")
     lines = [head, "|" + "---|" * (9 + len(devs))]
     for name in DRAFTERS:
         for B in batches:
             for ctx in contexts:
-                c = draft_round(name, B, ctx, k)
+                c = drafter_step(name, B, ctx) if step else draft_round(name, B, ctx, k, widths=widths)
                 g = grouped(c)
                 pct = " | ".join(f"{100 * g.get(x, 0) / c.bytes:.0f}%" for x in ("weights", "target KV", "LM head", "verify logits"))
                 floors = " | ".join(f"{c.floor_s(d) * 1e6:.1f}" for d in devs)
@@ -286,8 +287,8 @@ def round_table(devs, contexts=(8192, 32768), k: int = 4, batches=(1,)) -> str:
     return "\n".join(lines)
 
 
-def breakdown(name: str, B: int, ctx: int, k: int) -> str:
-    c = draft_round(name, B, ctx, k)
+def breakdown(name: str, B: int, ctx: int, k: int, widths=None) -> str:
+    c = draft_round(name, B, ctx, k, widths=widths)
     lines = [f"{c.what}: {_fmt_bytes(c.bytes)}, {c.flops / 1e9:.2f} GFLOP"]
     for part, v in sorted(c.parts.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {part:32s} {_fmt_bytes(v):>10s}  {100 * v / c.bytes:5.1f}%")
@@ -299,22 +300,32 @@ def main(argv=None) -> int:
     p.add_argument("--results", help="a results JSON from run_all.py: add floors on its measured device")
     p.add_argument("--k", type=int, default=4, help="draft steps per round (default 4)")
     p.add_argument("--batch", type=int, nargs="+", default=[1], help="batch sizes of the round table")
+    p.add_argument("--context", type=int, nargs="+", default=[8192, 32768], help="context lengths (default 8K 32K)")
+    p.add_argument("--tree", type=int, nargs="+", help="queries per request at each draft step, e.g. 1 2 4 "
+                   "(a tree round; sets k to the number of steps)")
     p.add_argument("--json", action="store_true", help="print rounds and steps as JSON instead of tables")
     p.add_argument("--breakdown", action="store_true", help="print where the bytes of each round go")
     args = p.parse_args(argv)
     devs = _devices(args.results)
+    widths = tuple(args.tree) if args.tree else None
+    k = len(widths) if widths else args.k
+    ctxs = tuple(args.context)
     if args.json:
-        out = {f"{n} B={B} ctx={ctx}": draft_round(n, B, ctx, args.k).to_dict(devs)
-               for n in DRAFTERS for B in args.batch for ctx in (8192, 32768)}
+        out = {f"{n} B={B} ctx={ctx}": draft_round(n, B, ctx, k, widths=widths).to_dict(devs)
+               for n in DRAFTERS for B in args.batch for ctx in ctxs}
         print(json.dumps(out, indent=1))
         return 0
-    print(f"### Draft round floors (k={args.k} chain steps + tree_verify of {args.k + 1} nodes)\n")
-    print(round_table(devs, k=args.k, batches=tuple(args.batch)))
+    shape = f"tree widths {widths}" if widths else f"{k} chain steps"
+    nodes = 1 + (sum(widths) if widths else k)
+    print(f"### Draft round floors ({shape} + tree_verify of {nodes} nodes)\n")
+    print(round_table(devs, ctxs, k=k, batches=tuple(args.batch), widths=widths))
+    print("\n### One drafter step (Q = 1 per request)\n")
+    print(round_table(devs, ctxs, batches=tuple(args.batch), step=True))
     if args.breakdown:
         for n in DRAFTERS:
-            for ctx in (8192, 32768):
+            for ctx in ctxs:
                 print()
-                print(breakdown(n, args.batch[0], ctx, args.k))
+                print(breakdown(n, args.batch[0], ctx, k, widths))
     print("\n### Per-op floors\n")
     print(op_table(devs))
     return 0

@@ -8,6 +8,7 @@ calls on the other sets. The time per call is replay time / number of sets.
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -53,6 +54,8 @@ def time_calls(calls: Sequence[Callable[[], object]], *, warmup: int = 5, runs: 
     graph=True captures the sequence in a CUDA graph (launch overhead as an engine running graphs
     sees it); a callable that syncs with the host or allocates unpredictably cannot be captured and
     is timed with events around eager calls instead (method says which)."""
+    if not torch.cuda.is_available():
+        return _wallclock(calls, warmup, runs)
     for _ in range(warmup):
         for c in calls:
             c()
@@ -78,6 +81,20 @@ def time_calls(calls: Sequence[Callable[[], object]], *, warmup: int = 5, runs: 
             torch.cuda.synchronize()
     times = _events_time(calls, runs)
     return Timing(statistics.median(times), min(times), runs, "events")
+
+
+def _wallclock(calls, warmup: int, runs: int) -> Timing:
+    """Host wall clock, for CPU tensors only (the harness's own tests); never a GPU number."""
+    for _ in range(warmup):
+        for c in calls:
+            c()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        for c in calls:
+            c()
+        times.append((time.perf_counter() - t0) / len(calls))
+    return Timing(statistics.median(times), min(times), runs, "cpu-wallclock")
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, runs: int = 20) -> float:

@@ -136,3 +136,24 @@ def test_gpu_entry_points_refuse_without_gpu(tmp_path):
                        env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
     assert "no GPU" in p.stderr and "Traceback" not in p.stdout + p.stderr
+
+
+def test_timed_case_record_on_cpu():
+    """The timed half of a case record (what a GPU run fills in), here with the host wall clock on
+    CPU tensors and a device whose peaks are given: gbps, fraction of floor and speedup follow from
+    the measured time and the case's bytes."""
+    from benchmarks import bench_fused_concat_down_proj, devices
+
+    case = bench_fused_concat_down_proj.cases(dry=True)[0]
+    dev = devices.Device("test", "test", 1e9, 1e12, 0, 1, source="measured")
+    rec = run_all._run_case(case, torch=torch, dry=False, device=torch.device("cpu"), dtype=torch.float32,
+                            l2_bytes=0, measured_dev=dev, datasheet=list(devices.DATASHEET.values()), timer=timer,
+                            runs=3)
+    assert rec["floor_s"] == pytest.approx(case.cost.bytes / 1e9)
+    hf = next(r for r in rec["results"] if r["baseline"] == "hf_torch")
+    assert hf["status"] == "ok" and hf["method"] == "cpu-wallclock" and hf["check"]["ok"]
+    assert hf["gbps"] == pytest.approx(case.cost.bytes / hf["time_s"] / 1e9)
+    assert hf["fraction_of_floor"] == pytest.approx(rec["floor_s"] / hf["time_s"])
+    assert hf["speedup_vs_first"] == pytest.approx(1.0)
+    cuda = next(r for r in rec["results"] if r["baseline"] == "cuda")
+    assert cuda["status"] == "missing" and "time_s" not in cuda
