@@ -131,7 +131,7 @@ def test_sliding_blocks_leave_the_window_and_are_released(pair):
     try:
         target.prefill([r], [torch.randint(0, hf_tiny.VOCAB, (30,))])
         table = sliding.tables[r]
-        # window 8, block 4: positions < 22 are no longer needed, blocks 0..4 are released
+        # window 8 (+1 kept for HF-convention drafters), block 4: positions < 21 are no longer read, blocks 0..4 go
         assert table[:5] == [-1] * 5 and min(table[5:]) >= 0
         assert min(full.tables[r]) >= 0 and len(full.tables[r]) == 8
         assert sliding.allocator.num_free == free_s - 3

@@ -17,6 +17,8 @@ import gemma4_mtp_kernels as K
 from .config import DrafterConfig, TextConfig
 from .layers import DecoderLayer, RMSNorm, apply_rope, rope_inv_freq
 
+QUERY_POSITIONS = ("last_cached", "next")
+
 
 class DrafterAttention(nn.Module):
     def __init__(self, config: TextConfig, layer: int):
@@ -32,13 +34,14 @@ class DrafterAttention(nn.Module):
 class DraftContext:
     """What a draft round reads from the target, per request (rows of B).
 
-    k_cache / v_cache / block_table: per attention type; seq_lens [B] int32 cache entries attended;
+    k_cache / v_cache / block_table / window: per attention type; seq_lens [B] int32 cache entries;
     positions [B] int64 RoPE position of every draft query of the round; embed_table [V, Hb] the
     target's input embedding with its scale sqrt(Hb)."""
 
     k_cache: dict
     v_cache: dict
     block_table: dict
+    window: dict
     seq_lens: torch.Tensor
     positions: torch.Tensor
     embed_table: torch.Tensor
@@ -47,7 +50,8 @@ class DraftContext:
     def select(self, rows: list[int]) -> "DraftContext":
         idx = torch.tensor(rows, dtype=torch.long, device=self.seq_lens.device)
         return DraftContext(self.k_cache, self.v_cache, {t: bt[idx] for t, bt in self.block_table.items()},
-                            self.seq_lens[idx], self.positions[idx], self.embed_table, self.embed_scale)
+                            self.window, self.seq_lens[idx], self.positions[idx], self.embed_table,
+                            self.embed_scale)
 
 
 class Gemma4MTPDrafter(nn.Module):
@@ -92,20 +96,31 @@ class Gemma4MTPDrafter(nn.Module):
                 raise ValueError(f"{lt}: drafter head_dim {d.head_dim} with {dc.num_heads} heads cannot read the "
                                  f"target's head_dim {s.head_dim} with {s.num_kv_heads} KV heads")
             if d.window is not None and d.window > s.window:
+                # the target keeps sliding_window + 1 entries (see Gemma4Target.commit)
                 raise ValueError(f"{lt}: drafter sliding_window {d.window} exceeds the target's {s.window}, whose "
                                  "cache no longer holds the older entries")
         if self.pre_projection.weight.dtype != target.dtype:
             raise ValueError(f"drafter dtype {self.pre_projection.weight.dtype} != target dtype {target.dtype}")
 
-    def context(self, target, reqs: list[int], positions: torch.Tensor) -> DraftContext:
-        """The drafter's view of `reqs` in `target`: every committed position attended, queries at `positions`."""
+    def context(self, target, reqs: list[int], query_position: str = "last_cached") -> DraftContext:
+        """The drafter's view of `reqs` in `target`, whose caches hold positions [0, P] (P + 1 = length).
+
+        "last_cached" (vLLM, SGLang): queries at P; a sliding layer attends the last `sliding_window`
+        entries, as the target's own query at P would. "next" (Hugging Face): queries at P + 1, and a
+        sliding layer attends the last `sliding_window + 1` entries, because HF's assistant masks the
+        shared K/V with a bidirectional window whose distance bound is inclusive."""
+        if query_position not in QUERY_POSITIONS:
+            raise ValueError(f"query_position: expected one of {QUERY_POSITIONS}, got {query_position!r}")
         types = set(self.config.text.layer_types)
         kv = {t: target.kv_cache(t) for t in types}
         tables = target.block_tables(reqs)
+        lengths = target.seq_lens(reqs)
+        extra = 1 if query_position == "next" else 0
+        windows = {t: None if s.window is None else s.window + extra
+                   for t, s in self.config.text.attention.items()}
         return DraftContext({t: kv[t][0] for t in types}, {t: kv[t][1] for t in types},
-                            {t: tables[t] for t in types}, target.seq_lens(reqs),
-                            positions.to(device=target.device, dtype=torch.long), target.embed_tokens.weight,
-                            target.config.embed_scale)
+                            {t: tables[t] for t in types}, windows, lengths,
+                            lengths.long() - 1 + extra, target.embed_tokens.weight, target.config.embed_scale)
 
     # ---- one draft step ----------------------------------------------------------------------
 
@@ -132,7 +147,7 @@ class Gemma4MTPDrafter(nn.Module):
         D = attn.head_dim
         q = apply_rope(attn.q_norm(attn.q_proj(h).view(B * Q, -1, D)), pos, getattr(self, f"{lt}_inv_freq"))
         o = K.q_only_paged_attention(q.reshape(B, Q, -1, D).contiguous(), ctx.k_cache[lt], ctx.v_cache[lt],
-                                     ctx.block_table[lt], ctx.seq_lens, scale=1.0, window=t.attention[lt].window,
+                                     ctx.block_table[lt], ctx.seq_lens, scale=1.0, window=ctx.window[lt],
                                      backend=self.backend)
         return attn.o_proj(o.reshape(B * Q, -1))
 

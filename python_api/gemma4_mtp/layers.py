@@ -69,11 +69,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Everything of a Gemma 4 decoder layer except how attention finds its keys.
+    """A Gemma 4 decoder layer around an attention module whose use the owner decides.
 
-    `self_attn` holds the projections and norms; the caller passes `attend(q_input) -> o_proj input`
-    semantics through `forward(x, attention)` where `attention(h)` maps the normed input to the
-    attention block output (after o_proj)."""
+    `forward(x, attention)` calls `attention(normed_x)`, which returns the attention block's output
+    after o_proj: the target attends its own cache with a tree mask, the drafter calls the op."""
 
     def __init__(self, config: TextConfig, self_attn: nn.Module):
         super().__init__()

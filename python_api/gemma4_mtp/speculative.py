@@ -17,7 +17,8 @@ import torch
 
 import gemma4_mtp_kernels as K
 
-QUERY_POSITIONS = ("last_cached", "next")
+from .drafter import QUERY_POSITIONS
+
 SCHEDULES = ("constant", "heuristic")
 _FROM_TARGET = object()
 
@@ -109,9 +110,7 @@ def _draft(drafter, target, reqs, pending, hidden, shapes, query_position):
 
     Returns per request (tokens [N] int64, parents list[int]) with node 0 the pending token."""
     dev = target.device
-    lengths = target.seq_lens(reqs).long()
-    positions = lengths - 1 if query_position == "last_cached" else lengths
-    ctx = drafter.context(target, reqs, positions)
+    ctx = drafter.context(target, reqs, query_position)
     tokens = [[int(t)] for t in pending]
     parents = [[-1] for _ in reqs]
     level_nodes = [[0] for _ in reqs]  # node indices of the current level, per request
@@ -164,7 +163,8 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
     temperature: 0 for greedy; > 0 samples from softmax(target_logits / temperature), with the
         uniforms drawn from one torch.Generator per request seeded with seed + request index.
     query_position: "last_cached" puts the drafter query at P, the last position in the target cache
-        (vLLM, SGLang); "next" at P + 1 (Hugging Face). Output exactness does not depend on it.
+        (vLLM, SGLang); "next" at P + 1 with Hugging Face's sliding mask (see Gemma4MTPDrafter.context).
+        Output exactness does not depend on it.
     eos_token_id: int, ids, or None; defaults to the target config's eos_token_id. A request stops
         after emitting one.
     verify_backend: backend of tree_verify (default: the drafter's backend).

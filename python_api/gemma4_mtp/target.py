@@ -238,7 +238,9 @@ class Gemma4Target(nn.Module):
         new_len = L + 1 + len(accepted_nodes)
         self.lengths[req] = new_len
         for c in self.caches.values():
-            c.trim(req, new_len, keep_from=0 if c.window is None else new_len - c.window)
+            # the next root attends the last window - 1 entries; a drafter with Hugging Face's query
+            # convention reads window + 1 (see Gemma4MTPDrafter.context), so that many stay
+            c.trim(req, new_len, keep_from=0 if c.window is None else new_len - c.window - 1)
 
     @torch.no_grad()
     def prefill(self, reqs: list[int], prompts: list[torch.Tensor]) -> TargetOutput:

@@ -1,0 +1,137 @@
+"""gemma4_mtp.Gemma4MTPDrafter against Hugging Face Gemma4AssistantForCausalLM (fp32, torch backend ops).
+
+The HF assistant gets the HF target's own shared_kv_states and final hidden state, and the query at
+HF's position (P + 1); ours reads our target's paged cache at the same position."""
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+import hf_tiny
+from gemma4_mtp import load_drafter, load_target
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@pytest.fixture(scope="module", params=[(True, False), (False, True), (True, True)],
+                ids=["k_eq_v-dense", "separate_v-centroids", "k_eq_v-centroids"])
+def models(request, tmp_path_factory):
+    torch.set_num_threads(1)
+    k_eq_v, ordered = request.param
+    tp, dp = tmp_path_factory.mktemp("t"), tmp_path_factory.mktemp("d")
+    hf_t = hf_tiny.build_target(tp, seed=5, k_eq_v=k_eq_v)
+    hf_d = hf_tiny.build_drafter(dp, seed=6, k_eq_v=k_eq_v, ordered=ordered)
+    return hf_t, hf_d, load_target(tp, block_size=4, num_blocks=64), load_drafter(dp, backend="torch")
+
+
+def close(a, b):
+    torch.testing.assert_close(a, b, atol=3e-5, rtol=1e-5)
+
+
+def compare_logits(ours, hf, ordered):
+    if not ordered:
+        close(ours, hf)
+        return
+    # HF fills tokens outside the selected clusters with (min candidate logit - 1); ours with -inf
+    cand = torch.isfinite(ours)
+    assert torch.equal(cand, hf > hf.min()), "different candidate sets"
+    close(ours[cand], hf[cand])
+
+
+@torch.no_grad()
+def test_draft_steps_match_hf(models):
+    hf_t, hf_d, target, drafter = models
+    ordered = drafter.config.use_ordered_embeddings
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, hf_tiny.VOCAB, (n,), generator=g) for n in (13, 5)]  # beyond / within the window
+    reqs = [target.new_request() for _ in prompts]
+    try:
+        pre = target.prefill(reqs, prompts)
+        hf_state = []
+        for b, p in enumerate(prompts):
+            out = hf_t(p[None], output_hidden_states=True, return_shared_kv_states=True)
+            close(pre.hidden[b, len(p) - 1], out.hidden_states[-1][0, -1])
+            # the cache the drafter reads is what HF hands its assistant
+            for lt, (k, v) in out.shared_kv_states.items():
+                kc, vc = target.kv_cache(lt)
+                table = target.caches[lt].tables[reqs[b]]
+                lo = 0 if lt == "full_attention" else len(p) - hf_tiny.WINDOW
+                pos = torch.arange(max(0, lo), len(p))
+                blocks = torch.tensor(table)[pos // 4]
+                close(kc[blocks, pos % 4], k[0].transpose(0, 1)[pos])
+                close(vc[blocks, pos % 4], v[0].transpose(0, 1)[pos])
+            hf_state.append((out.shared_kv_states, out.hidden_states[-1][:, -1:]))
+        tokens = torch.tensor([[7], [100]])
+        hidden = torch.stack([pre.hidden[b, len(p) - 1] for b, p in enumerate(prompts)])[:, None]
+        positions = torch.tensor([len(p) for p in prompts])  # HF's P + 1
+        ctx = drafter.context(target, reqs, "next")
+        assert torch.equal(ctx.positions, positions)
+        for step in range(3):
+            last, proj = drafter.step(ctx, tokens, hidden)
+            ours_logits = drafter.logits(last)
+            nxt = []
+            for b, (skv, h) in enumerate(hf_state):
+                embeds = hf_t.model.embed_tokens(tokens[b][None])
+                o = hf_d(inputs_embeds=torch.cat([embeds, h], dim=-1), position_ids=positions[b].view(1, 1),
+                         shared_kv_states=skv)
+                close(proj[b], o.last_hidden_state[0])
+                compare_logits(ours_logits[b], o.logits[0].float(), ordered)
+                hf_state[b] = (skv, o.last_hidden_state)
+                nxt.append(int(o.logits[0, -1].argmax()))
+            assert drafter.top_tokens(last, 1)[:, 0, 0].tolist() == nxt
+            tokens, hidden = torch.tensor(nxt)[:, None], proj
+    finally:
+        for r in reqs:
+            target.release(r)
+
+
+@torch.no_grad()
+def test_tree_level_shares_one_call(models):
+    """Q branches of one request in one step equal Q separate single-query steps."""
+    _, _, target, drafter = models
+    g = torch.Generator().manual_seed(1)
+    reqs = [target.new_request() for _ in range(2)]
+    try:
+        target.prefill(reqs, [torch.randint(0, hf_tiny.VOCAB, (n,), generator=g) for n in (10, 4)])
+        ctx = drafter.context(target, reqs, "last_cached")
+        assert torch.equal(ctx.positions, target.seq_lens(reqs).long() - 1)
+        assert ctx.window == {"sliding_attention": hf_tiny.WINDOW, "full_attention": None}
+        tokens = torch.randint(0, hf_tiny.VOCAB, (2, 3), generator=g)
+        hidden = torch.randn(2, 3, hf_tiny.HB, generator=g)
+        last, proj = drafter.step(ctx, tokens, hidden)
+        for b in range(2):
+            for q in range(3):
+                l1, p1 = drafter.step(ctx.select([b]), tokens[b:b + 1, q:q + 1], hidden[b:b + 1, q:q + 1])
+                close(last[b, q], l1[0, 0])
+                close(proj[b, q], p1[0, 0])
+    finally:
+        for r in reqs:
+            target.release(r)
+
+
+def test_top_tokens_follow_the_dense_logits(models):
+    _, _, _, drafter = models
+    g = torch.Generator().manual_seed(2)
+    last = torch.randn(5, hf_tiny.HD, generator=g)
+    logits = drafter.logits(last)
+    top = drafter.top_tokens(last, 3)
+    for t in range(5):
+        # a stable descending sort of dense logits orders ties by ascending id
+        expect = torch.sort(logits[t], descending=True, stable=True).indices[:3]
+        assert top[t].tolist() == expect.tolist()
+
+
+def test_check_target_rejects_mismatches(models):
+    _, _, target, drafter = models
+    drafter.check_target(target)
+    bad = copy.copy(drafter)
+    bad.config = dataclasses.replace(drafter.config, backbone_hidden_size=32)
+    with pytest.raises(ValueError, match="backbone_hidden_size"):
+        bad.check_target(target)
+    spec = drafter.config.text.attention["sliding_attention"]
+    wide = dataclasses.replace(drafter.config.text, attention={
+        **drafter.config.text.attention, "sliding_attention": dataclasses.replace(spec, window=spec.window + 1)})
+    bad.config = dataclasses.replace(drafter.config, text=wide)
+    with pytest.raises(ValueError, match="sliding_window"):
+        bad.check_target(target)

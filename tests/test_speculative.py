@@ -1,0 +1,206 @@
+"""speculative_generate: exact against Hugging Face greedy generate, the target's distribution when
+sampling, batched == alone, schedules, EOS. Tiny fp32 checkpoints, backend="torch" ops.
+
+Random drafters accept almost nothing, so most cases also run the "agreeing" pair of hf_tiny, whose
+drafter usually holds the target's next token in its top-2: multi-token acceptance, accepted tree
+branches that are not first children, and K/V commits of non-contiguous paths all happen."""
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import hf_tiny
+from gemma4_mtp import load_drafter, load_target, speculative_generate
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+MAX_NEW = 20
+
+
+@pytest.fixture(scope="module")
+def random_pair(tmp_path_factory):
+    torch.set_num_threads(1)
+    tp, dp = tmp_path_factory.mktemp("rt"), tmp_path_factory.mktemp("rd")
+    hf = hf_tiny.build_target(tp, seed=11, k_eq_v=False, tie=False)
+    hf_tiny.build_drafter(dp, seed=12, k_eq_v=False, ordered=True)
+    return hf, load_target(tp, block_size=4, num_blocks=512), load_drafter(dp, backend="torch")
+
+
+@pytest.fixture(scope="module")
+def agreeing_pair(tmp_path_factory):
+    torch.set_num_threads(1)
+    tp, dp = tmp_path_factory.mktemp("at"), tmp_path_factory.mktemp("ad")
+    hf, _ = hf_tiny.build_agreeing_pair(tp, dp, seed=0, ordered=False)
+    return hf, load_target(tp, block_size=4, num_blocks=4096), load_drafter(dp, backend="torch")
+
+
+def prompts(seed=0, lengths=(3, 9, 14)):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, hf_tiny.VOCAB, (n,), generator=g) for n in lengths]
+
+
+@torch.no_grad()
+def hf_greedy(hf, prompt, max_new=MAX_NEW, eos=1):
+    out = hf.generate(prompt[None], max_new_tokens=max_new, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    return out[0, len(prompt):]
+
+
+DRAFTING = [
+    dict(num_draft_tokens=1),
+    dict(num_draft_tokens=3),
+    dict(num_draft_tokens=2, draft_schedule="heuristic"),
+    dict(num_draft_tokens=None, tree=(2, 2, 1)),
+    dict(num_draft_tokens=None, tree=(3, 1)),
+]
+
+
+@pytest.mark.parametrize("pair", ["random_pair", "agreeing_pair"])
+@pytest.mark.parametrize("kw", DRAFTING, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+def test_greedy_matches_hf_generate(pair, kw, request):
+    hf, target, drafter = request.getfixturevalue(pair)
+    ps = prompts()
+    eos = None if pair == "agreeing_pair" else 1  # the agreeing target cycles; EOS has its own test
+    out = speculative_generate(target, drafter, ps, max_new_tokens=MAX_NEW, eos_token_id=eos, **kw)
+    for p, ids in zip(ps, out.ids):
+        assert ids.tolist() == hf_greedy(hf, p, eos=eos).tolist()
+    if pair == "agreeing_pair" and kw.get("num_draft_tokens") != 1:
+        assert out.stats.mean_accepted > 1.0
+
+
+def test_batch_of_one_and_query_positions(agreeing_pair):
+    hf, target, drafter = agreeing_pair
+    p = prompts()[1]
+    expect = hf_greedy(hf, p, eos=None).tolist()
+    for qp in ("last_cached", "next"):
+        out = speculative_generate(target, drafter, p, max_new_tokens=MAX_NEW, num_draft_tokens=4,
+                                   query_position=qp, eos_token_id=None)
+        assert out.ids[0].tolist() == expect
+
+
+def test_agreeing_drafter_acceptance(agreeing_pair):
+    """Chain and tree acceptance of the agreeing pair; tree rounds accept branches beyond the first child."""
+    _, target, drafter = agreeing_pair
+    ps = prompts(seed=3)
+    chain = speculative_generate(target, drafter, ps, max_new_tokens=32, num_draft_tokens=4, eos_token_id=None)
+    tree = speculative_generate(target, drafter, ps, max_new_tokens=32, num_draft_tokens=None, tree=(2, 2, 2),
+                                eos_token_id=None)
+    print(f"\nagreeing drafter: chain(4) mean accepted {chain.stats.mean_accepted:.2f}, "
+          f"tokens/target forward {chain.stats.tokens_per_target_forward:.2f}; tree(2,2,2) mean accepted "
+          f"{tree.stats.mean_accepted:.2f}, tokens/target forward {tree.stats.tokens_per_target_forward:.2f}")
+    assert chain.stats.mean_accepted >= 1.5
+    assert tree.stats.mean_accepted > chain.stats.mean_accepted
+    # in a (2, 2, 2) tree the first-child chain is nodes 1, 3, 7
+    first_children = [1, 3, 7]
+    off = [path for per in tree.stats.accepted_paths for path in per if path != first_children[:len(path)]]
+    assert off, "no round accepted a second branch"
+    for ids_c, ids_t in zip(chain.ids, tree.ids):
+        assert torch.equal(ids_c, ids_t)
+    s = chain.stats
+    assert s.tokens_per_target_forward == pytest.approx(sum(s.new_tokens) / sum(s.target_forwards))
+    assert s.mean_acceptance_length == pytest.approx(s.mean_accepted + 1)
+
+
+def test_heuristic_schedule(agreeing_pair):
+    _, target, drafter = agreeing_pair
+    out = speculative_generate(target, drafter, prompts(seed=4), max_new_tokens=40, num_draft_tokens=2,
+                               draft_schedule="heuristic", eos_token_id=None)
+    grew = shrank = False
+    for accepted, drafted, n in zip(out.stats.accepted_per_round, out.stats.draft_lengths, out.stats.new_tokens):
+        k, emitted = 2, 1
+        for a, d in zip(accepted, drafted):
+            assert d == min(k, 40 - emitted - 1)
+            grew |= a == d and d > 0
+            shrank |= a < d
+            k = k + 2 if a == d else max(1, k - 1)
+            emitted += a + 1
+        assert min(emitted, 40) == n
+    assert grew and shrank
+
+
+@pytest.mark.parametrize("kw", [dict(num_draft_tokens=3), dict(num_draft_tokens=None, tree=(2, 2))],
+                         ids=["chain", "tree"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_batched_equals_alone(agreeing_pair, kw, temperature):
+    _, target, drafter = agreeing_pair
+    ps = prompts(seed=5)
+    batched = speculative_generate(target, drafter, ps, max_new_tokens=MAX_NEW, temperature=temperature, seed=7,
+                                   eos_token_id=None, **kw)
+    for b, p in enumerate(ps):
+        # request b of a batch samples with seed + b
+        alone = speculative_generate(target, drafter, p, max_new_tokens=MAX_NEW, temperature=temperature,
+                                     seed=7 + b, eos_token_id=None, **kw)
+        assert torch.equal(alone.ids[0], batched.ids[b])
+        assert alone.stats.accepted_per_round[0] == batched.stats.accepted_per_round[b]
+
+
+def test_eos_stops_a_request(random_pair):
+    hf, target, drafter = random_pair
+    ps = prompts(seed=6)
+    free = speculative_generate(target, drafter, ps, max_new_tokens=MAX_NEW, num_draft_tokens=2, eos_token_id=None)
+    eos = int(free.ids[1][MAX_NEW // 2])
+    out = speculative_generate(target, drafter, ps, max_new_tokens=MAX_NEW, num_draft_tokens=2, eos_token_id=eos)
+    for p, before, ids in zip(ps, free.ids, out.ids):
+        hits = (before == eos).nonzero()
+        stop = int(hits[0]) + 1 if len(hits) else MAX_NEW
+        assert ids.tolist() == before[:stop].tolist() == hf_greedy(hf, p, eos=eos).tolist()
+
+
+@torch.no_grad()
+def exact_distribution(hf, prompt, steps, temperature, floor=1e-6):
+    """P(continuation) from the HF target's own logits, over continuations above `floor`."""
+    seqs = {(): 1.0}
+    for _ in range(steps):
+        grown = {}
+        for s, p in seqs.items():
+            ids = torch.cat([prompt, torch.tensor(s, dtype=torch.long)])
+            probs = torch.softmax(hf(ids[None]).logits[0, -1].double() / temperature, -1)
+            for v in torch.nonzero(probs * p > floor).flatten().tolist():
+                grown[s + (v,)] = p * float(probs[v])
+        seqs = grown
+    return seqs
+
+
+@pytest.mark.parametrize("kw", [dict(num_draft_tokens=2), dict(num_draft_tokens=None, tree=(2, 2))],
+                         ids=["chain", "tree"])
+def test_sampling_matches_target_distribution(agreeing_pair, kw):
+    """600 sampled 4-token continuations against the target's exact joint distribution (chi-square)."""
+    hf, target, drafter = agreeing_pair
+    prompt, steps, temperature, n = torch.tensor([5, 17, 33, 2]), 4, 1.0, 600
+    exact = exact_distribution(hf, prompt, steps, temperature)
+    out = speculative_generate(target, drafter, [prompt] * n, max_new_tokens=steps, temperature=temperature,
+                               seed=123, eos_token_id=None, **kw)
+    assert out.stats.mean_accepted > 0.15, "drafts were hardly accepted: the test would not exercise verification"
+    counts = Counter(tuple(ids.tolist()) for ids in out.ids)
+    frequent = [s for s, p in exact.items() if p * n >= 5]
+    expected = [exact[s] * n for s in frequent]
+    observed = [counts.get(s, 0) for s in frequent]
+    # everything else (rarer continuations) in one bin
+    expected.append(n - sum(expected))
+    observed.append(n - sum(observed))
+    assert len(frequent) >= 4
+    assert chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_bad_arguments(random_pair):
+    _, target, drafter = random_pair
+    p = torch.tensor([3, 4, 5])
+    for kw, match in [
+        (dict(max_new_tokens=0, num_draft_tokens=2), "max_new_tokens"),
+        (dict(max_new_tokens=4, num_draft_tokens=0), "num_draft_tokens"),
+        (dict(max_new_tokens=4, num_draft_tokens=3, tree=(2, 2)), "tree depth"),
+        (dict(max_new_tokens=4, num_draft_tokens=None, tree=(2, 0)), "tree"),
+        (dict(max_new_tokens=4, num_draft_tokens=None, tree=(2,), draft_schedule="heuristic"), "draft_schedule"),
+        (dict(max_new_tokens=4, num_draft_tokens=2, temperature=-1.0), "temperature"),
+        (dict(max_new_tokens=4, num_draft_tokens=2, query_position="P+1"), "query_position"),
+        (dict(max_new_tokens=4, num_draft_tokens=2, draft_schedule="fast"), "draft_schedule"),
+        (dict(max_new_tokens=4, num_draft_tokens=None, tree=(1000,)), "candidate"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            speculative_generate(target, drafter, p, **kw)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        speculative_generate(target, drafter, [], max_new_tokens=4, num_draft_tokens=2)
+    with pytest.raises(ValueError, match="prompt"):
+        speculative_generate(target, drafter, [p, torch.tensor([], dtype=torch.long)], max_new_tokens=4,
+                             num_draft_tokens=2)
+    assert not target.lengths, "a failed call must release its requests"
