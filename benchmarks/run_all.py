@@ -47,6 +47,11 @@ def environment(torch) -> dict:
         env["triton"] = triton.__version__
     except ImportError:
         env["triton"] = None
+    try:
+        nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, timeout=20).stdout.strip()
+        env["nvcc"] = nvcc.splitlines()[-1] if nvcc else None
+    except (OSError, subprocess.SubprocessError):
+        env["nvcc"] = None
     if torch.cuda.is_available():
         env["device"] = torch.cuda.get_device_name()
         env["capability"] = list(torch.cuda.get_device_capability())
