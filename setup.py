@@ -60,7 +60,8 @@ def cuda_extension():
         name="gemma4_mtp_kernels._C",
         sources=sources,
         include_dirs=includes,
-        extra_compile_args={"cxx": ["-O3", "-std=c++17"], "nvcc": nvcc_flags},
+        # torch's headers need C++20 (only csrc/*.cpp include them); the kernels stay C++17.
+        extra_compile_args={"cxx": ["-O3", "-std=c++20"], "nvcc": nvcc_flags},
     )
     return [ext], {"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)}, None
 

@@ -2,12 +2,25 @@
 
 The extension is imported lazily, on first use, so that `import gemma4_mtp_kernels` works where it
 was not built; `extension_status()` says why it is unusable when it is.
+
+The four functions below follow the backend contract (public signature minus `backend=`, arguments
+already validated by gemma4_mtp_kernels.ops). They allocate the outputs the caller did not pass and
+call the custom ops, which write them in place; the ops allocate their small workspaces from the
+caching allocator, so the calls are safe inside CUDA-graph capture and under torch.compile.
 """
 from __future__ import annotations
 
 import functools
 import importlib
 import os
+
+import torch
+
+from .._types import VerifyResult
+
+# The kernels' limits that the public ops do not impose (see csrc/include/gemma4_mtp/*.cuh).
+MAX_CENTROIDS = 4096
+MAX_CENTROID_TOKENS = 65535
 
 
 @functools.lru_cache(maxsize=None)
@@ -18,6 +31,8 @@ def extension_status() -> tuple[bool, str]:
         return False, f"the compiled extension gemma4_mtp_kernels._C is {_build_status()}"
     except (ImportError, OSError) as e:
         return False, f"the compiled extension failed to load, likely a torch version mismatch: {e}"
+    from . import _fake  # noqa: F401  (registers the fake implementations once the ops exist)
+
     return True, "compiled extension gemma4_mtp_kernels._C"
 
 
@@ -29,3 +44,88 @@ def _build_status() -> str:
             return f.read().strip()
     except OSError:
         return "not built (no build record: was the package installed with pip install?)"
+
+
+def _ops():
+    ok, reason = extension_status()
+    if not ok:
+        from .._dispatch import BackendUnavailableError
+
+        raise BackendUnavailableError(f"backend 'cuda' is unavailable: {reason}")
+    return torch.ops.gemma4_mtp
+
+
+def _require_16_byte_layout(op: str, name: str, t: torch.Tensor, dims: int) -> None:
+    """The attention kernel copies K/V rows with 16-byte cp.async: strides of the first `dims`
+    dimensions and the data pointer must be multiples of 16 bytes."""
+    size = t.element_size()
+    bad = [i for i in range(dims) if t.shape[i] > 1 and (t.stride(i) * size) % 16]
+    if bad or t.data_ptr() % 16:
+        raise ValueError(f"{op}: {name} needs 16-byte aligned storage and strides that are multiples of 16 bytes "
+                         f"for the cuda backend, got strides {t.stride()} (element size {size}) and data pointer "
+                         f"offset {t.data_ptr() % 16} (use backend='triton' or 'torch' for this layout)")
+
+
+def fused_concat_down_proj(token_ids, embed_table, hidden, weight, *, embed_scale, out=None):
+    if out is None:
+        out = torch.empty((hidden.shape[0], weight.shape[0]), dtype=hidden.dtype, device=hidden.device)
+    _ops().fused_concat_down_proj(token_ids, embed_table, hidden, weight, float(embed_scale), out)
+    return out
+
+
+def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=1.0, window=None, softcap=None,
+                           out=None, return_lse=False):
+    op = "q_only_paged_attention"
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _require_16_byte_layout(op, name, t, 3)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    else:
+        _require_16_byte_layout(op, "out", out, 3)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    _ops().q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens.contiguous(), float(scale),
+                                  0 if window is None else int(window), 0.0 if softcap is None else float(softcap),
+                                  out, lse)
+    return (out, lse) if return_lse else out
+
+
+def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, output="argmax", fill_value=None):
+    op = "centroid_logits"
+    T = hidden.shape[0]
+    C = centroids.shape[0]
+    V = token_ordering.shape[0]
+    if C > MAX_CENTROIDS:
+        raise ValueError(f"{op}: centroids must have at most {MAX_CENTROIDS} rows for the cuda backend, got {C}")
+    if T > MAX_CENTROID_TOKENS:
+        raise ValueError(f"{op}: hidden must have at most {MAX_CENTROID_TOKENS} rows for the cuda backend, got {T}")
+    dev = hidden.device
+    if output == "argmax":
+        ids = torch.empty((T,), dtype=torch.int64, device=dev)
+        logits = torch.empty((T,), dtype=torch.float32, device=dev)
+    elif output == "sparse":
+        K = top_k * (V // C)
+        ids = torch.empty((T, K), dtype=torch.int64, device=dev)
+        logits = torch.empty((T, K), dtype=torch.float32, device=dev)
+    else:
+        ids = torch.empty((0,), dtype=torch.int64, device=dev)
+        fill = float("-inf") if fill_value is None else float(fill_value)
+        logits = torch.full((T, V), fill, dtype=torch.float32, device=dev)
+    _ops().centroid_logits(hidden, centroids, token_ordering, lm_head, int(top_k), output, ids, logits)
+    return logits if output == "dense" else (ids, logits)
+
+
+def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, uniforms=None, draft_probs=None):
+    B, N, _ = target_logits.shape
+    if uniforms is None:
+        # the public op admits a temperature without uniforms only when every row is greedy
+        temperature, draft_probs = None, None
+    if draft_probs is not None and draft_probs.dtype != torch.float32:
+        draft_probs = draft_probs.float()  # exact for bf16/fp16; the kernel reads fp32 probabilities
+    dev = target_logits.device
+    accept_len = torch.empty((B,), dtype=torch.int32, device=dev)
+    accepted = torch.empty((B, N), dtype=torch.int32, device=dev)
+    tokens = torch.empty((B, N), dtype=torch.int64, device=dev)
+    last = torch.empty((B,), dtype=torch.int32, device=dev)
+    _ops().tree_verify(draft_tokens, parents, target_logits, temperature, uniforms, draft_probs,
+                       accept_len, accepted, tokens, last)
+    return VerifyResult(accept_len, accepted, tokens, last)

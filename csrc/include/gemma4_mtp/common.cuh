@@ -1,0 +1,108 @@
+// Device helpers shared by the kernels: element conversion, 16-byte vector loads, warp reductions,
+// cp.async. Framework free (CUDA runtime only).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gemma4_mtp/host_device.h"
+
+namespace gemma4_mtp {
+
+template <class T>
+__device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <class T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Elements of T in one 16-byte vector.
+template <class T>
+constexpr int kVec16 = 16 / static_cast<int>(sizeof(T));
+
+// Loads N consecutive elements (N * sizeof(T) == 16: one 16-byte load; N == 1: a scalar) as floats.
+template <int N, class T>
+__device__ __forceinline__ void load_float(const T* __restrict__ p, float* out) {
+  if constexpr (N == 1) {
+    out[0] = to_float(*p);
+  } else {
+    static_assert(N * sizeof(T) == 16, "vector loads are 16 bytes");
+    union {
+      uint4 raw;
+      T e[N];
+    } v;
+    v.raw = *reinterpret_cast<const uint4*>(p);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_float(v.e[i]);
+  }
+}
+
+template <int N, class T>
+__device__ __forceinline__ void load_float_cg(const T* __restrict__ p, float* out) {
+  // L2-only load, for data another CTA of this launch wrote (L1 is not coherent across SMs).
+  if constexpr (N == 1) {
+    out[0] = to_float(*p);
+  } else {
+    union {
+      uint4 raw;
+      T e[N];
+    } v;
+    v.raw = __ldcg(reinterpret_cast<const uint4*>(p));
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_float(v.e[i]);
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+__device__ __forceinline__ double warp_sum(double x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+inline bool host_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// 16-byte asynchronous global->shared copy; zero-fills the destination when !valid (src is then not
+// read, but must still be a legal address expression).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_size = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+inline int device_sm_count() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 1;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1) return 1;
+  return sms;
+}
+
+}  // namespace gemma4_mtp

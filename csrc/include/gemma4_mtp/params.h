@@ -1,0 +1,90 @@
+// Plain argument structs of the four kernels (raw pointers, sizes, element strides). Includable from
+// host-only C++ (no CUDA headers) so that engine glue code, like csrc/torch_bindings.cpp, can fill
+// them without pulling in device code.
+#pragma once
+
+#include <cstdint>
+
+namespace gemma4_mtp {
+
+enum class DType { kFloat32, kFloat16, kBFloat16 };
+
+// y[t] = weight @ concat(round(embed_table[token_ids[t]] * round(embed_scale)), hidden[t]).
+// An out-of-range token id makes row t of out NaN (nothing out of bounds is read).
+struct DownProjParams {
+  const void* token_ids;  // [T] int32 or int64
+  bool token_ids_int64;
+  const void* embed_table;  // [vocab, Hb], row stride table_stride
+  const void* hidden;       // [T, Hb]
+  const void* weight;       // [Hd, 2 * Hb]
+  void* out;                // [T, Hd]
+  int64_t table_stride, hidden_stride, weight_stride, out_stride;
+  int64_t vocab;
+  int T, Hb, Hd;
+  float embed_scale;  // rounded to the table dtype by the kernel
+};
+
+// Q-only paged attention. Every query row of request b attends cache positions
+// [max(0, seq_lens[b] - window), seq_lens[b]). A seq_len outside [0, max_blocks * block_size] or a
+// block id outside [0, num_blocks) among the blocks read makes that request's output and lse NaN.
+struct AttentionParams {
+  const void* q;  // [B, Q, Hq, D]
+  int64_t q_stride[3];
+  const void* k_cache;  // [num_blocks, block_size, Hkv, D], stride 1 in D
+  const void* v_cache;
+  int64_t k_stride[3], v_stride[3];
+  const int32_t* block_table;  // [B, max_blocks]
+  int64_t block_table_stride;
+  const int32_t* seq_lens;  // [B]
+  void* out;                // [B, Q, Hq, D] contiguous
+  float* lse;               // [B, Q, Hq] contiguous fp32
+  float* workspace;         // num_splits > 1: partial outputs and lse, attention_workspace_floats()
+  int B, Q, Hq, Hkv, D;
+  int num_blocks, block_size, max_blocks;
+  float scale;
+  float softcap;  // <= 0: none
+  int64_t window;  // <= 0: none
+  int num_splits;
+  int64_t chunk;
+};
+
+enum class CentroidOutput { kArgmax = 0, kSparse = 1, kDense = 2 };
+
+struct CentroidParams {
+  const void* hidden;     // [T, Hd]
+  const void* centroids;  // [C, Hd]
+  const void* token_ordering;  // [V] int32 or int64
+  bool ordering_int64;
+  const void* lm_head;  // [V, Hd]
+  int64_t hidden_stride, centroid_stride, lm_head_stride;
+  int T, Hd, C, top_k;
+  int64_t V;
+  CentroidOutput output;
+  int64_t* ids;  // argmax: [T]; sparse: [T, K]
+  float* logits;  // argmax: [T]; sparse: [T, K]; dense: [T, V] already filled with the fill value
+  void* workspace;  // centroid_workspace_bytes()
+};
+
+struct TreeVerifyParams {
+  const void* draft_tokens;  // [B, N] int32 or int64, contiguous
+  bool draft_int64;
+  const int32_t* parents;  // [B, N] contiguous
+  const void* logits;      // [B, N, V], stride 1 in V
+  int64_t logits_stride[2];
+  const float* temperature;  // [B] or null (all greedy)
+  const float* uniforms;     // [B, N, 2] or null
+  const float* draft_probs;  // [B, N, V] fp32 or null, stride 1 in V
+  int64_t draft_probs_stride[2];
+  int B, N;
+  int64_t V;
+  int32_t* accept_len;      // [B]
+  int32_t* accepted_nodes;  // [B, N]
+  int64_t* output_tokens;   // [B, N]
+  int32_t* last_node;       // [B]
+  void* workspace;  // tree_verify_workspace_bytes(); its first (B * N + 1) int32 are counters that
+                    // must be zero before the first launch (every launch leaves them zero)
+  int num_chunks;
+  int64_t chunk;
+};
+
+}  // namespace gemma4_mtp

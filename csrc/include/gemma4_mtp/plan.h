@@ -1,0 +1,77 @@
+// Index, window and work-split arithmetic shared by the kernels and their launchers. Pure functions,
+// exercised on the CPU by csrc/tests/test_plan.cpp.
+#pragma once
+
+#include "gemma4_mtp/host_device.h"
+
+namespace gemma4_mtp {
+
+struct KeyRange {
+  int64_t start;  // first attended cache position
+  int64_t end;    // one past the last
+};
+
+// Positions a request attends: the last `window` entries (window <= 0: all of them).
+G4_HD KeyRange attended_range(int64_t seq_len, int64_t window) {
+  const int64_t len = seq_len < 0 ? 0 : seq_len;
+  const int64_t start = (window > 0 && len > window) ? len - window : 0;
+  return {start, len};
+}
+
+// The part of `r` that split `split` of `chunk`-sized splits owns (possibly empty, never reversed).
+G4_HD KeyRange split_range(KeyRange r, int64_t split, int64_t chunk) {
+  const int64_t s = min64(r.end, r.start + split * chunk);
+  const int64_t e = min64(r.end, s + chunk);
+  return {s, e};
+}
+
+// First and one-past-last block-table column that a key range touches: the only columns a kernel may
+// read (the rest can hold garbage ids of freed blocks).
+G4_HD KeyRange block_columns(KeyRange r, int64_t block_size) {
+  if (r.end <= r.start) return {0, 0};
+  return {r.start / block_size, ceil_div(r.end, block_size)};
+}
+
+struct SplitPlan {
+  int num_splits;
+  int64_t chunk;  // keys per split, a multiple of the kernel's key tile
+};
+
+// Splits of the key range so that small batches still fill the GPU. Decided from host-known bounds
+// only (the largest possible attended range), never from seq_lens, so that it needs no device read
+// and a captured CUDA graph stays valid for any seq_lens within the bound.
+inline SplitPlan plan_kv_splits(int64_t key_bound, int64_t base_ctas, int num_sms, int64_t tile, int64_t min_chunk,
+                                int max_splits) {
+  if (key_bound <= 0 || base_ctas <= 0) return {1, tile};
+  const int64_t target = 2 * static_cast<int64_t>(num_sms);  // two resident CTAs per SM
+  int64_t splits = ceil_div(target, base_ctas);
+  splits = min64(splits, ceil_div(key_bound, min_chunk));
+  splits = max64(1, min64(splits, max_splits));
+  const int64_t chunk = round_up(ceil_div(key_bound, splits), tile);
+  return {static_cast<int>(ceil_div(key_bound, chunk)), chunk};
+}
+
+// Weight rows per CTA of the down projection: as many as keep at least one CTA per SM, because each
+// CTA re-reads the token inputs (from L2) once for all of its rows.
+inline int plan_rows_per_cta(int64_t rows, int num_sms) {
+  for (int r = 4; r > 1; r /= 2)
+    if (ceil_div(rows, r) >= num_sms) return r;
+  return 1;
+}
+
+// Chunks of a length-`n` row so that `rows` rows give about two CTAs per SM; each chunk a multiple of
+// `align` elements and at least `min_chunk` long.
+struct ChunkPlan {
+  int num_chunks;
+  int64_t chunk;
+};
+
+inline ChunkPlan plan_row_chunks(int64_t n, int64_t rows, int num_sms, int64_t min_chunk, int64_t align) {
+  if (n <= 0 || rows <= 0) return {1, align};
+  int64_t chunks = ceil_div(2 * static_cast<int64_t>(num_sms), rows);
+  chunks = max64(1, min64(chunks, ceil_div(n, min_chunk)));
+  const int64_t chunk = round_up(ceil_div(n, chunks), align);
+  return {static_cast<int>(ceil_div(n, chunk)), chunk};
+}
+
+}  // namespace gemma4_mtp

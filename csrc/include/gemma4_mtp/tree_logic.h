@@ -1,0 +1,101 @@
+// Decision rules of tree_verify that are not GPU specific: argmax and softmax-statistics merging,
+// the inverse-CDF crossing search over one thread's items, and the walk of a draft tree. They mirror
+// gemma4_mtp_kernels/reference/tree_verify.py and are exercised on the CPU by csrc/tests/test_tree.cpp.
+#pragma once
+
+#include <cmath>
+
+#include "gemma4_mtp/host_device.h"
+
+namespace gemma4_mtp {
+
+constexpr int kNoIndex = 0x7fffffff;
+
+struct ArgMax {
+  float value;
+  int index;
+};
+
+G4_HD ArgMax argmax_identity() { return {-INFINITY, kNoIndex}; }
+
+// torch.argmax semantics: highest value, ties to the lowest index.
+G4_HD ArgMax argmax_merge(ArgMax a, ArgMax b) {
+  if (b.value > a.value || (b.value == a.value && b.index < a.index)) return b;
+  return a;
+}
+
+// Softmax statistics of a set of values y: m = max y, s = sum exp(y - m).
+struct MaxSum {
+  float m;
+  float s;
+};
+
+G4_HD MaxSum maxsum_identity() { return {-INFINITY, 0.f}; }
+
+G4_HD MaxSum maxsum_add(MaxSum a, float y) {
+  if (y > a.m) {
+    const float s = a.s * expf(a.m - y) + 1.f;  // exp(-inf) = 0 when a is empty
+    return {y, s};
+  }
+  return {a.m, a.s + expf(y - a.m)};
+}
+
+G4_HD MaxSum maxsum_merge(MaxSum a, MaxSum b) {
+  if (b.s == 0.f) return a;
+  if (a.s == 0.f) return b;
+  const float m = a.m > b.m ? a.m : b.m;
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+
+// Inverse CDF over one thread's `n` contiguous probabilities p[0..n) whose cumulative sum starts at
+// `cdf0`: the first local index where the running sum exceeds u, or kNoIndex. A block combines the
+// threads' answers with a minimum (prefix sums computed in parallel are not monotone across threads,
+// so the first crossing, not any crossing, is the answer).
+G4_HD int first_crossing(const float* p, int n, double cdf0, double u) {
+  double cdf = cdf0;
+  for (int i = 0; i < n; ++i) {
+    cdf += static_cast<double>(p[i]);
+    if (cdf > u) return i;
+  }
+  return kNoIndex;
+}
+
+// Greedy and deterministic-draft sampling: at node u the target picked token tok[u]; the lowest-index
+// child of u holding it is accepted. Chain drafts with draft probabilities: the decision at node u is
+// accept[u] (accept the only child) with tok[u] the bonus on rejection or at the leaf.
+// accept == nullptr selects the token-matching rule. Writes accepted_nodes[0..N) and output_tokens[0..N)
+// (then -1), returns the accepted length and sets *last_node. IntPtr may be a volatile pointer (the
+// kernel reads decisions that other CTAs wrote).
+template <class TokT, class IntPtr>
+G4_HD int walk_tree(const int* parents, const TokT* draft, IntPtr tok, IntPtr accept, int N,
+                    int* accepted_nodes, int64_t* output_tokens, int* last_node) {
+  int u = 0, n = 0;
+  int64_t bonus = -1;
+  for (;;) {
+    int child = -1;
+    if (accept != nullptr) {
+      if (accept[u]) {
+        for (int c = u + 1; c < N && child < 0; ++c)
+          if (parents[c] == u) child = c;
+      }
+    } else {
+      for (int c = u + 1; c < N && child < 0; ++c)
+        if (parents[c] == u && static_cast<int64_t>(draft[c]) == static_cast<int64_t>(tok[u])) child = c;
+    }
+    if (child < 0) {
+      bonus = tok[u];
+      break;
+    }
+    accepted_nodes[n] = child;
+    output_tokens[n] = static_cast<int64_t>(draft[child]);
+    ++n;
+    u = child;
+  }
+  for (int i = n; i < N; ++i) accepted_nodes[i] = -1;
+  output_tokens[n] = bonus;  // n < N: every accepted node is a distinct non-root node
+  for (int i = n + 1; i < N; ++i) output_tokens[i] = -1;
+  *last_node = n ? accepted_nodes[n - 1] : 0;
+  return n;
+}
+
+}  // namespace gemma4_mtp

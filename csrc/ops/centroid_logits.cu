@@ -1,0 +1,15 @@
+#include "dispatch.cuh"
+#include "gemma4_mtp/centroid_logits.cuh"
+#include "launchers.h"
+
+namespace gemma4_mtp {
+
+static_assert(kMaxCentroids == centroid::kMaxCentroids, "launchers.h and the kernel agree");
+
+int64_t centroid_logits_workspace_bytes(const CentroidParams& p) { return centroid_workspace_bytes(p); }
+
+cudaError_t launch_centroid_logits(DType dtype, const CentroidParams& p, cudaStream_t stream) {
+  return with_dtype(dtype, [&](auto tag) { return centroid_logits<decltype(tag)>(p, stream); });
+}
+
+}  // namespace gemma4_mtp

@@ -1,0 +1,30 @@
+// Entry points of the kernels compiled in csrc/ops/*.cu, callable from host-only C++ (the torch glue in
+// csrc/torch_bindings.cpp) without device headers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "gemma4_mtp/params.h"
+
+namespace gemma4_mtp {
+
+cudaError_t launch_fused_concat_down_proj(DType dtype, const DownProjParams& p, cudaStream_t stream);
+
+// Fills p.num_splits and p.chunk for this device; returns the workspace size in bytes (0: none).
+int64_t prepare_attention(AttentionParams& p, int num_sms);
+// Whether strides and alignment allow the kernel's 16-byte copies.
+bool attention_layout_supported(DType dtype, const AttentionParams& p);
+cudaError_t launch_q_only_paged_attention(DType dtype, const AttentionParams& p, cudaStream_t stream);
+
+constexpr int kMaxCentroids = 4096;
+int64_t centroid_logits_workspace_bytes(const CentroidParams& p);
+cudaError_t launch_centroid_logits(DType dtype, const CentroidParams& p, cudaStream_t stream);
+
+// Fills p.num_chunks and p.chunk; returns the workspace size in bytes. The first counter_bytes of the
+// workspace must be zero before the first launch (launches leave them zero).
+int64_t prepare_tree_verify(TreeVerifyParams& p, int num_sms, int64_t* counter_bytes);
+cudaError_t launch_tree_verify(DType dtype, const TreeVerifyParams& p, cudaStream_t stream);
+
+}  // namespace gemma4_mtp

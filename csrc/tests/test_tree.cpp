@@ -1,0 +1,202 @@
+// tree_verify's decision rules: argmax ties, softmax statistics merging, the blocked inverse-CDF
+// search (arranged exactly as tree::block_inverse_cdf arranges it: tiles of threads x items,
+// an exclusive scan of per-thread sums, then the minimum of the threads' first crossings) against
+// the reference's sequential rule, and the tree walk.
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "check.h"
+#include "gemma4_mtp/tree_logic.h"
+
+using namespace gemma4_mtp;
+
+static void test_argmax_ties() {
+  ArgMax a = argmax_identity();
+  const float vals[] = {1.f, 3.f, -2.f, 3.f, 0.f};
+  for (int i = 0; i < 5; ++i) a = argmax_merge(a, ArgMax{vals[i], i});
+  CHECK_EQ(a.index, 1);
+  // merge order does not matter (the grid combines chunks in any order)
+  ArgMax b = argmax_identity();
+  for (int i = 4; i >= 0; --i) b = argmax_merge(b, ArgMax{vals[i], i});
+  CHECK_EQ(b.index, 1);
+  // all -inf: the lowest index, like torch.argmax
+  ArgMax c = argmax_identity();
+  for (int i = 3; i >= 0; --i) c = argmax_merge(c, ArgMax{-INFINITY, i});
+  CHECK_EQ(c.index, 0);
+}
+
+static void test_maxsum() {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 5.f);
+  std::vector<float> y(1000);
+  for (auto& v : y) v = nd(rng);
+  const float m = *std::max_element(y.begin(), y.end());
+  double s = 0;
+  for (float v : y) s += std::exp(double(v) - m);
+  MaxSum parts[7];
+  for (auto& p : parts) p = maxsum_identity();
+  for (size_t i = 0; i < y.size(); ++i) parts[(i * 31) % 7] = maxsum_add(parts[(i * 31) % 7], y[i]);
+  MaxSum all = maxsum_identity();
+  for (int i = 6; i >= 0; --i) all = maxsum_merge(all, parts[i]);
+  CHECK(all.m == m);
+  CHECK(std::fabs(all.s - s) <= 1e-5 * s);
+  CHECK(maxsum_merge(maxsum_identity(), maxsum_identity()).s == 0.f);
+}
+
+static int sequential_inverse_cdf(const std::vector<float>& p, double u) {
+  double cdf = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    cdf += p[i];
+    if (cdf > u) return int(i);
+  }
+  for (int i = int(p.size()) - 1; i >= 0; --i)
+    if (p[i] > 0.f) return i;
+  return -1;
+}
+
+static int blocked_inverse_cdf(const std::vector<float>& p, double u, int threads, int items) {
+  const int V = int(p.size());
+  double carry = 0;
+  int last = -1;
+  for (int base = 0; base < V; base += threads * items) {
+    std::vector<double> sums(threads, 0.0);
+    std::vector<float> tile(size_t(threads) * items, 0.f);
+    for (int t = 0; t < threads; ++t)
+      for (int e = 0; e < items; ++e) {
+        const int i = base + t * items + e;
+        const float v = i < V ? p[i] : 0.f;
+        tile[size_t(t) * items + e] = v;
+        sums[t] += v;
+        if (v > 0.f) last = std::max(last, i);
+      }
+    double excl = 0, total = 0;
+    for (double s : sums) total += s;
+    int found = kNoIndex;
+    for (int t = 0; t < threads; ++t) {
+      const int local = first_crossing(&tile[size_t(t) * items], items, carry + excl, u);
+      if (local != kNoIndex) found = std::min(found, base + t * items + local);
+      excl += sums[t];
+    }
+    if (found != kNoIndex) return found;
+    carry += total;
+  }
+  return last;
+}
+
+static void test_inverse_cdf() {
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<double> unif(0.0, 1.0);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int V = 1 + rng() % 5000;
+    std::vector<float> p(V);
+    double z = 0;
+    const bool sparse = trial % 3 == 0;
+    for (auto& v : p) {
+      v = (sparse && rng() % 4) ? 0.f : float(std::exp(6.0 * unif(rng)));
+      z += v;
+    }
+    if (z == 0) {
+      p[rng() % V] = 1.f;
+      z = 1;
+    }
+    for (auto& v : p) v = float(v / z);
+    for (int k = 0; k < 5; ++k) {
+      const double u = k == 4 ? std::nextafter(1.0, 0.0) : unif(rng);
+      const int want = sequential_inverse_cdf(p, u);
+      CHECK_EQ(blocked_inverse_cdf(p, u, 256, 16), want);
+      CHECK_EQ(blocked_inverse_cdf(p, u, 32, 3), want);
+      CHECK(want >= 0 && p[want] > 0.f);  // never a zero-probability id
+    }
+  }
+  // total rounding below u: the last id with nonzero probability
+  std::vector<float> p = {0.25f, 0.25f, 0.25f, 0.f};
+  CHECK_EQ(blocked_inverse_cdf(p, 0.9, 2, 1), 2);
+  CHECK_EQ(sequential_inverse_cdf(p, 0.9), 2);
+}
+
+struct Walk {
+  int n, last;
+  std::vector<int> nodes;
+  std::vector<int64_t> tokens;
+};
+
+static Walk run_walk(const std::vector<int>& parents, const std::vector<int64_t>& draft, const std::vector<int>& tok,
+                     const std::vector<int>* accept) {
+  const int N = int(parents.size());
+  Walk w;
+  w.nodes.assign(N, 7);
+  w.tokens.assign(N, 7);
+  w.n = walk_tree(parents.data(), draft.data(), tok.data(), accept ? accept->data() : static_cast<const int*>(nullptr),
+                  N, w.nodes.data(), w.tokens.data(), &w.last);
+  return w;
+}
+
+static void test_walk() {
+  // chain -1,0,1,2 with drafts 5,6,7,8: target agrees at nodes 0 and 1, then says 9
+  {
+    const Walk w = run_walk({-1, 0, 1, 2}, {5, 6, 7, 8}, {6, 7, 9, 0}, nullptr);
+    CHECK_EQ(w.n, 2);
+    CHECK_EQ(w.last, 2);
+    CHECK(w.nodes == (std::vector<int>{1, 2, -1, -1}));
+    CHECK(w.tokens == (std::vector<int64_t>{6, 7, 9, -1}));
+  }
+  // whole chain accepted: the bonus comes from the leaf
+  {
+    const Walk w = run_walk({-1, 0, 1}, {5, 6, 7}, {6, 7, 42}, nullptr);
+    CHECK_EQ(w.n, 2);
+    CHECK(w.tokens == (std::vector<int64_t>{6, 7, 42}));
+  }
+  // nothing accepted
+  {
+    const Walk w = run_walk({-1, 0}, {5, 6}, {3, 0}, nullptr);
+    CHECK_EQ(w.n, 0);
+    CHECK_EQ(w.last, 0);
+    CHECK(w.nodes == (std::vector<int>{-1, -1}));
+    CHECK(w.tokens == (std::vector<int64_t>{3, -1}));
+  }
+  // tree: root children 1 (tok 4), 2 (tok 4, duplicate), 3 (tok 5); node 2 has child 4; padding 5.
+  // The lowest-index child holding the target's token wins, so node 1 is taken, not node 2.
+  {
+    const Walk w = run_walk({-1, 0, 0, 0, 2, -1}, {9, 4, 4, 5, 8, 0}, {4, 11, 8, 0, 0, 0}, nullptr);
+    CHECK_EQ(w.n, 1);
+    CHECK_EQ(w.last, 1);
+    CHECK(w.tokens == (std::vector<int64_t>{4, 11, -1, -1, -1, -1}));
+  }
+  // the second branch: root picks 5 -> node 3, a leaf
+  {
+    const Walk w = run_walk({-1, 0, 0, 0, 3}, {9, 4, 4, 5, 8}, {5, 0, 0, 8, 2}, nullptr);
+    CHECK_EQ(w.n, 2);
+    CHECK(w.nodes == (std::vector<int>{3, 4, -1, -1, -1}));
+    CHECK(w.tokens == (std::vector<int64_t>{5, 8, 2, -1, -1}));
+  }
+  // draft-probability chains: accept flags decide, the token of the rejecting node is the bonus
+  {
+    const std::vector<int> acc = {1, 0, 1};
+    const Walk w = run_walk({-1, 0, 1}, {5, 6, 7}, {6, 13, 0}, &acc);
+    CHECK_EQ(w.n, 1);
+    CHECK(w.tokens == (std::vector<int64_t>{6, 13, -1}));
+  }
+  {
+    const std::vector<int> acc = {1, 1, 0};  // leaf: no child, bonus drawn from p_leaf
+    const Walk w = run_walk({-1, 0, 1}, {5, 6, 7}, {6, 7, 21}, &acc);
+    CHECK_EQ(w.n, 2);
+    CHECK_EQ(w.last, 2);
+    CHECK(w.tokens == (std::vector<int64_t>{6, 7, 21}));
+  }
+  // single node
+  {
+    const Walk w = run_walk({-1}, {5}, {17}, nullptr);
+    CHECK_EQ(w.n, 0);
+    CHECK(w.tokens == (std::vector<int64_t>{17}));
+  }
+}
+
+int main() {
+  test_argmax_ties();
+  test_maxsum();
+  test_inverse_cdf();
+  test_walk();
+  return finish("test_tree");
+}

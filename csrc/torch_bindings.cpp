@@ -1,0 +1,362 @@
+// torch custom ops torch.ops.gemma4_mtp.*: schema, argument checks that name the tensor, and the glue
+// from at::Tensor to the framework-free launchers. Outputs are written in place (Tensor(a!)); the
+// Python side (gemma4_mtp_kernels/cuda) allocates them and registers the fake implementations.
+// Workspaces come from the caching allocator on the current stream, which CUDA-graph capture allows.
+#include <Python.h>
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "ops/launchers.h"
+
+namespace {
+
+using gemma4_mtp::DType;
+
+DType float_dtype(const at::Tensor& t, const char* name) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    default: TORCH_CHECK(false, "gemma4_mtp: ", name, " must be float32, float16 or bfloat16, got ", t.scalar_type());
+  }
+}
+
+void check_tensor(const at::Tensor& t, const char* name, int64_t ndim, const at::Device& device) {
+  TORCH_CHECK(t.is_cuda(), "gemma4_mtp: ", name, " must be a CUDA tensor, got one on ", t.device());
+  TORCH_CHECK(t.device() == device, "gemma4_mtp: ", name, " must be on ", device, ", got ", t.device());
+  TORCH_CHECK(t.dim() == ndim, "gemma4_mtp: ", name, " must have ", ndim, " dimensions, got shape ", t.sizes());
+}
+
+void check_dtype(const at::Tensor& t, const char* name, at::ScalarType a, at::ScalarType b = at::ScalarType::Undefined) {
+  TORCH_CHECK(t.scalar_type() == a || t.scalar_type() == b, "gemma4_mtp: ", name, " has dtype ", t.scalar_type(),
+              ", expected ", a, b == at::ScalarType::Undefined ? "" : " or ", b == at::ScalarType::Undefined ? "" : c10::toString(b));
+}
+
+void check_inner(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, "gemma4_mtp: ", name, " needs stride 1 in its last dimension, got strides ",
+              t.strides());
+}
+
+void check_contiguous(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_contiguous(), "gemma4_mtp: ", name, " must be contiguous, got strides ", t.strides());
+}
+
+void check_shape(const at::Tensor& t, const char* name, at::IntArrayRef shape) {
+  TORCH_CHECK(t.sizes() == shape, "gemma4_mtp: ", name, " must have shape ", shape, ", got ", t.sizes());
+}
+
+void check_launch(cudaError_t err, const char* op) {
+  TORCH_CHECK(err == cudaSuccess, "gemma4_mtp::", op, ": kernel launch failed: ", cudaGetErrorString(err));
+}
+
+int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
+
+void fused_concat_down_proj(const at::Tensor& token_ids, const at::Tensor& embed_table, const at::Tensor& hidden,
+                            const at::Tensor& weight, double embed_scale, at::Tensor& out) {
+  const auto dev = hidden.device();
+  check_tensor(hidden, "hidden", 2, dev);
+  check_tensor(token_ids, "token_ids", 1, dev);
+  check_tensor(embed_table, "embed_table", 2, dev);
+  check_tensor(weight, "weight", 2, dev);
+  check_tensor(out, "out", 2, dev);
+  check_dtype(token_ids, "token_ids", at::kInt, at::kLong);
+  const DType dt = float_dtype(hidden, "hidden");
+  check_dtype(embed_table, "embed_table", hidden.scalar_type());
+  check_dtype(weight, "weight", hidden.scalar_type());
+  check_dtype(out, "out", hidden.scalar_type());
+  const int64_t T = hidden.size(0), Hb = hidden.size(1), Hd = weight.size(0);
+  check_shape(token_ids, "token_ids", {T});
+  TORCH_CHECK(embed_table.size(1) == Hb, "gemma4_mtp: embed_table must have Hb = ", Hb, " columns, got ", embed_table.sizes());
+  check_shape(weight, "weight", {Hd, 2 * Hb});
+  check_shape(out, "out", {T, Hd});
+  check_contiguous(token_ids, "token_ids");
+  check_inner(embed_table, "embed_table");
+  check_inner(hidden, "hidden");
+  check_inner(weight, "weight");
+  check_contiguous(out, "out");
+
+  const c10::cuda::CUDAGuard guard(dev);
+  gemma4_mtp::DownProjParams p{};
+  p.token_ids = token_ids.data_ptr();
+  p.token_ids_int64 = token_ids.scalar_type() == at::kLong;
+  p.embed_table = embed_table.data_ptr();
+  p.hidden = hidden.data_ptr();
+  p.weight = weight.data_ptr();
+  p.out = out.data_ptr();
+  p.table_stride = embed_table.stride(0);
+  p.hidden_stride = hidden.stride(0);
+  p.weight_stride = weight.stride(0);
+  p.out_stride = out.stride(0);
+  p.vocab = embed_table.size(0);
+  p.T = static_cast<int>(T);
+  p.Hb = static_cast<int>(Hb);
+  p.Hd = static_cast<int>(Hd);
+  p.embed_scale = static_cast<float>(embed_scale);
+  check_launch(gemma4_mtp::launch_fused_concat_down_proj(dt, p, at::cuda::getCurrentCUDAStream()),
+               "fused_concat_down_proj");
+}
+
+void q_only_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& block_table, const at::Tensor& seq_lens, double scale, int64_t window,
+                            double softcap, at::Tensor& out, at::Tensor& lse) {
+  const auto dev = q.device();
+  check_tensor(q, "q", 4, dev);
+  check_tensor(k_cache, "k_cache", 4, dev);
+  check_tensor(v_cache, "v_cache", 4, dev);
+  check_tensor(block_table, "block_table", 2, dev);
+  check_tensor(seq_lens, "seq_lens", 1, dev);
+  check_tensor(out, "out", 4, dev);
+  check_tensor(lse, "lse", 3, dev);
+  const DType dt = float_dtype(q, "q");
+  check_dtype(k_cache, "k_cache", q.scalar_type());
+  check_dtype(v_cache, "v_cache", q.scalar_type());
+  check_dtype(out, "out", q.scalar_type());
+  check_dtype(lse, "lse", at::kFloat);
+  check_dtype(block_table, "block_table", at::kInt);
+  check_dtype(seq_lens, "seq_lens", at::kInt);
+  const int64_t B = q.size(0), Q = q.size(1), Hq = q.size(2), D = q.size(3);
+  TORCH_CHECK(k_cache.size(3) == D, "gemma4_mtp: k_cache head dim must be ", D, ", got shape ", k_cache.sizes());
+  check_shape(v_cache, "v_cache", k_cache.sizes());
+  const int64_t Hkv = k_cache.size(2);
+  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "gemma4_mtp: k_cache KV heads (", Hkv, ") must divide Hq = ", Hq);
+  TORCH_CHECK(D == 64 || D == 128 || D == 256 || D == 512, "gemma4_mtp: q head dim must be 64, 128, 256 or 512, got ", D);
+  TORCH_CHECK(block_table.size(0) == B, "gemma4_mtp: block_table must have B = ", B, " rows, got ", block_table.sizes());
+  check_shape(seq_lens, "seq_lens", {B});
+  check_shape(out, "out", q.sizes());
+  check_shape(lse, "lse", {B, Q, Hq});
+  check_contiguous(out, "out");
+  check_contiguous(lse, "lse");
+  check_contiguous(seq_lens, "seq_lens");
+  for (auto [t, name] : {std::pair{&q, "q"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&block_table, "block_table"}})
+    check_inner(*t, name);
+
+  const c10::cuda::CUDAGuard guard(dev);
+  gemma4_mtp::AttentionParams p{};
+  p.q = q.data_ptr();
+  p.k_cache = k_cache.data_ptr();
+  p.v_cache = v_cache.data_ptr();
+  for (int i = 0; i < 3; ++i) {
+    p.q_stride[i] = q.stride(i);
+    p.k_stride[i] = k_cache.stride(i);
+    p.v_stride[i] = v_cache.stride(i);
+  }
+  p.block_table = block_table.data_ptr<int32_t>();
+  p.block_table_stride = block_table.stride(0);
+  p.seq_lens = seq_lens.data_ptr<int32_t>();
+  p.out = out.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.B = static_cast<int>(B);
+  p.Q = static_cast<int>(Q);
+  p.Hq = static_cast<int>(Hq);
+  p.Hkv = static_cast<int>(Hkv);
+  p.D = static_cast<int>(D);
+  p.num_blocks = static_cast<int>(k_cache.size(0));
+  p.block_size = static_cast<int>(k_cache.size(1));
+  p.max_blocks = static_cast<int>(block_table.size(1));
+  p.scale = static_cast<float>(scale);
+  p.softcap = static_cast<float>(softcap);
+  p.window = window;
+  TORCH_CHECK(gemma4_mtp::attention_layout_supported(dt, p),
+              "gemma4_mtp: q, k_cache, v_cache and out need 16-byte aligned storage and strides that are multiples "
+              "of 16 bytes (q strides ", q.strides(), ", k_cache strides ", k_cache.strides(), ", v_cache strides ",
+              v_cache.strides(), ")");
+  if (out.numel() == 0) return;
+  const int64_t ws_bytes = gemma4_mtp::prepare_attention(p, sm_count());
+  at::Tensor ws;
+  if (ws_bytes > 0) {
+    ws = at::empty({ws_bytes / 4}, q.options().dtype(at::kFloat));
+    p.workspace = ws.data_ptr<float>();
+  }
+  check_launch(gemma4_mtp::launch_q_only_paged_attention(dt, p, at::cuda::getCurrentCUDAStream()),
+               "q_only_paged_attention");
+}
+
+void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, const at::Tensor& token_ordering,
+                     const at::Tensor& lm_head, int64_t top_k, c10::string_view output, at::Tensor& ids,
+                     at::Tensor& logits) {
+  const auto dev = hidden.device();
+  check_tensor(hidden, "hidden", 2, dev);
+  check_tensor(centroids, "centroids", 2, dev);
+  check_tensor(token_ordering, "token_ordering", 1, dev);
+  check_tensor(lm_head, "lm_head", 2, dev);
+  const DType dt = float_dtype(hidden, "hidden");
+  check_dtype(centroids, "centroids", hidden.scalar_type());
+  check_dtype(lm_head, "lm_head", hidden.scalar_type());
+  check_dtype(token_ordering, "token_ordering", at::kInt, at::kLong);
+  const int64_t T = hidden.size(0), Hd = hidden.size(1), C = centroids.size(0), V = token_ordering.size(0);
+  TORCH_CHECK(centroids.size(1) == Hd, "gemma4_mtp: centroids must have Hd = ", Hd, " columns, got ", centroids.sizes());
+  check_shape(lm_head, "lm_head", {V, Hd});
+  TORCH_CHECK(C >= 1 && C <= gemma4_mtp::kMaxCentroids && V % C == 0,
+              "gemma4_mtp: centroids must number 1..", gemma4_mtp::kMaxCentroids, " and divide V = ", V, ", got ", C);
+  TORCH_CHECK(top_k >= 1 && top_k <= C, "gemma4_mtp: top_k must be in [1, ", C, "], got ", top_k);
+  const int64_t K = top_k * (V / C);
+  gemma4_mtp::CentroidOutput mode;
+  if (output == "argmax") {
+    mode = gemma4_mtp::CentroidOutput::kArgmax;
+    check_shape(ids, "ids", {T});
+    check_shape(logits, "logits", {T});
+  } else if (output == "sparse") {
+    mode = gemma4_mtp::CentroidOutput::kSparse;
+    check_shape(ids, "ids", {T, K});
+    check_shape(logits, "logits", {T, K});
+  } else if (output == "dense") {
+    mode = gemma4_mtp::CentroidOutput::kDense;
+    check_shape(logits, "logits", {T, V});
+  } else {
+    TORCH_CHECK(false, "gemma4_mtp: output must be 'argmax', 'sparse' or 'dense', got '", std::string(output), "'");
+  }
+  check_tensor(logits, "logits", logits.dim(), dev);
+  check_dtype(logits, "logits", at::kFloat);
+  check_contiguous(logits, "logits");
+  if (mode != gemma4_mtp::CentroidOutput::kDense) {
+    check_tensor(ids, "ids", ids.dim(), dev);
+    check_dtype(ids, "ids", at::kLong);
+    check_contiguous(ids, "ids");
+  }
+  check_contiguous(token_ordering, "token_ordering");
+  check_inner(hidden, "hidden");
+  check_inner(centroids, "centroids");
+  check_inner(lm_head, "lm_head");
+  TORCH_CHECK(T <= 65535, "gemma4_mtp: centroid_logits supports at most 65535 tokens per call, got ", T);
+
+  const c10::cuda::CUDAGuard guard(dev);
+  gemma4_mtp::CentroidParams p{};
+  p.hidden = hidden.data_ptr();
+  p.centroids = centroids.data_ptr();
+  p.token_ordering = token_ordering.data_ptr();
+  p.ordering_int64 = token_ordering.scalar_type() == at::kLong;
+  p.lm_head = lm_head.data_ptr();
+  p.hidden_stride = hidden.stride(0);
+  p.centroid_stride = centroids.stride(0);
+  p.lm_head_stride = lm_head.stride(0);
+  p.T = static_cast<int>(T);
+  p.Hd = static_cast<int>(Hd);
+  p.C = static_cast<int>(C);
+  p.top_k = static_cast<int>(top_k);
+  p.V = V;
+  p.output = mode;
+  p.ids = mode == gemma4_mtp::CentroidOutput::kDense ? nullptr : ids.data_ptr<int64_t>();
+  p.logits = logits.data_ptr<float>();
+  if (T == 0) return;
+  at::Tensor ws = at::empty({gemma4_mtp::centroid_logits_workspace_bytes(p)}, hidden.options().dtype(at::kByte));
+  p.workspace = ws.data_ptr();
+  check_launch(gemma4_mtp::launch_centroid_logits(dt, p, at::cuda::getCurrentCUDAStream()), "centroid_logits");
+}
+
+void tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents, const at::Tensor& target_logits,
+                 const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& uniforms,
+                 const std::optional<at::Tensor>& draft_probs, at::Tensor& accept_len, at::Tensor& accepted_nodes,
+                 at::Tensor& output_tokens, at::Tensor& last_node) {
+  const auto dev = target_logits.device();
+  check_tensor(target_logits, "target_logits", 3, dev);
+  check_tensor(draft_tokens, "draft_tokens", 2, dev);
+  check_tensor(parents, "parents", 2, dev);
+  const DType dt = float_dtype(target_logits, "target_logits");
+  check_dtype(draft_tokens, "draft_tokens", at::kInt, at::kLong);
+  check_dtype(parents, "parents", at::kInt);
+  const int64_t B = target_logits.size(0), N = target_logits.size(1), V = target_logits.size(2);
+  TORCH_CHECK(N >= 1 && V >= 1 && V <= INT32_MAX, "gemma4_mtp: target_logits must have N >= 1 and 1 <= V < 2^31, got ",
+              target_logits.sizes());
+  check_shape(draft_tokens, "draft_tokens", {B, N});
+  check_shape(parents, "parents", {B, N});
+  check_contiguous(draft_tokens, "draft_tokens");
+  check_contiguous(parents, "parents");
+  check_inner(target_logits, "target_logits");
+  if (temperature) {
+    check_tensor(*temperature, "temperature", 1, dev);
+    check_dtype(*temperature, "temperature", at::kFloat);
+    check_shape(*temperature, "temperature", {B});
+    check_contiguous(*temperature, "temperature");
+    TORCH_CHECK(uniforms.has_value(), "gemma4_mtp: uniforms are required when temperature is given");
+  }
+  if (uniforms) {
+    check_tensor(*uniforms, "uniforms", 3, dev);
+    check_dtype(*uniforms, "uniforms", at::kFloat);
+    check_shape(*uniforms, "uniforms", {B, N, 2});
+    check_contiguous(*uniforms, "uniforms");
+  }
+  if (draft_probs) {
+    TORCH_CHECK(temperature.has_value(), "gemma4_mtp: draft_probs need temperature");
+    check_tensor(*draft_probs, "draft_probs", 3, dev);
+    check_dtype(*draft_probs, "draft_probs", at::kFloat);
+    check_shape(*draft_probs, "draft_probs", {B, N, V});
+    check_inner(*draft_probs, "draft_probs");
+  }
+  check_tensor(accept_len, "accept_len", 1, dev);
+  check_tensor(accepted_nodes, "accepted_nodes", 2, dev);
+  check_tensor(output_tokens, "output_tokens", 2, dev);
+  check_tensor(last_node, "last_node", 1, dev);
+  check_dtype(accept_len, "accept_len", at::kInt);
+  check_dtype(accepted_nodes, "accepted_nodes", at::kInt);
+  check_dtype(output_tokens, "output_tokens", at::kLong);
+  check_dtype(last_node, "last_node", at::kInt);
+  check_shape(accept_len, "accept_len", {B});
+  check_shape(accepted_nodes, "accepted_nodes", {B, N});
+  check_shape(output_tokens, "output_tokens", {B, N});
+  check_shape(last_node, "last_node", {B});
+  for (auto [t, name] : {std::pair{&accept_len, "accept_len"}, {&accepted_nodes, "accepted_nodes"},
+                         {&output_tokens, "output_tokens"}, {&last_node, "last_node"}})
+    check_contiguous(*t, name);
+  if (B == 0) return;
+
+  const c10::cuda::CUDAGuard guard(dev);
+  gemma4_mtp::TreeVerifyParams p{};
+  p.draft_tokens = draft_tokens.data_ptr();
+  p.draft_int64 = draft_tokens.scalar_type() == at::kLong;
+  p.parents = parents.data_ptr<int32_t>();
+  p.logits = target_logits.data_ptr();
+  p.logits_stride[0] = target_logits.stride(0);
+  p.logits_stride[1] = target_logits.stride(1);
+  p.temperature = temperature ? temperature->data_ptr<float>() : nullptr;
+  p.uniforms = uniforms ? uniforms->data_ptr<float>() : nullptr;
+  if (draft_probs) {
+    p.draft_probs = draft_probs->data_ptr<float>();
+    p.draft_probs_stride[0] = draft_probs->stride(0);
+    p.draft_probs_stride[1] = draft_probs->stride(1);
+  }
+  p.B = static_cast<int>(B);
+  p.N = static_cast<int>(N);
+  p.V = V;
+  p.accept_len = accept_len.data_ptr<int32_t>();
+  p.accepted_nodes = accepted_nodes.data_ptr<int32_t>();
+  p.output_tokens = output_tokens.data_ptr<int64_t>();
+  p.last_node = last_node.data_ptr<int32_t>();
+  int64_t counter_bytes = 0;
+  const int64_t ws_bytes = gemma4_mtp::prepare_tree_verify(p, sm_count(), &counter_bytes);
+  at::Tensor ws = at::empty({ws_bytes}, target_logits.options().dtype(at::kByte));
+  p.workspace = ws.data_ptr();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  check_launch(cudaMemsetAsync(p.workspace, 0, counter_bytes, stream), "tree_verify");
+  check_launch(gemma4_mtp::launch_tree_verify(dt, p, stream), "tree_verify");
+}
+
+}  // namespace
+
+TORCH_LIBRARY(gemma4_mtp, m) {
+  m.def("fused_concat_down_proj(Tensor token_ids, Tensor embed_table, Tensor hidden, Tensor weight, "
+        "float embed_scale, Tensor(a!) out) -> ()");
+  m.def("q_only_paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
+        "float scale, int window, float softcap, Tensor(a!) out, Tensor(b!) lse) -> ()");
+  m.def("centroid_logits(Tensor hidden, Tensor centroids, Tensor token_ordering, Tensor lm_head, int top_k, "
+        "str output, Tensor(a!) ids, Tensor(b!) logits) -> ()");
+  m.def("tree_verify(Tensor draft_tokens, Tensor parents, Tensor target_logits, Tensor? temperature, "
+        "Tensor? uniforms, Tensor? draft_probs, Tensor(a!) accept_len, Tensor(b!) accepted_nodes, "
+        "Tensor(c!) output_tokens, Tensor(d!) last_node) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(gemma4_mtp, CUDA, m) {
+  m.impl("fused_concat_down_proj", &fused_concat_down_proj);
+  m.impl("q_only_paged_attention", &q_only_paged_attention);
+  m.impl("centroid_logits", &centroid_logits);
+  m.impl("tree_verify", &tree_verify);
+}
+
+// The extension is imported as the Python module gemma4_mtp_kernels._C only for its side effect of
+// registering the ops above; it exposes no Python functions.
+extern "C" PyObject* PyInit__C() {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, 0, nullptr};
+  return PyModule_Create(&module);
+}

@@ -1,0 +1,25 @@
+"""Fake (meta) implementations of torch.ops.gemma4_mtp.*, so torch.compile(fullgraph=True) and
+FakeTensorMode trace the ops. Every op writes only its mutable arguments (Tensor(a!) in the schema)
+and returns nothing, so the fakes only have to exist and return None."""
+import torch
+
+
+@torch.library.register_fake("gemma4_mtp::fused_concat_down_proj")
+def _fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale, out):
+    return None
+
+
+@torch.library.register_fake("gemma4_mtp::q_only_paged_attention")
+def _q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale, window, softcap, out, lse):
+    return None
+
+
+@torch.library.register_fake("gemma4_mtp::centroid_logits")
+def _centroid_logits(hidden, centroids, token_ordering, lm_head, top_k, output, ids, logits):
+    return None
+
+
+@torch.library.register_fake("gemma4_mtp::tree_verify")
+def _tree_verify(draft_tokens, parents, target_logits, temperature, uniforms, draft_probs, accept_len,
+                 accepted_nodes, output_tokens, last_node):
+    return None
