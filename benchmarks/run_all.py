@@ -69,6 +69,8 @@ def environment(torch) -> dict:
 
 
 def _run_case(case, *, torch, dry, device, dtype, l2_bytes, measured_dev, datasheet, timer, runs):
+    from gemma4_mtp_kernels import BackendUnavailableError
+
     from . import common
     c = case.cost
     rec = {"op": case.op, "case": case.label, "params": case.params, "bytes": c.bytes, "flops": c.flops,
@@ -91,7 +93,7 @@ def _run_case(case, *, torch, dry, device, dtype, l2_bytes, measured_dev, datash
                 r["tflops"] = c.flops / t.median_s / 1e12
                 r["fraction_of_floor"] = rec["floor_s"] / t.median_s
             r["status"] = "ok"
-        except common.Missing as e:
+        except (common.Missing, BackendUnavailableError) as e:
             r.update(status="missing", reason=str(e))
         except Exception as e:  # noqa: BLE001 - a failing baseline is a result, not a crash
             r.update(status="error", reason=f"{type(e).__name__}: {str(e)[:300]}",
@@ -188,7 +190,8 @@ def table(results: dict, *, markdown: bool = False) -> str:
         for r in c["results"]:
             chk = r.get("check") or {}
             ok = chk.get("ok") if isinstance(chk, dict) else None
-            status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('reason', '')[:70]}"
+            reason = r.get("reason", "").removeprefix(f"{c['op']}: ")
+            status = r["status"] if r["status"] == "ok" else f"{r['status']}: {reason[:90]}"
             rows.append((c["op"], c["case"], r["baseline"], status,
                          f"{floor * 1e6:.2f}" if floor else "-",
                          f"{r['time_s'] * 1e6:.2f}" if r.get("time_s") else "-",
