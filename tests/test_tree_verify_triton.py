@@ -1,0 +1,216 @@
+"""Triton tree_verify against the reference (SPEC §4.4, §6), under the interpreter on CPU.
+
+Greedy decisions must match exactly (argmax of the same values). Sampling decisions must match
+except at honest floating-point boundaries: where the two walks first part, the test recomputes the
+reference's distribution at that node and asserts that the uniform lies within EPS of the boundary
+that separates the two choices (a CDF value, or p(x)/q(x) for the accept test).
+"""
+import pytest
+import torch
+import triton
+
+from gemma4_mtp_kernels import tree_verify
+from gemma4_mtp_kernels.triton import tree_verify as triton_tree_verify
+from gemma4_mtp_kernels.triton.tree_verify import BLOCK, chunk_size
+
+EPS = 2e-5  # fp32 softmax/cumsum rounding over a few thousand ids
+
+
+def random_tree(B, N, g, chain=False):
+    parents = torch.full((B, N), -1, dtype=torch.int32)
+    for b in range(B):
+        for i in range(1, N):
+            if chain:
+                parents[b, i] = i - 1
+            elif torch.rand(1, generator=g).item() < 0.15:
+                parents[b, i] = -1  # padding slot
+            else:
+                used = [j for j in range(i) if j == 0 or parents[b, j] >= 0]
+                parents[b, i] = used[int(torch.randint(len(used), (1,), generator=g))]
+    return parents
+
+
+def drafts_following(target_choice, parents, V, g, hit=0.6):
+    """Draft tokens that agree with `target_choice[b, parent]` often enough to walk deep, plus
+    duplicate children (the lowest index must win)."""
+    B, N = parents.shape
+    tokens = torch.randint(0, V, (B, N), generator=g)
+    for b in range(B):
+        for i in range(1, N):
+            p = int(parents[b, i])
+            if p >= 0 and torch.rand(1, generator=g).item() < hit:
+                tokens[b, i] = int(target_choice[b, p])
+    return tokens
+
+
+def cdf_boundary_ok(probs, u, t_a, t_b):
+    """Both ids are honest inverse-CDF answers for u: every CDF value between them is within EPS of u."""
+    cdf = torch.cumsum(probs.double(), 0)
+    lo, hi = sorted((int(t_a), int(t_b)))
+    return bool(((cdf[lo:hi] - u).abs() <= EPS).all())
+
+
+def check_against_reference(draft_tokens, parents, logits, **kw):
+    impl_kw = kw.pop("impl_kw", None)  # backend-only knobs (chunk size): call the backend directly
+    if impl_kw is None:
+        got = tree_verify(draft_tokens, parents, logits, backend="triton", **kw)
+    else:
+        got = triton_tree_verify(draft_tokens, parents, logits, **impl_kw, **kw)
+    ref = tree_verify(draft_tokens, parents, logits, backend="torch", **kw)
+    temperature, uniforms, q = kw.get("temperature"), kw.get("uniforms"), kw.get("draft_probs")
+    B, N = parents.shape
+    boundary_cases = 0
+    for b in range(B):
+        if torch.equal(got.output_tokens[b], ref.output_tokens[b]) and torch.equal(got.accepted_nodes[b], ref.accepted_nodes[b]):
+            assert got.accept_len[b] == ref.accept_len[b] and got.last_node[b] == ref.last_node[b]
+            continue
+        temp = 0.0 if temperature is None else float(temperature[b])
+        assert temp > 0, f"greedy row {b} differs: {got.output_tokens[b]} vs {ref.output_tokens[b]}"
+        # first step where the walks part; both walks sit at the same node there
+        j = int((got.output_tokens[b] != ref.output_tokens[b]).nonzero()[0])
+        node = 0 if j == 0 else int(ref.accepted_nodes[b, j - 1])
+        p = torch.softmax(logits[b, node].float() / temp, 0)
+        t_got, t_ref = int(got.output_tokens[b, j]), int(ref.output_tokens[b, j])
+        if q is None:
+            assert cdf_boundary_ok(p, float(uniforms[b, node, 0]), t_got, t_ref), (b, node, t_got, t_ref)
+        else:
+            kids = (parents[b] == node).nonzero().flatten().tolist()
+            kids = [k for k in kids if k > 0]
+            u0, u1 = float(uniforms[b, node, 0]), float(uniforms[b, node, 1])
+            if not kids:  # leaf bonus from p
+                assert cdf_boundary_ok(p, u1, t_got, t_ref), (b, node, t_got, t_ref)
+            else:
+                x = int(draft_tokens[b, kids[0]])
+                qx = float(q[b, node, x])
+                accepted_got = j < int(got.accept_len[b])
+                accepted_ref = j < int(ref.accept_len[b])
+                if accepted_got != accepted_ref:
+                    ratio = float(p[x]) / qx
+                    assert abs(u0 - ratio) <= EPS * max(1.0, ratio), (b, node, u0, ratio)
+                else:  # both rejected, residual samples differ
+                    res = (p - q[b, node].float()).clamp(min=0)
+                    assert cdf_boundary_ok(res / res.sum(), u1, t_got, t_ref), (b, node, t_got, t_ref)
+        boundary_cases += 1
+    return got, ref, boundary_cases
+
+
+def logits_for(B, N, V, dtype, g):
+    return (torch.randn(B, N, V, generator=g) * 3).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("chunk", [None, 512])
+def test_greedy_trees(dtype, chunk):
+    g = torch.Generator().manual_seed(1)
+    B, N, V = 4, 9, 3001
+    parents = random_tree(B, N, g)
+    logits = logits_for(B, N, V, dtype, g)
+    tokens = drafts_following(logits.float().argmax(-1), parents, V, g)
+    kw = {} if chunk is None else dict(impl_kw=dict(chunk=chunk))
+    got, ref, _ = check_against_reference(tokens, parents, logits, **kw)
+    assert int(ref.accept_len.max()) >= 2  # the walk goes deep somewhere
+
+
+def test_greedy_ties_lowest_id_and_duplicate_children():
+    V = 2000
+    logits = torch.zeros(1, 4, V)
+    logits[0, 0, [700, 1500]] = 5.0  # tie across chunks: 700 wins
+    logits[0, 1, [3, 4]] = 1.0
+    parents = torch.tensor([[-1, 0, 0, 1]], dtype=torch.int32)
+    tokens = torch.tensor([[9, 700, 700, 3]])  # node 1 and 2 both hold 700: node 1 wins
+    got, ref, _ = check_against_reference(tokens, parents, logits, impl_kw=dict(chunk=512))
+    assert got.accepted_nodes[0].tolist() == [1, 3, -1, -1]
+
+
+def test_real_vocab_mixed_batch():
+    g = torch.Generator().manual_seed(2)
+    B, N, V = 2, 3, 262144
+    parents = random_tree(B, N, g, chain=True)
+    logits = logits_for(B, N, V, torch.bfloat16, g)
+    tokens = drafts_following(logits.float().argmax(-1), parents, V, g, hit=1.0)
+    temperature = torch.tensor([0.0, 0.8])
+    uniforms = torch.rand(B, N, 2, generator=g)
+    got, ref, _ = check_against_reference(tokens, parents, logits, temperature=temperature, uniforms=uniforms)
+    assert int(ref.accept_len[0]) == N - 1
+
+
+@pytest.mark.parametrize("chunk", [None, 256])
+def test_sampling_trees_mixed_with_greedy(chunk):
+    g = torch.Generator().manual_seed(3)
+    B, N, V = 6, 7, 1500
+    parents = random_tree(B, N, g)
+    logits = logits_for(B, N, V, torch.bfloat16, g) * 0.5
+    temperature = torch.tensor([0.0, 1.0, 0.5, 0.0, 2.0, 1.0])
+    uniforms = torch.rand(B, N, 2, generator=g)
+    # drafts mostly equal to the reference's own samples, so sampling rows accept too
+    ref_samples = torch.stack([torch.stack([
+        torch.multinomial(torch.softmax(logits[b, i].float() / max(float(temperature[b]), 1e-3), 0), 1, generator=g)[0]
+        for i in range(N)]) for b in range(B)])
+    tokens = drafts_following(ref_samples, parents, V, g, hit=0.9)
+    kw = dict(temperature=temperature, uniforms=uniforms)
+    if chunk is not None:
+        kw["impl_kw"] = dict(chunk=chunk)
+    check_against_reference(tokens, parents, logits, **kw)
+
+
+def test_sampling_uniforms_on_cdf_boundaries_take_the_exception_path():
+    """Uniforms set exactly to the reference's CDF values: the two implementations may now round to
+    either side. Every difference must be an honest boundary case (checked), and identical rows
+    still match."""
+    g = torch.Generator().manual_seed(4)
+    B, N, V = 8, 3, 800
+    parents = random_tree(B, N, g, chain=True)
+    logits = logits_for(B, N, V, torch.float32, g)
+    temperature = torch.full((B,), 1.0)
+    uniforms = torch.rand(B, N, 2, generator=g)
+    for b in range(B):
+        for i in range(N):
+            cdf = torch.cumsum(torch.softmax(logits[b, i] / 1.0, 0).double(), 0)
+            k = int(torch.randint(V // 4, V // 2, (1,), generator=g))
+            uniforms[b, i, 0] = float(cdf[k])  # rounds to fp32: just above or below cdf[k]
+    tokens = drafts_following(logits.argmax(-1), parents, V, g, hit=0.0)
+    _, _, boundary_cases = check_against_reference(tokens, parents, logits, temperature=temperature,
+                                                   uniforms=uniforms, impl_kw=dict(chunk=256))
+    assert boundary_cases > 0  # the exception path really ran (its check is not vacuous)
+    # ... and the check rejects a choice that is not on a boundary
+    p = torch.softmax(logits[0, 0], 0)
+    u = float(uniforms[0, 0, 0])
+    t = int((torch.cumsum(p.double(), 0) > u).nonzero()[0])
+    assert not cdf_boundary_ok(p, u, t, t + 40)
+
+
+@pytest.mark.parametrize("chunk", [None, 512])
+def test_chains_with_draft_probs(chunk):
+    g = torch.Generator().manual_seed(5)
+    B, N, V = 6, 5, 2100
+    parents = random_tree(B, N, g, chain=True)
+    logits = logits_for(B, N, V, torch.bfloat16, g) * 0.3
+    q = torch.softmax(logits.float() * 0.8 + torch.randn(B, N, V, generator=g) * 0.3, -1)
+    q[1, 0] = torch.softmax(logits[1, 0].float(), 0)  # p == q at T = 1: residual empty, sample from p
+    q[2, 1, :] = 0
+    q[2, 1, :V // 2] = 2.0 / V  # q(x) = 0 for half the vocabulary: those drafts are always rejected
+    tokens = torch.stack([torch.stack([torch.multinomial(q[b, max(i - 1, 0)], 1, generator=g)[0] for i in range(N)])
+                          for b in range(B)])
+    temperature = torch.tensor([1.0, 1.0, 0.7, 0.0, 1.3, 1.0])
+    uniforms = torch.rand(B, N, 2, generator=g)
+    kw = dict(temperature=temperature, uniforms=uniforms, draft_probs=q.to(torch.bfloat16))
+    if chunk is not None:
+        kw["impl_kw"] = dict(chunk=chunk)
+    got, ref, _ = check_against_reference(tokens, parents, logits, **kw)
+    assert int(ref.accept_len.sum()) > 0 and bool((ref.accept_len < N - 1).any())
+
+
+def test_single_node_and_padding_only():
+    g = torch.Generator().manual_seed(6)
+    logits = logits_for(3, 1, 700, torch.float16, g)
+    parents = torch.full((3, 1), -1, dtype=torch.int32)
+    tokens = torch.zeros(3, 1, dtype=torch.int32)
+    check_against_reference(tokens, parents, logits, temperature=torch.tensor([0.0, 1.0, 0.3]),
+                            uniforms=torch.rand(3, 1, 2, generator=g))
+    parents = torch.tensor([[-1, -1, -1]], dtype=torch.int32)
+    check_against_reference(torch.zeros(1, 3, dtype=torch.int64), parents, logits_for(1, 3, 700, torch.float32, g))
+
+
+def test_chunk_size_fills_the_gpu():
+    assert triton.cdiv(262144, chunk_size(8, 262144, 132)) * 8 >= 4 * 132  # B = 1, N = 8
+    assert chunk_size(1, 100, 132) == BLOCK
