@@ -11,6 +11,8 @@ import math
 
 import torch
 
+import gemma4_mtp_kernels as gk
+
 from . import roofline
 from .common import Case, close, compiled, equal, ours
 
@@ -73,7 +75,7 @@ def cases(dry: bool) -> list[Case]:
         out.append(Case(
             op=OP, label=f"{name} argmax T={T}", params=dict(drafter=name, Hd=Hd, V=V, C=C, top_k=top_k, T=T),
             cost=roofline.centroid_head(Hd, V, C, top_k, T), make_inputs=_inputs(Hd, V, C, T),
-            reference=lambda i, call=call: call(__import__("gemma4_mtp_kernels").centroid_logits, i, "torch"),
+            reference=lambda i, call=call: call(gk.centroid_logits, i, "torch"),
             baselines=baselines,
             compare={"dense_head_argmax": not_comparable, "dense_head_argmax_compile": not_comparable,
                      "hf_masked_embedder": lambda o, r: equal(o, r[0]),

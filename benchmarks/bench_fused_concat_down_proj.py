@@ -9,6 +9,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+import gemma4_mtp_kernels as gk
+
 from . import roofline
 from .common import Case, close, compiled, ours
 
@@ -62,6 +64,6 @@ def cases(dry: bool) -> list[Case]:
         out.append(Case(
             op=OP, label=f"{name} T={T}", params=dict(drafter=name, Hb=Hb, Hd=Hd, T=T),
             cost=roofline.concat_down_proj(Hb, Hd, T), make_inputs=_inputs(Hb, Hd, V, T),
-            reference=lambda i: _call(__import__("gemma4_mtp_kernels").fused_concat_down_proj, i, "torch"),
+            reference=lambda i: _call(gk.fused_concat_down_proj, i, "torch"),
             baselines=baselines, default_compare=close))
     return out

@@ -12,6 +12,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+import gemma4_mtp_kernels as gk
+
 from . import roofline
 from .common import Case, Missing, close, compiled, external, needs_cuda, ours
 
@@ -82,7 +84,7 @@ def cases(dry: bool) -> list[Case]:
             params=dict(drafter=name, B=B, Q=Q, Hq=Hq, Hkv=Hkv, D=D, ctx=ctx, window=window, block_size=block_size),
             cost=roofline.attention(B, Q, Hq, Hkv, D, ctx, window=window, block_size=block_size),
             make_inputs=_inputs(B, Q, Hq, Hkv, D, ctx, block_size),
-            reference=lambda i, call=call: call(__import__("gemma4_mtp_kernels").q_only_paged_attention, i, "torch"),
+            reference=lambda i, call=call: call(gk.q_only_paged_attention, i, "torch"),
             baselines=baselines, default_compare=close))
     return out
 
@@ -148,8 +150,8 @@ def _flash_attn(window, ctx, block_size):
         # its paged mode needs pages of 256 entries: the same K/V re-laid in 256-entry pages
         page = 256
         n = -(-ctx // page) * page
-        k = gather_sdpa_kv(i["k_cache"], i["block_table"], ctx, block_size, n)
-        v = gather_sdpa_kv(i["v_cache"], i["block_table"], ctx, block_size, n)
+        k = _contiguous_kv(i["k_cache"], i["block_table"], ctx, block_size, n)
+        v = _contiguous_kv(i["v_cache"], i["block_table"], ctx, block_size, n)
         Hkv = k.shape[-2]
         k, v = k.view(-1, page, Hkv, D), v.view(-1, page, Hkv, D)
         table = torch.arange(k.shape[0], dtype=torch.int32, device=q.device).view(B, -1)
@@ -159,7 +161,7 @@ def _flash_attn(window, ctx, block_size):
     return factory
 
 
-def gather_sdpa_kv(cache, block_table, ctx, block_size, padded):
+def _contiguous_kv(cache, block_table, ctx, block_size, padded):
     """The first `ctx` entries of each request, contiguous, zero-padded to `padded` entries."""
     B = block_table.shape[0]
     x = cache[block_table].flatten(1, 2)[:, :ctx]

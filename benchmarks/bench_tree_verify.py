@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+import gemma4_mtp_kernels as gk
+
 from . import roofline
 from .common import Case, Missing, compiled, equal, external, needs_cuda, ours
 
@@ -103,7 +105,7 @@ def cases(dry: bool) -> list[Case]:
             params=dict(B=B, N=N, V=V, branching=branching, sampling=sampling),
             cost=roofline.tree_verify(B, N, V, sampling=sampling, draft_probs=sampling),
             make_inputs=_inputs(B, N, V, branching, sampling),
-            reference=lambda i: _call(__import__("gemma4_mtp_kernels").tree_verify, i, "torch"),
+            reference=lambda i: _call(gk.tree_verify, i, "torch"),
             baselines=baselines, compare=compare, default_compare=_same,
             eager=frozenset({"torch_argmax_python_walk", "torch_compile_argmax_python_walk"})))
     return out
