@@ -172,7 +172,9 @@ def _write(results: dict, path: str) -> None:
 
 
 def table(results: dict, *, markdown: bool = False) -> str:
-    """The summary: one line per (case, baseline): time, GB/s, fraction of floor, speedup."""
+    """The summary: one line per (case, baseline): time, GB/s, fraction of the floor, time in units
+    of the device's launch floor (what bounds the small cases), speedup over the case's first
+    baseline (the PyTorch composition, or the dense LM head for centroid cases)."""
     env = results["env"]
     peaks = results.get("device_peaks", {})
     head = [f"device: {env.get('device')}  driver: {env.get('driver')}  torch {env.get('torch')}  "
@@ -183,7 +185,9 @@ def table(results: dict, *, markdown: bool = False) -> str:
                     f"launch floor {peaks['launch_floor_s'] * 1e6:.2f} µs")
     if results.get("dry_run"):
         head.append("DRY RUN: no timings (CPU); floors are for the datasheet H200")
-    cols = ("op", "case", "baseline", "status", "floor µs", "time µs", "GB/s", "% floor", "speedup", "check")
+    launch = peaks.get("launch_floor_s")
+    cols = ("op", "case", "baseline", "status", "floor µs", "time µs", "GB/s", "% floor", "x launch", "vs 1st",
+            "check")
     rows = []
     for c in results["cases"]:
         floor = c.get("floor_s") or (c.get("floor_datasheet_s") or {}).get("H200")
@@ -197,6 +201,7 @@ def table(results: dict, *, markdown: bool = False) -> str:
                          f"{r['time_s'] * 1e6:.2f}" if r.get("time_s") else "-",
                          f"{r['gbps']:.0f}" if r.get("gbps") else "-",
                          f"{100 * r['fraction_of_floor']:.0f}%" if r.get("fraction_of_floor") else "-",
+                         f"{r['time_s'] / launch:.1f}" if r.get("time_s") and launch else "-",
                          f"{r['speedup_vs_first']:.2f}x" if r.get("speedup_vs_first") else "-",
                          {True: "ok", False: "MISMATCH", None: "-"}[ok]))
     if markdown:

@@ -92,7 +92,7 @@ def test_table_and_plot_of_a_timed_file(dry, tmp_path):
     first.update(time_s=20e-6, gbps=1.0, fraction_of_floor=0.25)
     second.update(time_s=10e-6, gbps=2.0, fraction_of_floor=0.5, speedup_vs_first=2.0)
     text = run_all.table(results)
-    assert "20.00" in text and "50%" in text and "2.00x" in text and "4.00 TB/s" in text
+    assert "20.00" in text and "50%" in text and "2.00x" in text and "4.00 TB/s" in text and "10.0" in text
     out = tmp_path / "timed.png"
     plot.plot(results, str(out))
     assert out.stat().st_size > 10_000
