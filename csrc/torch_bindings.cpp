@@ -138,10 +138,12 @@ void q_only_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   p.q = q.data_ptr();
   p.k_cache = k_cache.data_ptr();
   p.v_cache = v_cache.data_ptr();
+  // The stride of a size-1 dimension is never applied; 0 keeps it out of the 16-byte stride check.
+  const auto stride = [](const at::Tensor& t, int i) { return t.size(i) == 1 ? int64_t{0} : t.stride(i); };
   for (int i = 0; i < 3; ++i) {
-    p.q_stride[i] = q.stride(i);
-    p.k_stride[i] = k_cache.stride(i);
-    p.v_stride[i] = v_cache.stride(i);
+    p.q_stride[i] = stride(q, i);
+    p.k_stride[i] = stride(k_cache, i);
+    p.v_stride[i] = stride(v_cache, i);
   }
   p.block_table = block_table.data_ptr<int32_t>();
   p.block_table_stride = block_table.stride(0);

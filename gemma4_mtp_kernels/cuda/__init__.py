@@ -46,24 +46,30 @@ def _build_status() -> str:
         return "not built (no build record: was the package installed with pip install?)"
 
 
-def _ops():
-    ok, reason = extension_status()
-    if not ok:
-        from .._dispatch import BackendUnavailableError
+_loaded = False
 
-        raise BackendUnavailableError(f"backend 'cuda' is unavailable: {reason}")
+
+def _ops():
+    # A plain flag, not the cached status call, once loaded: torch.compile traces through this.
+    global _loaded
+    if not _loaded:
+        ok, reason = extension_status()
+        if not ok:
+            from .._dispatch import BackendUnavailableError
+
+            raise BackendUnavailableError(f"backend 'cuda' is unavailable: {reason}")
+        _loaded = True
     return torch.ops.gemma4_mtp
 
 
-def _require_16_byte_layout(op: str, name: str, t: torch.Tensor, dims: int) -> None:
+def _require_16_byte_strides(op: str, name: str, t: torch.Tensor, dims: int) -> None:
     """The attention kernel copies K/V rows with 16-byte cp.async: strides of the first `dims`
-    dimensions and the data pointer must be multiples of 16 bytes."""
+    dimensions must be multiples of 16 bytes. (The op itself also checks the data pointers'
+    alignment; that check is not here because torch.compile cannot trace data_ptr().)"""
     size = t.element_size()
-    bad = [i for i in range(dims) if t.shape[i] > 1 and (t.stride(i) * size) % 16]
-    if bad or t.data_ptr() % 16:
-        raise ValueError(f"{op}: {name} needs 16-byte aligned storage and strides that are multiples of 16 bytes "
-                         f"for the cuda backend, got strides {t.stride()} (element size {size}) and data pointer "
-                         f"offset {t.data_ptr() % 16} (use backend='triton' or 'torch' for this layout)")
+    if any(t.shape[i] > 1 and (t.stride(i) * size) % 16 for i in range(dims)):
+        raise ValueError(f"{op}: {name} needs strides that are multiples of 16 bytes for the cuda backend, got "
+                         f"strides {t.stride()} (element size {size}); use backend='triton' or 'torch' for this layout")
 
 
 def fused_concat_down_proj(token_ids, embed_table, hidden, weight, *, embed_scale, out=None):
@@ -77,11 +83,9 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
                            out=None, return_lse=False):
     op = "q_only_paged_attention"
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _require_16_byte_layout(op, name, t, 3)
+        _require_16_byte_strides(op, name, t, 3)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    else:
-        _require_16_byte_layout(op, "out", out, 3)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     _ops().q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens.contiguous(), float(scale),
                                   0 if window is None else int(window), 0.0 if softcap is None else float(softcap),

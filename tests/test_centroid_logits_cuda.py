@@ -1,0 +1,162 @@
+"""CUDA centroid_logits against fp64 (SPEC §4.3, §6). Needs a GPU (marked `gpu`).
+
+Discrete outputs (cluster choice, argmax token) must match the fp64 answer exactly except where the
+competing exact values are within the fp32 accumulation error (helpers of test_centroid_logits)."""
+import pytest
+import torch
+
+import gemma4_mtp_kernels as g
+from gemma4_mtp_kernels import cuda as cuda_backend
+from helpers import DRAFTERS
+from test_centroid_logits import DTYPES, check_clusters, clusters_of, exact_clusters, make, one_hot_head, tol
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+E2B = DRAFTERS["E2B"]
+
+
+def check_cuda_outputs(args, top_k, what, fill_value=-7.5):
+    hidden, centroids, ordering, lm_head = args
+    T, C, V = hidden.shape[0], centroids.shape[0], lm_head.shape[0]
+    M = V // C
+    scores, order = exact_clusters(hidden, centroids, top_k)
+    dargs = [t.to(DEV) for t in args]
+    eps = tol(hidden, lm_head)
+
+    ids, logits = (t.cpu() for t in g.centroid_logits(*dargs, top_k=top_k, output="sparse", backend="cuda"))
+    assert ids.dtype == torch.int64 and logits.dtype == torch.float32
+    assert ids.shape == (T, top_k * M) and logits.shape == (T, top_k * M)
+    check_clusters(clusters_of(ids, ordering, C, top_k), scores, order, tol(hidden, centroids))
+    want = torch.einsum("td,tkd->tk", hidden.double(), lm_head[ids].double())
+    assert (logits.double() - want).abs().max() <= eps, what
+
+    dense = g.centroid_logits(*dargs, top_k=top_k, output="dense", backend="cuda").cpu()
+    assert dense.dtype == torch.float32 and dense.shape == (T, V)
+    cand = torch.zeros(T, V, dtype=torch.bool)
+    cand.scatter_(1, ids, True)
+    assert (dense.gather(1, ids).double() - want).abs().max() <= eps, what
+    assert (dense[~cand] == float("-inf")).all()
+    filled = g.centroid_logits(*dargs, top_k=top_k, output="dense", fill_value=fill_value, backend="cuda").cpu()
+    assert (filled[~cand] == fill_value).all() and torch.equal(filled[cand], dense[cand])
+
+    token, best = (t.cpu() for t in g.centroid_logits(*dargs, top_k=top_k, output="argmax", backend="cuda"))
+    assert token.dtype == torch.int64 and best.dtype == torch.float32 and token.shape == (T,) and best.shape == (T,)
+    for t in range(T):
+        exp_ids = torch.cat([ordering[c * M:(c + 1) * M] for c in order[t]]).long()
+        exp_logits = hidden[t].double() @ lm_head[exp_ids].double().T
+        m = exp_logits.max()
+        exp_token = int(exp_ids[exp_logits == m].min())
+        tok = int(token[t])
+        exact_tok = float(hidden[t].double() @ lm_head[tok].double())
+        assert tok == exp_token or m - exact_tok <= 2 * eps, f"{what} row {t}: {tok} vs {exp_token}"
+        assert abs(float(best[t]) - exact_tok) <= eps
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("T", [1, 3, 9])
+def test_real_e2b_shape(T, dtype):
+    """The full E2B/E4B head: Hd 256, 2048 centroids of 128 tokens, top 32."""
+    args = make(T, E2B["Hd"], E2B["centroids"], E2B["vocab"], dtype)
+    check_cuda_outputs(args, E2B["top_k"], f"E2B T={T} {dtype}")
+
+
+@pytest.mark.parametrize("top_k", [1, 3, 8])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
+def test_small_heads(top_k, index_dtype):
+    hidden, centroids, ordering, lm_head = make(7, 16, 8, 40, torch.float32)
+    check_cuda_outputs((hidden, centroids, ordering.to(index_dtype), lm_head), top_k, f"top_k={top_k}")
+
+
+@pytest.mark.parametrize("C", [3, 100, 4096])
+def test_non_power_of_two_and_largest_centroid_counts(C):
+    args = make(2, 40, C, C * 3, torch.bfloat16)  # Hd = 40: the scalar (non 16-byte) load path
+    check_cuda_outputs(args, min(C, 32), f"C={C}")
+
+
+def test_too_many_centroids_is_refused():
+    args = [t.to(DEV) for t in make(1, 16, 4100, 4100, torch.float32)]
+    with pytest.raises(ValueError, match="centroids"):
+        g.centroid_logits(*args, top_k=2, backend="cuda")
+
+
+def test_zero_tokens():
+    args = [t.to(DEV) for t in make(0, 16, 4, 12, torch.float32)]
+    ids, logits = g.centroid_logits(*args, top_k=2, output="sparse", backend="cuda")
+    assert ids.shape == (0, 6) and logits.shape == (0, 6)
+    assert g.centroid_logits(*args, top_k=2, output="dense", backend="cuda").shape == (0, 12)
+    token, best = g.centroid_logits(*args, top_k=2, backend="cuda")
+    assert token.shape == (0,) and best.shape == (0,)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_centroid_ties_go_to_lower_cluster(dtype):
+    scores = [3, 5, 5, 1, 5, 2, 0, 4]
+    M = 2
+    hidden, centroids, lm_head = one_hot_head(scores, list(range(len(scores) * M)), M)
+    ordering = torch.randperm(len(scores) * M)
+    args = [t.to(DEV) for t in (hidden.to(dtype), centroids.to(dtype), ordering, lm_head.to(dtype))]
+    for top_k, want in [(1, [1]), (2, [1, 2]), (3, [1, 2, 4]), (5, [1, 2, 4, 7, 0])]:
+        ids, _ = g.centroid_logits(*args, top_k=top_k, output="sparse", backend="cuda")
+        assert torch.equal(ids[0].cpu(), torch.cat([ordering[c * M:(c + 1) * M] for c in want])), top_k
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_argmax_ties_go_to_lowest_vocab_id(dtype):
+    C, M = 4, 5
+    ordering = torch.tensor([0, 1, 2, 3, 4, 17, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 19])
+    logits = [0.0] * (C * M)
+    logits[3] = logits[17] = 6.0
+    logits[19] = 6.0  # in an unselected cluster: must not win
+    hidden, centroids, lm_head = one_hot_head([1, 2, 0, -1], logits, M)
+    args = [t.to(DEV) for t in (hidden.to(dtype), centroids.to(dtype), ordering, lm_head.to(dtype))]
+    token, best = g.centroid_logits(*args, top_k=2, backend="cuda")
+    assert token.tolist() == [3] and best.tolist() == [6.0]
+
+
+def test_strided_inputs():
+    hidden, centroids, ordering, lm_head = make(4, 32, 8, 32, torch.bfloat16)
+    wide = lambda t: torch.cat([t, torch.full_like(t, float("nan"))], dim=1)[:, : t.shape[1]]  # noqa: E731
+    check_cuda_outputs((wide(hidden), wide(centroids), ordering, wide(lm_head)), 3, "strided")
+
+
+def test_cuda_graph_capture_and_replay():
+    hidden, centroids, ordering, lm_head = (t.to(DEV) for t in make(2, 256, 2048, 2048 * 128, torch.bfloat16))
+    g.centroid_logits(hidden, centroids, ordering, lm_head, backend="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        token, best = g.centroid_logits(hidden, centroids, ordering, lm_head, backend="cuda")
+    for _ in range(2):
+        hidden.copy_(torch.randn(2, 256).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        want_tok, want_best = g.centroid_logits(hidden.cpu(), centroids.cpu(), ordering.cpu(), lm_head.cpu(),
+                                                backend="torch")
+        eps = tol(hidden.cpu(), lm_head.cpu())
+        assert (best.cpu() - want_best).abs().max() <= 2 * eps
+        same = token.cpu() == want_tok
+        assert bool(same.all()) or bool(((best.cpu() - want_best).abs()[~same] <= 2 * eps).all())
+
+
+def test_torch_compile_fullgraph():
+    args = [t.to(DEV) for t in make(3, 64, 16, 16 * 8, torch.bfloat16)]
+
+    def head(*a):
+        ids, logits = g.centroid_logits(*a, top_k=4, output="sparse", backend="cuda")
+        return ids, logits * 1.0
+
+    ids, logits = torch.compile(head, fullgraph=True)(*args)
+    want_ids, want = g.centroid_logits(*[t.cpu() for t in args], top_k=4, output="sparse", backend="torch")
+    assert torch.equal(ids.cpu(), want_ids)
+    assert (logits.cpu() - want).abs().max() <= tol(args[0].cpu(), args[3].cpu())
+
+
+@pytest.mark.parametrize("output", ["argmax", "sparse", "dense"])
+def test_opcheck(output):
+    hidden, centroids, ordering, lm_head = (t.to(DEV) for t in make(2, 32, 8, 32, torch.float32))
+    K = 2 * 4
+    shapes = {"argmax": ((2,), (2,)), "sparse": ((2, K), (2, K)), "dense": ((0,), (2, 32))}[output]
+    ids = torch.empty(shapes[0], dtype=torch.int64, device=DEV)
+    logits = torch.full(shapes[1], float("-inf"), device=DEV)
+    cuda_backend._ops()
+    torch.library.opcheck(torch.ops.gemma4_mtp.centroid_logits.default,
+                          (hidden, centroids, ordering, lm_head, 2, output, ids, logits))

@@ -1,0 +1,142 @@
+"""The compiled ops' registration, without a GPU: schemas, fake implementations (FakeTensorMode,
+meta tensors, torch.library.opcheck's schema and fake-tensor checks) and torch.compile tracing of
+the cuda backend. The full opcheck on real CUDA tensors is in tests/test_*_cuda.py (marked gpu)."""
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import gemma4_mtp_kernels as g
+from gemma4_mtp_kernels import cuda as cuda_backend
+from gemma4_mtp_kernels import reference
+from gemma4_mtp_kernels._dispatch import BackendUnavailableError
+
+ok, why = cuda_backend.extension_status()
+pytestmark = pytest.mark.skipif(not ok, reason=f"cuda extension unavailable: {why}")
+
+OPS = {
+    "fused_concat_down_proj": ["out"],
+    "q_only_paged_attention": ["out", "lse"],
+    "centroid_logits": ["ids", "logits"],
+    "tree_verify": ["accept_len", "accepted_nodes", "output_tokens", "last_node"],
+}
+
+
+def ops():
+    return cuda_backend._ops()
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_schema_registered_with_written_outputs(name):
+    schema = getattr(ops(), name).default._schema
+    written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    assert written == OPS[name]
+    assert len(schema.returns) == 0
+    # only the outputs are written: inputs carry no alias annotation
+    assert all(a.alias_info is None for a in schema.arguments if a.name not in OPS[name])
+
+
+def down_proj_args(device, T=3, Hb=64, Hd=32, V=10, dtype=torch.bfloat16):
+    return (torch.zeros(T, dtype=torch.long, device=device), torch.ones(V, Hb, dtype=dtype, device=device),
+            torch.ones(T, Hb, dtype=dtype, device=device), torch.ones(Hd, 2 * Hb, dtype=dtype, device=device))
+
+
+def attention_args(device, B=2, Qn=3, Hq=4, Hkv=2, D=128, nb=6, bs=16, dtype=torch.float16):
+    return (torch.ones(B, Qn, Hq, D, dtype=dtype, device=device), torch.ones(nb, bs, Hkv, D, dtype=dtype, device=device),
+            torch.ones(nb, bs, Hkv, D, dtype=dtype, device=device), torch.zeros(B, 3, dtype=torch.int32, device=device),
+            torch.full((B,), 5, dtype=torch.int32, device=device))
+
+
+def centroid_args(device, T=2, Hd=32, C=8, V=64, dtype=torch.float32):
+    return (torch.ones(T, Hd, dtype=dtype, device=device), torch.ones(C, Hd, dtype=dtype, device=device),
+            torch.arange(V, device=device), torch.ones(V, Hd, dtype=dtype, device=device))
+
+
+def tree_args(device, B=2, N=4, V=50, dtype=torch.float32):
+    parents = torch.tensor([[-1, 0, 1, 2]] * B, dtype=torch.int32, device=device)
+    return (torch.zeros(B, N, dtype=torch.long, device=device), parents, torch.zeros(B, N, V, dtype=dtype, device=device))
+
+
+def opcheck_meta(op, args):
+    result = torch.library.opcheck(op.default, args, test_utils=("test_schema", "test_faketensor"))
+    assert all(v == "SUCCESS" for v in result.values()), result
+
+
+def test_opcheck_meta_down_proj():
+    opcheck_meta(ops().fused_concat_down_proj,
+                 (*down_proj_args("meta"), 8.0, torch.empty(3, 32, dtype=torch.bfloat16, device="meta")))
+
+
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (17, 30.0)])
+def test_opcheck_meta_attention(window, softcap):
+    q = attention_args("meta")[0]
+    opcheck_meta(ops().q_only_paged_attention,
+                 (*attention_args("meta"), 1.0, window, softcap, torch.empty_like(q),
+                  torch.empty(q.shape[:3], device="meta")))
+
+
+@pytest.mark.parametrize("output,ids_shape,logits_shape", [("argmax", (2,), (2,)), ("sparse", (2, 16), (2, 16)),
+                                                           ("dense", (0,), (2, 64))])
+def test_opcheck_meta_centroid(output, ids_shape, logits_shape):
+    opcheck_meta(ops().centroid_logits,
+                 (*centroid_args("meta"), 2, output, torch.empty(ids_shape, dtype=torch.long, device="meta"),
+                  torch.empty(logits_shape, device="meta")))
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+def test_opcheck_meta_tree_verify(sampling):
+    tokens, parents, logits = tree_args("meta")
+    B, N, V = logits.shape
+    extra = (torch.ones(B, device="meta"), torch.zeros(B, N, 2, device="meta"), torch.zeros(B, N, V, device="meta")) \
+        if sampling else (None, None, None)
+    outs = (torch.empty(B, dtype=torch.int32, device="meta"), torch.empty(B, N, dtype=torch.int32, device="meta"),
+            torch.empty(B, N, dtype=torch.long, device="meta"), torch.empty(B, dtype=torch.int32, device="meta"))
+    opcheck_meta(ops().tree_verify, (tokens, parents, logits, *extra, *outs))
+
+
+def shapes(x):
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), x.dtype)
+    return tuple(shapes(t) for t in x)
+
+
+CASES = {
+    "down_proj": (lambda d: (down_proj_args(d), dict(embed_scale=8.0)), "fused_concat_down_proj"),
+    "attention": (lambda d: (attention_args(d), dict(window=4, return_lse=True)), "q_only_paged_attention"),
+    "attention_no_lse": (lambda d: (attention_args(d), dict()), "q_only_paged_attention"),
+    "centroid_argmax": (lambda d: (centroid_args(d), dict(top_k=2)), "centroid_logits"),
+    "centroid_sparse": (lambda d: (centroid_args(d), dict(top_k=3, output="sparse")), "centroid_logits"),
+    "centroid_dense": (lambda d: (centroid_args(d), dict(top_k=3, output="dense", fill_value=-1.0)), "centroid_logits"),
+    "tree_greedy": (lambda d: (tree_args(d), dict()), "tree_verify"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fake_cuda_outputs_match_the_reference(case):
+    """Under FakeTensorMode (no GPU needed) the cuda backend returns what the reference returns on
+    real CPU tensors: same structure, shapes and dtypes, on the CUDA device."""
+    make, op = CASES[case]
+    args, kw = make("cpu")
+    want = getattr(reference, op)(*args, **kw)
+    with FakeTensorMode():
+        fargs, fkw = make("cuda")
+        got = getattr(cuda_backend, op)(*fargs, **fkw)
+        assert all(t.device.type == "cuda" for t in (got if isinstance(got, tuple) else (got,)))
+    assert shapes(got) == shapes(want)
+
+
+@pytest.mark.parametrize("case", ["down_proj", "attention", "centroid_sparse", "tree_greedy"])
+def test_compile_fullgraph_traces_the_backend(case):
+    """Dynamo traces the cuda backend's Python (allocation + op call) without a graph break; the
+    meta tensors run the fake implementations."""
+    make, op = CASES[case]
+    args, kw = make("meta")
+    fn = getattr(cuda_backend, op)
+    compiled = torch.compile(lambda *a: fn(*a, **kw), fullgraph=True, backend="aot_eager")
+    got = compiled(*args)
+    want = getattr(reference, op)(*make("cpu")[0], **kw)
+    assert shapes(got) == shapes(want)
+
+
+def test_cuda_backend_refuses_cpu_tensors_with_a_reason():
+    with pytest.raises(BackendUnavailableError, match="cuda"):
+        g.fused_concat_down_proj(*down_proj_args("cpu"), embed_scale=1.0, backend="cuda")

@@ -1,0 +1,120 @@
+"""CUDA fused_concat_down_proj against the reference (SPEC §4.1, §6). Needs a GPU (marked `gpu`).
+
+Same matrix as tests/test_fused_concat_down_proj_triton.py, plus larger T, every drafter at T up to
+8, CUDA-graph replay and torch.compile."""
+import math
+
+import pytest
+import torch
+
+from gemma4_mtp_kernels import cuda as cuda_backend
+from gemma4_mtp_kernels import fused_concat_down_proj
+from helpers import DRAFTERS, assert_tolerance, poisoned
+from test_fused_concat_down_proj_triton import exact_down_proj, make_inputs
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+
+def check(T, Hb, Hd, dtype, *, index_dtype=torch.int64, strided=False, V=97):
+    token_ids, embed_table, hidden, weight = make_inputs(T, Hb, Hd, dtype, V=V)
+    token_ids = token_ids.to(index_dtype)
+    if strided:  # row strides the op accepts: views into wider storage (16-byte loads must not be assumed)
+        embed_table = torch.cat([embed_table, embed_table[:, :3]], dim=1)[:, :Hb]
+        hidden = torch.cat([hidden, hidden[:, :5]], dim=1)[:, :Hb]
+    scale = math.sqrt(Hb)
+    args = [t.to(DEV) for t in (token_ids, embed_table, hidden, weight)]
+    out = poisoned((T, Hd), dtype, device=DEV)
+    got = fused_concat_down_proj(*args, embed_scale=scale, out=out, backend="cuda")
+    assert got is out
+    exact = exact_down_proj(token_ids, embed_table, hidden, weight, scale)
+    ref = fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=scale, backend="torch")
+    atol = 1e-6 * math.sqrt(2 * Hb) * exact.abs().max().item() + 1e-6
+    assert_tolerance(got.cpu(), exact, ref, atol=atol, what=f"T={T} Hb={Hb} Hd={Hd} {dtype} strided={strided}")
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+@pytest.mark.parametrize("T", [1, 3, 8, 9])
+def test_drafter_shapes_bf16(name, T):
+    d = DRAFTERS[name]
+    check(T, d["Hb"], d["Hd"], torch.bfloat16, V=1000)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T,Hb,Hd", [(1, 64, 16), (7, 200, 72), (17, 96, 40), (65, 64, 24), (64, 128, 33),
+                                     (3, 37, 5), (300, 256, 1024)])
+def test_awkward_shapes(T, Hb, Hd, dtype):
+    check(T, Hb, Hd, dtype)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_int_ids_and_strided_rows(index_dtype):
+    check(5, 136, 48, torch.bfloat16, index_dtype=index_dtype, strided=True)
+    check(5, 136, 48, torch.bfloat16, index_dtype=index_dtype)
+
+
+def test_scale_rounding_is_table_dtype():
+    """sqrt(1536) rounds to 39.25 in bf16: a kernel using the fp32 scale is off by ~0.15% and fails."""
+    T, Hb, Hd = 2, 1536, 16
+    token_ids, embed_table, hidden, weight = make_inputs(T, Hb, Hd, torch.bfloat16)
+    hidden.zero_()
+    got = cuda_backend.fused_concat_down_proj(*(t.to(DEV) for t in (token_ids, embed_table, hidden, weight)),
+                                              embed_scale=math.sqrt(Hb))
+    exact = exact_down_proj(token_ids, embed_table, hidden, weight, math.sqrt(Hb))
+    ref = fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=math.sqrt(Hb), backend="torch")
+    assert_tolerance(got.cpu(), exact, ref, what="scale rounding")
+
+
+def test_empty_T():
+    args = [t.to(DEV) for t in make_inputs(0, 32, 16, torch.bfloat16)]
+    got = fused_concat_down_proj(*args, embed_scale=2.0, backend="cuda")
+    assert got.shape == (0, 16) and got.dtype == torch.bfloat16
+
+
+def test_out_of_range_token_gives_nan_row_not_a_read():
+    token_ids, embed_table, hidden, weight = make_inputs(3, 64, 16, torch.float32, V=10)
+    token_ids[1] = 10**6
+    got = cuda_backend.fused_concat_down_proj(*(t.to(DEV) for t in (token_ids, embed_table, hidden, weight)),
+                                              embed_scale=1.0)
+    assert torch.isnan(got[1]).all()
+    assert not torch.isnan(got[[0, 2]]).any()
+
+
+def test_cuda_graph_capture_and_replay():
+    d = DRAFTERS["E2B"]
+    token_ids, embed_table, hidden, weight = (t.to(DEV) for t in make_inputs(4, d["Hb"], d["Hd"], torch.bfloat16, V=500))
+    out = poisoned((4, d["Hd"]), torch.bfloat16, device=DEV)
+    fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=39.2, out=out, backend="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=39.2, out=out, backend="cuda")
+    for _ in range(2):
+        token_ids.copy_(torch.randint(0, 500, (4,)))
+        hidden.copy_(torch.randn(4, d["Hb"]).to(torch.bfloat16))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        cpu = [t.cpu() for t in (token_ids, embed_table, hidden, weight)]
+        exact = exact_down_proj(*cpu, 39.2)
+        ref = fused_concat_down_proj(*cpu, embed_scale=39.2, backend="torch")
+        assert_tolerance(out.cpu(), exact, ref, atol=1e-3, what="graph replay")
+
+
+def test_torch_compile_fullgraph():
+    token_ids, embed_table, hidden, weight = make_inputs(3, 256, 64, torch.bfloat16)
+    args = [t.to(DEV) for t in (token_ids, embed_table, hidden, weight)]
+
+    def step(*a):
+        return fused_concat_down_proj(*a, embed_scale=16.0, backend="cuda") + 1
+
+    got = torch.compile(step, fullgraph=True)(*args) - 1
+    exact = exact_down_proj(token_ids, embed_table, hidden, weight, 16.0)
+    ref = fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=16.0, backend="torch")
+    assert_tolerance(got.cpu().float(), exact, ref, atol=2e-2, what="compiled")
+
+
+def test_opcheck():
+    args = [t.to(DEV) for t in make_inputs(3, 64, 16, torch.bfloat16)]
+    cuda_backend._ops()
+    out = torch.empty(3, 16, dtype=torch.bfloat16, device=DEV)
+    torch.library.opcheck(torch.ops.gemma4_mtp.fused_concat_down_proj.default, (*args, 8.0, out))

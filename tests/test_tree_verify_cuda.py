@@ -1,0 +1,202 @@
+"""CUDA tree_verify against the reference (SPEC §4.4, §6). Needs a GPU (marked `gpu`).
+
+Greedy decisions must match exactly. Sampling decisions must match except at honest floating-point
+boundaries, judged as in tests/test_tree_verify_triton.py: where the two walks first part, the
+uniform must lie within EPS of the boundary that separates the two choices.
+"""
+import pytest
+import torch
+
+from gemma4_mtp_kernels import cuda as cuda_backend
+from gemma4_mtp_kernels import tree_verify
+from test_tree_verify_triton import EPS, cdf_boundary_ok, drafts_following, logits_for, random_tree
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+
+def parting_is_a_boundary(got, ref, b, draft_tokens, parents, logits, temperature, uniforms, q):
+    j = int((got.output_tokens[b] != ref.output_tokens[b]).nonzero()[0])
+    node = 0 if j == 0 else int(ref.accepted_nodes[b, j - 1])
+    p = torch.softmax(logits[b, node].float() / float(temperature[b]), 0)
+    t_got, t_ref = int(got.output_tokens[b, j]), int(ref.output_tokens[b, j])
+    if q is None:
+        return cdf_boundary_ok(p, float(uniforms[b, node, 0]), t_got, t_ref)
+    kids = [k for k in (parents[b] == node).nonzero().flatten().tolist() if k > 0]
+    u0, u1 = float(uniforms[b, node, 0]), float(uniforms[b, node, 1])
+    if not kids:
+        return cdf_boundary_ok(p, u1, t_got, t_ref)
+    x = int(draft_tokens[b, kids[0]])
+    if (j < int(got.accept_len[b])) != (j < int(ref.accept_len[b])):
+        ratio = float(p[x]) / float(q[b, node, x])
+        return abs(u0 - ratio) <= EPS * max(1.0, ratio)
+    res = (p - q[b, node].float()).clamp(min=0)
+    return cdf_boundary_ok(res / res.sum(), u1, t_got, t_ref)
+
+
+def check(draft_tokens, parents, logits, *, temperature=None, uniforms=None, draft_probs=None):
+    kw = dict(temperature=temperature, uniforms=uniforms, draft_probs=draft_probs)
+    dev_kw = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    got = tree_verify(draft_tokens.to(DEV), parents.to(DEV), logits.to(DEV), backend="cuda", **dev_kw)
+    assert got.accept_len.dtype == torch.int32 and got.accepted_nodes.dtype == torch.int32
+    assert got.output_tokens.dtype == torch.int64 and got.last_node.dtype == torch.int32
+    got = type(got)(*(t.cpu() for t in got))
+    ref = tree_verify(draft_tokens, parents, logits, backend="torch", **kw)
+    boundary = 0
+    for b in range(parents.shape[0]):
+        if torch.equal(got.output_tokens[b], ref.output_tokens[b]) and torch.equal(got.accepted_nodes[b],
+                                                                                   ref.accepted_nodes[b]):
+            assert got.accept_len[b] == ref.accept_len[b] and got.last_node[b] == ref.last_node[b]
+            continue
+        assert temperature is not None and float(temperature[b]) > 0, \
+            f"greedy row {b} differs: {got.output_tokens[b]} vs {ref.output_tokens[b]}"
+        assert parting_is_a_boundary(got, ref, b, draft_tokens, parents, logits, temperature, uniforms, draft_probs), b
+        boundary += 1
+    return got, ref, boundary
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("B,N,V", [(4, 9, 3001), (1, 8, 262144), (16, 4, 262144), (3, 1, 50)])
+def test_greedy_trees(B, N, V, dtype):
+    g = torch.Generator().manual_seed(1)
+    parents = random_tree(B, N, g)
+    logits = logits_for(B, N, V, dtype, g)
+    tokens = drafts_following(logits.float().argmax(-1), parents, V, g)
+    check(tokens, parents, logits)
+
+
+def test_greedy_chains_accept_fully():
+    g = torch.Generator().manual_seed(7)
+    B, N, V = 3, 6, 262144
+    parents = random_tree(B, N, g, chain=True)
+    logits = logits_for(B, N, V, torch.bfloat16, g)
+    tokens = drafts_following(logits.float().argmax(-1), parents, V, g, hit=1.0)
+    got, _, _ = check(tokens, parents, logits)
+    assert got.accept_len.tolist() == [N - 1] * B
+
+
+def test_greedy_ties_lowest_id_and_duplicate_children():
+    V = 20000  # the tie spans chunks of the grid
+    logits = torch.zeros(1, 4, V)
+    logits[0, 0, [700, 15000]] = 5.0
+    logits[0, 1, [3, 4]] = 1.0
+    parents = torch.tensor([[-1, 0, 0, 1]], dtype=torch.int32)
+    tokens = torch.tensor([[9, 700, 700, 3]])
+    got, _, _ = check(tokens, parents, logits)
+    assert got.accepted_nodes[0].tolist() == [1, 3, -1, -1]
+
+
+@pytest.mark.parametrize("V", [1500, 262144])
+def test_sampling_trees_mixed_with_greedy(V):
+    g = torch.Generator().manual_seed(3)
+    B, N = 6, 7
+    parents = random_tree(B, N, g)
+    logits = logits_for(B, N, V, torch.bfloat16, g) * 0.5
+    temperature = torch.tensor([0.0, 1.0, 0.5, 0.0, 2.0, 1.0])
+    uniforms = torch.rand(B, N, 2, generator=g)
+    ref_samples = torch.stack([torch.stack([
+        torch.multinomial(torch.softmax(logits[b, i].float() / max(float(temperature[b]), 1e-3), 0), 1, generator=g)[0]
+        for i in range(N)]) for b in range(B)])
+    tokens = drafts_following(ref_samples, parents, V, g, hit=0.9)
+    check(tokens, parents, logits, temperature=temperature, uniforms=uniforms)
+
+
+def test_sampling_uniforms_on_cdf_boundaries_take_the_exception_path():
+    g = torch.Generator().manual_seed(4)
+    B, N, V = 8, 3, 800
+    parents = random_tree(B, N, g, chain=True)
+    logits = logits_for(B, N, V, torch.float32, g)
+    temperature = torch.full((B,), 1.0)
+    uniforms = torch.rand(B, N, 2, generator=g)
+    for b in range(B):
+        for i in range(N):
+            cdf = torch.cumsum(torch.softmax(logits[b, i], 0).double(), 0)
+            uniforms[b, i, 0] = float(cdf[int(torch.randint(V // 4, V // 2, (1,), generator=g))])
+    tokens = drafts_following(logits.argmax(-1), parents, V, g, hit=0.0)
+    check(tokens, parents, logits, temperature=temperature, uniforms=uniforms)
+
+
+@pytest.mark.parametrize("V", [2100, 262144])
+def test_chains_with_draft_probs(V):
+    g = torch.Generator().manual_seed(5)
+    B, N = 6, 5
+    parents = random_tree(B, N, g, chain=True)
+    logits = logits_for(B, N, V, torch.bfloat16, g) * 0.3
+    q = torch.softmax(logits.float() * 0.8 + torch.randn(B, N, V, generator=g) * 0.3, -1)
+    q[1, 0] = torch.softmax(logits[1, 0].float(), 0)  # p == q: residual empty, sample from p
+    q[2, 1, :] = 0
+    q[2, 1, :V // 2] = 2.0 / V  # q(x) = 0 for half the vocabulary
+    tokens = torch.stack([torch.stack([torch.multinomial(q[b, max(i - 1, 0)], 1, generator=g)[0] for i in range(N)])
+                          for b in range(B)])
+    temperature = torch.tensor([1.0, 1.0, 0.7, 0.0, 1.3, 1.0])
+    uniforms = torch.rand(B, N, 2, generator=g)
+    _, ref, _ = check(tokens, parents, logits, temperature=temperature, uniforms=uniforms,
+                      draft_probs=q.to(torch.bfloat16))
+    assert int(ref.accept_len.sum()) > 0 and bool((ref.accept_len < N - 1).any())
+
+
+def test_temperature_without_uniforms_all_greedy():
+    g = torch.Generator().manual_seed(6)
+    parents = random_tree(2, 5, g)
+    logits = logits_for(2, 5, 999, torch.float32, g)
+    tokens = drafts_following(logits.argmax(-1), parents, 999, g)
+    got = tree_verify(tokens.to(DEV), parents.to(DEV), logits.to(DEV), temperature=0.0, backend="cuda")
+    ref = tree_verify(tokens, parents, logits, backend="torch")
+    assert torch.equal(got.output_tokens.cpu(), ref.output_tokens)
+
+
+def test_repeated_launches_reuse_the_counters():
+    """The in-kernel counters are reset by the CTAs that consume them: back-to-back launches and a
+    replayed CUDA graph keep giving the reference's answer."""
+    g = torch.Generator().manual_seed(8)
+    B, N, V = 4, 6, 70000
+    parents = random_tree(B, N, g)
+    logits = logits_for(B, N, V, torch.bfloat16, g)
+    tokens = drafts_following(logits.float().argmax(-1), parents, V, g)
+    for _ in range(3):
+        check(tokens, parents, logits)
+    d_tokens, d_parents, d_logits = tokens.to(DEV), parents.to(DEV), logits.to(DEV)
+    tree_verify(d_tokens, d_parents, d_logits, backend="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        res = tree_verify(d_tokens, d_parents, d_logits, backend="cuda")
+    for seed in range(3):
+        gg = torch.Generator().manual_seed(100 + seed)
+        new_logits = logits_for(B, N, V, torch.bfloat16, gg)
+        d_logits.copy_(new_logits)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = tree_verify(tokens, parents, new_logits, backend="torch")
+        assert torch.equal(res.output_tokens.cpu(), ref.output_tokens)
+        assert torch.equal(res.accept_len.cpu(), ref.accept_len)
+
+
+def test_torch_compile_fullgraph():
+    g = torch.Generator().manual_seed(9)
+    parents = random_tree(2, 5, g)
+    logits = logits_for(2, 5, 5000, torch.bfloat16, g)
+    tokens = drafts_following(logits.float().argmax(-1), parents, 5000, g)
+
+    def verify(t, p, lg):
+        r = tree_verify(t, p, lg, backend="cuda")
+        return r.output_tokens, r.accept_len
+
+    out, n = torch.compile(verify, fullgraph=True)(tokens.to(DEV), parents.to(DEV), logits.to(DEV))
+    ref = tree_verify(tokens, parents, logits, backend="torch")
+    assert torch.equal(out.cpu(), ref.output_tokens) and torch.equal(n.cpu(), ref.accept_len)
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+def test_opcheck(sampling):
+    g = torch.Generator().manual_seed(10)
+    B, N, V = 2, 4, 300
+    parents = random_tree(B, N, g, chain=True).to(DEV)
+    logits = logits_for(B, N, V, torch.float32, g).to(DEV)
+    tokens = torch.randint(0, V, (B, N), generator=g).to(DEV)
+    temp = torch.ones(B, device=DEV) if sampling else None
+    uni = torch.rand(B, N, 2, generator=g).to(DEV) if sampling else None
+    dp = torch.softmax(torch.randn(B, N, V, generator=g), -1).to(DEV) if sampling else None
+    outs = (torch.empty(B, dtype=torch.int32, device=DEV), torch.empty(B, N, dtype=torch.int32, device=DEV),
+            torch.empty(B, N, dtype=torch.int64, device=DEV), torch.empty(B, dtype=torch.int32, device=DEV))
+    cuda_backend._ops()
+    torch.library.opcheck(torch.ops.gemma4_mtp.tree_verify.default, (tokens, parents, logits, temp, uni, dp, *outs))
