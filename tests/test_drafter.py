@@ -14,10 +14,18 @@ from gemma4_mtp import load_drafter, load_target
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # many tiny ops: on a shared 2-core machine, intra-op threads only add contention
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module", params=[(True, False), (False, True), (True, True)],
                 ids=["k_eq_v-dense", "separate_v-centroids", "k_eq_v-centroids"])
 def models(request, tmp_path_factory):
-    torch.set_num_threads(1)
     k_eq_v, ordered = request.param
     tp, dp = tmp_path_factory.mktemp("t"), tmp_path_factory.mktemp("d")
     hf_t = hf_tiny.build_target(tp, seed=5, k_eq_v=k_eq_v)

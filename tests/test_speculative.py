@@ -15,12 +15,20 @@ from gemma4_mtp import load_drafter, load_target, speculative_generate
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # many tiny ops: on a shared 2-core machine, intra-op threads only add contention
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 MAX_NEW = 20
 
 
 @pytest.fixture(scope="module")
 def random_pair(tmp_path_factory):
-    torch.set_num_threads(1)
     tp, dp = tmp_path_factory.mktemp("rt"), tmp_path_factory.mktemp("rd")
     hf = hf_tiny.build_target(tp, seed=11, k_eq_v=False, tie=False)
     hf_tiny.build_drafter(dp, seed=12, k_eq_v=False, ordered=True)
@@ -29,7 +37,6 @@ def random_pair(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def agreeing_pair(tmp_path_factory):
-    torch.set_num_threads(1)
     tp, dp = tmp_path_factory.mktemp("at"), tmp_path_factory.mktemp("ad")
     hf, _ = hf_tiny.build_agreeing_pair(tp, dp, seed=0, ordered=False)
     return hf, load_target(tp, block_size=4, num_blocks=4096), load_drafter(dp, backend="torch")
@@ -118,9 +125,11 @@ def test_heuristic_schedule(agreeing_pair):
     assert grew and shrank
 
 
-@pytest.mark.parametrize("kw", [dict(num_draft_tokens=3), dict(num_draft_tokens=None, tree=(2, 2))],
-                         ids=["chain", "tree"])
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("kw,temperature", [
+    (dict(num_draft_tokens=3), 0.0), (dict(num_draft_tokens=None, tree=(2, 2)), 0.0),
+    (dict(num_draft_tokens=3), 1.0), (dict(num_draft_tokens=None, tree=(2, 2)), 1.0),
+    (dict(num_draft_tokens=3, sample_drafts=True), 1.0),
+], ids=["chain-greedy", "tree-greedy", "chain-sampling", "tree-sampling", "chain-sampled-drafts"])
 def test_batched_equals_alone(agreeing_pair, kw, temperature):
     _, target, drafter = agreeing_pair
     ps = prompts(seed=5)
@@ -147,6 +156,28 @@ def test_eos_stops_a_request(random_pair):
 
 
 @torch.no_grad()
+def test_bf16_greedy_follows_hf_bf16(tmp_path):
+    """bf16 weights and cache, centroid head: token for token HF's bf16 greedy output, except after a
+    step where HF's own top-2 logits are within bf16 rounding (a verify forward over several tokens
+    may round differently from one-token decoding); there our token must be HF's runner-up."""
+    hf, _ = hf_tiny.build_agreeing_pair(tmp_path / "t", tmp_path / "d", seed=2, ordered=True)
+    hf = hf.to(torch.bfloat16)
+    target = load_target(tmp_path / "t", dtype=torch.bfloat16, block_size=4, num_blocks=512)
+    drafter = load_drafter(tmp_path / "d", dtype=torch.bfloat16, backend="torch")
+    ps = prompts(seed=8)
+    for kw in (dict(num_draft_tokens=3), dict(num_draft_tokens=None, tree=(2, 2))):
+        out = speculative_generate(target, drafter, ps, max_new_tokens=MAX_NEW, eos_token_id=None, **kw)
+        for p, ids in zip(ps, out.ids):
+            ref = hf_greedy(hf, p, eos=None)
+            differ = (ids != ref).nonzero()
+            if len(differ):
+                i = int(differ[0])
+                logits = hf(torch.cat([p, ref[:i]])[None]).logits[0, -1].float()
+                top = torch.topk(logits, 2)
+                assert int(ids[i]) == int(top.indices[1]) and float(top.values[0] - top.values[1]) <= 0.25
+
+
+@torch.no_grad()
 def exact_distribution(hf, prompt, steps, temperature, floor=1e-6):
     """P(continuation) from the HF target's own logits, over continuations above `floor`."""
     seqs = {(): 1.0}
@@ -161,8 +192,9 @@ def exact_distribution(hf, prompt, steps, temperature, floor=1e-6):
     return seqs
 
 
-@pytest.mark.parametrize("kw", [dict(num_draft_tokens=2), dict(num_draft_tokens=None, tree=(2, 2))],
-                         ids=["chain", "tree"])
+@pytest.mark.parametrize("kw", [dict(num_draft_tokens=2), dict(num_draft_tokens=2, sample_drafts=True),
+                                dict(num_draft_tokens=None, tree=(2, 2))],
+                         ids=["chain", "chain-sampled-drafts", "tree"])
 def test_sampling_matches_target_distribution(agreeing_pair, kw):
     """600 sampled 4-token continuations against the target's exact joint distribution (chi-square)."""
     hf, target, drafter = agreeing_pair
@@ -195,6 +227,9 @@ def test_bad_arguments(random_pair):
         (dict(max_new_tokens=4, num_draft_tokens=2, query_position="P+1"), "query_position"),
         (dict(max_new_tokens=4, num_draft_tokens=2, draft_schedule="fast"), "draft_schedule"),
         (dict(max_new_tokens=4, num_draft_tokens=None, tree=(1000,)), "candidate"),
+        (dict(max_new_tokens=4, num_draft_tokens=2, sample_drafts=True), "sample_drafts"),
+        (dict(max_new_tokens=4, num_draft_tokens=None, tree=(2,), temperature=1.0, sample_drafts=True),
+         "sample_drafts"),
     ]:
         with pytest.raises(ValueError, match=match):
             speculative_generate(target, drafter, p, **kw)

@@ -11,9 +11,17 @@ from gemma4_mtp.config import parse_target_config
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # many tiny ops: on a shared 2-core machine, intra-op threads only add contention
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module", params=[True, False], ids=["k_eq_v", "separate_v"])
 def pair(request, tmp_path_factory):
-    torch.set_num_threads(1)
     path = tmp_path_factory.mktemp("target")
     hf = hf_tiny.build_target(path, seed=3, k_eq_v=request.param, tie=request.param)
     return hf, load_target(path, block_size=4, num_blocks=64)
@@ -185,6 +193,21 @@ def test_unsupported_checkpoint_rejected_by_loader(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedModelError, match="hidden_size_per_layer_input"):
         load_target(tmp_path)
+
+
+@torch.no_grad()
+def test_loads_multimodal_checkpoint_text_part(tmp_path):
+    """Gemma4ForConditionalGeneration checkpoints keep the text model under model.language_model."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    text = hf_tiny._text_config(hidden=hf_tiny.HB, layers=hf_tiny.TARGET_LAYERS, k_eq_v=True, softcap=30.0)
+    hf = Gemma4ForConditionalGeneration(Gemma4Config(text_config=text, vision_config=None, audio_config=None))
+    hf_tiny._randomize(hf.eval(), torch.Generator().manual_seed(4))
+    hf.save_pretrained(tmp_path)
+    target = load_target(tmp_path)
+    ids = torch.tensor([4, 50, 6, 70, 8])
+    r = target.new_request()
+    close(target.prefill([r], [ids]).logits[0], hf(input_ids=ids[None]).logits[0].float())
 
 
 def test_config_reads_global_head_dim_form():

@@ -104,11 +104,14 @@ def _check_args(max_new_tokens, num_draft_tokens, tree, temperature, query_posit
         raise ValueError(f"draft_schedule: expected one of {SCHEDULES}, got {draft_schedule!r}")
 
 
-def _draft(drafter, target, reqs, pending, hidden, shapes, query_position):
+def _draft(drafter, target, reqs, pending, hidden, shapes, query_position, sampler=None):
     """Draft a tree per request. shapes[b] = per-depth branch counts of request b (all prefixes of one
     shape, so every level has the same width across the requests that reach it).
 
-    Returns per request (tokens [N] int64, parents list[int]) with node 0 the pending token."""
+    Children are the drafter's top-k tokens, or with `sampler(b, q) -> token` (chains only) one token
+    drawn from the drafter distribution q, which is then recorded for the node it was drawn at.
+    Returns per request (tokens [N] int64, parents list[int], draft q per node or None), node 0
+    being the pending token."""
     dev = target.device
     ctx = drafter.context(target, reqs, query_position)
     tokens = [[int(t)] for t in pending]
@@ -117,6 +120,7 @@ def _draft(drafter, target, reqs, pending, hidden, shapes, query_position):
     level_tok = pending.view(-1, 1).to(dev)  # [B, Q]
     level_hid = hidden.view(len(reqs), 1, -1)  # [B, Q, Hb]
     rows = list(range(len(reqs)))
+    probs = [[] for _ in reqs] if sampler is not None else None
     depth = 0
     while True:
         rows = [b for b in rows if len(shapes[b]) > depth]
@@ -125,7 +129,13 @@ def _draft(drafter, target, reqs, pending, hidden, shapes, query_position):
         sel = torch.tensor(rows, device=dev)
         last, proj = drafter.step(ctx.select(rows), level_tok[sel], level_hid[sel])
         branch = shapes[rows[0]][depth]
-        children = drafter.top_tokens(last, branch)  # [R, Q, branch]
+        if sampler is None:
+            children = drafter.top_tokens(last, branch)  # [R, Q, branch]
+        else:
+            q = sampler.distribution(drafter.logits(last)[:, 0])  # chains: Q = branch = 1
+            children = torch.tensor([[[sampler.draw(b, q[r])]] for r, b in enumerate(rows)], device=dev)
+            for r, b in enumerate(rows):
+                probs[b].append(q[r])
         R, Q = children.shape[:2]
         new_tok = torch.zeros(len(reqs), Q * branch, dtype=torch.long, device=dev)
         new_hid = torch.zeros(len(reqs), Q * branch, proj.shape[-1], dtype=proj.dtype, device=dev)
@@ -141,7 +151,36 @@ def _draft(drafter, target, reqs, pending, hidden, shapes, query_position):
             level_nodes[b] = nodes
         level_tok, level_hid = new_tok, new_hid
         depth += 1
-    return [torch.tensor(t, dtype=torch.long) for t in tokens], parents
+    return [torch.tensor(t, dtype=torch.long) for t in tokens], parents, probs
+
+
+class _Sampler:
+    """Seeded per-request draws: one torch.Generator per request, so a request draws the same numbers
+    in a batch as alone."""
+
+    def __init__(self, temperature: float, seed: int, batch: int, device):
+        self.temperature, self.device = temperature, device
+        self.gens = [torch.Generator().manual_seed(seed + b) for b in range(batch)]
+
+    def uniforms(self, b: int, n: int) -> torch.Tensor:
+        return torch.rand(n, 2, generator=self.gens[b])
+
+    def distribution(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(logits.float() / self.temperature, dim=-1)
+
+    def draw(self, b: int, probs: torch.Tensor) -> int:
+        """Inverse CDF over ascending ids with one uniform of request b's generator."""
+        u = float(torch.rand((), generator=self.gens[b]))
+        cdf = torch.cumsum(probs.double().cpu(), dim=0)
+        i = int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64), right=True)[0])
+        # rounding can leave the total at or below u: take the last id with nonzero probability
+        return i if i < len(probs) else int((probs > 0).nonzero()[-1])
+
+    def padded_uniforms(self, bs: list[int], counts: list[int], N: int) -> torch.Tensor:
+        out = torch.zeros(len(bs), N, 2, dtype=torch.float32)
+        for i, (b, n) in enumerate(zip(bs, counts)):
+            out[i, :n] = self.uniforms(b, n)
+        return out.to(self.device)
 
 
 def _pad(rows: list[list], width: int, fill) -> list[list]:
@@ -152,7 +191,8 @@ def _pad(rows: list[list], width: int, fill) -> list[list]:
 def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, num_draft_tokens: int | None,
                          tree: Sequence[int] | None = None, temperature: float = 0.0, seed: int | None = None,
                          query_position: str = "last_cached", draft_schedule: str = "constant",
-                         eos_token_id=_FROM_TARGET, verify_backend: str | None = None) -> SpeculativeOutput:
+                         eos_token_id=_FROM_TARGET, sample_drafts: bool = False,
+                         verify_backend: str | None = None) -> SpeculativeOutput:
     """Generate up to max_new_tokens tokens per prompt with speculative decoding.
 
     prompt_ids: a 1-D tensor / list of ids, a 2-D tensor, or a list of 1-D prompts of any lengths.
@@ -167,6 +207,9 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
         Output exactness does not depend on it.
     eos_token_id: int, ids, or None; defaults to the target config's eos_token_id. A request stops
         after emitting one.
+    sample_drafts: with temperature > 0 and a chain, draw each draft token from the drafter's
+        softmax(logits / temperature) instead of taking its argmax, and verify with those draft
+        probabilities (rejection sampling). Exact either way; acceptance differs.
     verify_backend: backend of tree_verify (default: the drafter's backend).
     """
     _check_args(max_new_tokens, num_draft_tokens, tree, temperature, query_position, draft_schedule)
@@ -180,16 +223,13 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
     temps = torch.full((B,), float(temperature), dtype=torch.float32, device=dev) if sampling else None
     if seed is None:
         seed = int(torch.randint(0, 2**62, ()).item())
-    gens = [torch.Generator().manual_seed(seed + b) for b in range(B)] if sampling else None
+    sampler = _Sampler(float(temperature), seed, B, dev) if sampling else None
+    if sample_drafts and (not sampling or tree is not None):
+        raise ValueError("sample_drafts: needs temperature > 0 and a chain (tree=None)")
     if tree is not None and drafter.config.use_ordered_embeddings:
         per_token = drafter.config.text.vocab_size // drafter.config.num_centroids
         if max(tree) > drafter.config.centroid_top_k * per_token:
             raise ValueError(f"tree: branch count {max(tree)} exceeds the centroid head's candidate count")
-
-    def uniforms(bs: list[int], n: int):
-        if not sampling:
-            return None
-        return torch.stack([torch.rand(n, 2, generator=gens[b]) for b in bs]).to(dev)
 
     stats = SpeculativeStats(accepted_per_round=[[] for _ in prompts], draft_lengths=[[] for _ in prompts],
                              accepted_paths=[[] for _ in prompts], target_forwards=[1] * B, new_tokens=[0] * B)
@@ -202,7 +242,8 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
         first = K.tree_verify(torch.stack([p[-1:] for p in prompts]).to(dev),
                               torch.full((B, 1), -1, dtype=torch.int32, device=dev),
                               pre.logits[rows, last][:, None].contiguous(), temperature=temps,
-                              uniforms=uniforms(list(range(B)), 1), backend=backend)
+                              uniforms=sampler.padded_uniforms(list(range(B)), [1] * B, 1) if sampling else None,
+                              backend=backend)
         pending = first.output_tokens[:, 0].clone()
         hidden = pre.hidden[rows, last]
         done = [False] * B
@@ -219,15 +260,22 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
                 shapes.append(shape[:max(0, room)])
             act_reqs = [reqs[b] for b in act]
             sel = torch.tensor(act, device=dev)
-            drafted, parents = _draft(drafter, target, act_reqs, pending[sel], hidden[sel], shapes, query_position)
+            drafted, parents, q = _draft(drafter, target, act_reqs, pending[sel], hidden[sel], shapes,
+                                         query_position, _ActSampler(sampler, act) if sample_drafts else None)
             out = target.forward_tree(act_reqs, drafted, parents)
             N = max(len(t) for t in drafted)
+            draft_probs = None
+            if q is not None:
+                draft_probs = torch.zeros(len(act), N, target.config.vocab_size, dtype=torch.float32, device=dev)
+                for i, rows_q in enumerate(q):
+                    if rows_q:
+                        draft_probs[i, :len(rows_q)] = torch.stack(rows_q)
             res = K.tree_verify(
                 torch.tensor(_pad([t.tolist() for t in drafted], N, 0), dtype=torch.long, device=dev),
                 torch.tensor(_pad(parents, N, -1), dtype=torch.int32, device=dev),
                 out.logits, temperature=None if temps is None else temps[sel],
-                uniforms=None if not sampling else _pad_uniforms(uniforms, act, [len(t) for t in drafted], N),
-                backend=backend)
+                uniforms=sampler.padded_uniforms(act, [len(t) for t in drafted], N) if sampling else None,
+                draft_probs=draft_probs, backend=backend)
             stats.rounds += 1
             for i, b in enumerate(act):
                 n = int(res.accept_len[i])
@@ -251,14 +299,17 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
     return SpeculativeOutput([torch.tensor(o, dtype=torch.long) for o in out_ids], stats)
 
 
-def _pad_uniforms(uniforms, act, counts, N):
-    """Each request draws exactly its own node count from its generator, so a batch draws what each
-    request would alone."""
-    per = [uniforms([b], n)[0] for b, n in zip(act, counts)]
-    out = torch.zeros(len(act), N, 2, dtype=torch.float32, device=per[0].device)
-    for i, u in enumerate(per):
-        out[i, :len(u)] = u
-    return out
+class _ActSampler:
+    """A _Sampler seen through the rows of the requests still running (row i is request act[i])."""
+
+    def __init__(self, sampler: _Sampler, act: list[int]):
+        self.sampler, self.act = sampler, act
+
+    def distribution(self, logits):
+        return self.sampler.distribution(logits)
+
+    def draw(self, row: int, probs) -> int:
+        return self.sampler.draw(self.act[row], probs)
 
 
 def _emit(out: list[int], tokens: list[int], eos: set, max_new_tokens: int) -> bool:
