@@ -44,6 +44,11 @@ def test_prefill_and_chain_steps_match_hf(pair):
     try:
         out = target.prefill([r], [seq[:13]])  # longer than the window (8), several blocks of 4
         close(out.logits[0, :13], hf_logits(hf, seq[:13]))
+        r2 = target.new_request()
+        last = target.prefill([r2], [seq[:13]], last_only=True)
+        target.release(r2)
+        close(last.logits[0], out.logits[0, 12:13])
+        close(last.hidden[0], out.hidden[0, 12:13])
         # pending token seq[13]: verify chains of 1 and 4 nodes, accepting all
         for lo, hi in ((13, 14), (14, 18), (18, 23)):
             out = target.forward_tree([r], [seq[lo:hi]], [[-1] + list(range(hi - lo - 1))])

@@ -236,16 +236,14 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
     out_ids: list[list[int]] = [[] for _ in prompts]
     reqs = [target.new_request() for _ in prompts]
     try:
-        pre = target.prefill(reqs, [p.to(dev) for p in prompts])
-        last = torch.tensor([len(p) - 1 for p in prompts], device=dev)
-        rows = torch.arange(B, device=dev)
+        pre = target.prefill(reqs, [p.to(dev) for p in prompts], last_only=True)
         first = K.tree_verify(torch.stack([p[-1:] for p in prompts]).to(dev),
                               torch.full((B, 1), -1, dtype=torch.int32, device=dev),
-                              pre.logits[rows, last][:, None].contiguous(), temperature=temps,
+                              pre.logits, temperature=temps,
                               uniforms=sampler.padded_uniforms(list(range(B)), [1] * B, 1) if sampling else None,
                               backend=backend)
         pending = first.output_tokens[:, 0].clone()
-        hidden = pre.hidden[rows, last]
+        hidden = pre.hidden[:, 0]
         done = [False] * B
         for b in range(B):
             done[b] = _emit(out_ids[b], [int(pending[b])], eos, max_new_tokens)

@@ -151,8 +151,11 @@ class Gemma4Target(nn.Module):
     # ---- forward -----------------------------------------------------------------------------
 
     @torch.no_grad()
-    def forward_tree(self, reqs: list[int], tokens: list[torch.Tensor], parents: list[list[int]]) -> TargetOutput:
-        """Run the token tree of each request (node 0 = pending token) and write its K/V to scratch slots."""
+    def forward_tree(self, reqs: list[int], tokens: list[torch.Tensor], parents: list[list[int]], *,
+                     last_only: bool = False) -> TargetOutput:
+        """Run the token tree of each request (node 0 = pending token) and write its K/V to scratch slots.
+
+        last_only: return only each request's last node (a long prompt needs no [T, V] logits)."""
         if not (len(reqs) == len(tokens) == len(parents)):
             raise ValueError("reqs, tokens and parents need one entry per request")
         dev, cfg = self.device, self.config
@@ -174,7 +177,10 @@ class Gemma4Target(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, lambda h, i=i: self._attention(i, h, pos, reqs, counts, trees))
         hidden = self.norm(x)
-        logits = (hidden @ self.lm_head_weight.T)
+        if last_only:
+            ends = torch.tensor(counts, device=dev).cumsum(0) - 1
+            hidden, counts = hidden[ends], [1] * len(counts)
+        logits = hidden @ self.lm_head_weight.T
         if cfg.final_logit_softcapping is not None:
             cap = cfg.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
@@ -243,15 +249,16 @@ class Gemma4Target(nn.Module):
             c.trim(req, new_len, keep_from=0 if c.window is None else new_len - c.window - 1)
 
     @torch.no_grad()
-    def prefill(self, reqs: list[int], prompts: list[torch.Tensor]) -> TargetOutput:
-        """Run and commit whole prompts (each request must be empty); returns the prompts' outputs."""
+    def prefill(self, reqs: list[int], prompts: list[torch.Tensor], *, last_only: bool = False) -> TargetOutput:
+        """Run and commit whole prompts (each request must be empty); returns the prompts' outputs
+        (with last_only, just each prompt's last position: [B, 1, ...])."""
         for r, p in zip(reqs, prompts):
             if self.lengths[r] != 0:
                 raise ValueError(f"request {r} already holds {self.lengths[r]} positions")
             if len(p) == 0:
                 raise ValueError("prompt_ids: every prompt needs at least one token")
         parents = [[-1] + list(range(len(p) - 1)) for p in prompts]
-        out = self.forward_tree(reqs, prompts, parents)
+        out = self.forward_tree(reqs, prompts, parents, last_only=last_only)
         for r, p in zip(reqs, prompts):
             # the prompt's last token is committed too: its K/V is in the cache, nothing is pending
             self.commit(r, list(range(1, len(p))))
