@@ -10,6 +10,7 @@ import torch
 
 import hf_tiny
 from gemma4_mtp import load_drafter, load_target
+from gemma4_mtp_kernels import BackendUnavailableError
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -143,3 +144,19 @@ def test_check_target_rejects_mismatches(models):
     bad.config = dataclasses.replace(drafter.config, text=wide)
     with pytest.raises(ValueError, match="sliding_window"):
         bad.check_target(target)
+
+
+def test_backend_reaches_the_ops(models, tmp_path):
+    """The drafter's backend knob goes to the ops: an explicitly requested backend that cannot serve
+    CPU tensors raises instead of falling back to the reference."""
+    _, hf_d, target, _ = models
+    hf_d.save_pretrained(tmp_path)
+    drafter = load_drafter(tmp_path, backend="cuda")
+    r = target.new_request()
+    try:
+        target.prefill([r], [torch.tensor([3, 4, 5])])
+        ctx = drafter.context(target, [r])
+        with pytest.raises(BackendUnavailableError, match="fused_concat_down_proj"):
+            drafter.step(ctx, torch.tensor([[6]]), torch.zeros(1, 1, hf_tiny.HB))
+    finally:
+        target.release(r)

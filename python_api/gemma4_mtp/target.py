@@ -159,6 +159,9 @@ class Gemma4Target(nn.Module):
         if not (len(reqs) == len(tokens) == len(parents)):
             raise ValueError("reqs, tokens and parents need one entry per request")
         dev, cfg = self.device, self.config
+        ids = torch.cat([torch.as_tensor(t, device=dev).long().reshape(-1) for t in tokens])
+        if bool(((ids < 0) | (ids >= cfg.vocab_size)).any()):
+            raise ValueError(f"tokens: ids must be in [0, {cfg.vocab_size})")
         trees, positions = [], []
         for r, tok, par in zip(reqs, tokens, parents):
             if len(tok) != len(par) or len(tok) == 0:
@@ -168,9 +171,6 @@ class Gemma4Target(nn.Module):
             positions.append(self.lengths[r] + depth.to(dev))
             for c in self.caches.values():
                 c.reserve(r, self.lengths[r] + len(tok))
-        ids = torch.cat([torch.as_tensor(t, device=dev).long() for t in tokens])
-        if bool(((ids < 0) | (ids >= cfg.vocab_size)).any()):
-            raise ValueError(f"tokens: ids must be in [0, {cfg.vocab_size})")
         pos = torch.cat(positions)
         counts = [len(t) for t in tokens]
         x = self.embed(ids)
