@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .config import FULL, SLIDING, TextConfig
+from .config import FULL, TextConfig
 from .kv_cache import PagedKVCache
 from .layers import DecoderLayer, RMSNorm, apply_rope, rms_norm, rope_inv_freq
 
