@@ -32,7 +32,14 @@ def interpreting(device: torch.device) -> bool:
     return device.type != "cuda"
 
 
-@triton.jit
+def device_helper(fn):
+    """@triton.jit for a device function called from kernels. Under the interpreter it stays a plain
+    Python function: the interpreter re-patches triton.language on every call of one jit function
+    from another (~3 ms each), which made helper calls inside loops dominate the CPU test time."""
+    return fn if triton.knobs.runtime.interpret else triton.jit(fn)
+
+
+@device_helper
 def mma(a, b, acc, PREC: tl.constexpr, INTERP: tl.constexpr):
     """acc + a @ b. The interpreter (triton 3.8) multiplies bf16 tiles as raw integer bits, so on
     CPU the operands go up to fp32 first: the same products (exact in fp32) and fp32 accumulation."""
@@ -49,7 +56,7 @@ def pow2_at_least(n: int, floor: int) -> int:
     return max(floor, triton.next_power_of_2(max(1, n)))
 
 
-@triton.jit
+@device_helper
 def cast(x, dtype: tl.constexpr, INTERP: tl.constexpr):
     """x.to(dtype) with round-to-nearest-even, as the GPU converts. The interpreter (triton 3.8)
     truncates fp32 -> bf16, so there the rounding is done on the fp32 bits first (then the

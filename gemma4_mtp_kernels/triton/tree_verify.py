@@ -32,12 +32,12 @@ import triton
 import triton.language as tl
 
 from .._types import VerifyResult
-from ._common import num_sms, pow2_at_least
+from ._common import device_helper, num_sms, pow2_at_least
 
 BLOCK = 1024
 
 
-@triton.jit
+@device_helper
 def _row_values(logit_ptr, row_off, offs, V, temp):
     """x = logits / temperature (logits as-is for greedy rows), -inf past V."""
     x = tl.load(logit_ptr + row_off + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
@@ -73,7 +73,7 @@ def _chunk_stats(logit_ptr, temp_ptr, max_ptr, sum_ptr, arg_ptr, N, V, chunk, nc
     tl.store(arg_ptr + out, arg)
 
 
-@triton.jit
+@device_helper
 def _row_total(max_ptr, sum_ptr, row, nch, BLOCK_C: tl.constexpr):
     """(M, per-chunk mass exp-rescaled to M, Z) of one row from its chunk statistics."""
     cc = tl.arange(0, BLOCK_C)
@@ -84,7 +84,7 @@ def _row_total(max_ptr, sum_ptr, row, nch, BLOCK_C: tl.constexpr):
     return M, mass, tl.sum(mass, axis=0)
 
 
-@triton.jit
+@device_helper
 def _crossing_chunk(mass, target, nch, BLOCK_C: tl.constexpr):
     """(chunk, mass before it) where the cumulative mass first exceeds target; if rounding leaves
     the total at or below target, the last chunk with mass (the reference's fallback)."""
@@ -98,7 +98,7 @@ def _crossing_chunk(mass, target, nch, BLOCK_C: tl.constexpr):
     return c, before, hit
 
 
-@triton.jit
+@device_helper
 def _scan_chunk(logit_ptr, q_ptr, row_off, q_off, c, chunk, V, temp, M, Z, before, target, hit,
                 RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
     """Inverse CDF inside chunk c: the first id whose cumulative weight (starting at `before`)
