@@ -24,6 +24,7 @@ cl = importlib.import_module("gemma4_mtp_kernels.triton.centroid_logits")
 fc = importlib.import_module("gemma4_mtp_kernels.triton.fused_concat_down_proj")
 qa = importlib.import_module("gemma4_mtp_kernels.triton.q_only_attention")
 tv = importlib.import_module("gemma4_mtp_kernels.triton.tree_verify")
+from ._common import pow2_at_least  # noqa: E402
 
 ARCHS = (80, 90)
 DIV16 = "div16"  # an int argument that is a multiple of 16 (the JIT specialises those the same way)
@@ -132,14 +133,80 @@ def _down_proj_launches():
 
 
 def _centroid_launches():
-    return [Launch(f"centroid {what}", kernel, cl.aot_args(kernel, "*bf16", **kw), warps, 1)
-            for what, kernel, kw, warps in cl.aot_configs()]
+    C, CS, Hd, top_k = 2048, 128, 256, 32  # E2B / E4B
+    sc = cl.score_config(1)
+    scores = dict(h_ptr="*bf16", c_ptr="*bf16", s_ptr="*fp32", T="i32", C=DIV16, Hd=DIV16, s_h=DIV16, s_c=DIV16,
+                  BLOCK_C=sc["BLOCK_C"], BLOCK_T=sc["BLOCK_T"], BLOCK_K=sc["BLOCK_K"], PREC="tf32", INTERP=False)
+    out = [Launch("centroid scores T<=16", cl._scores, scores, sc["num_warps"], 1)]
+    cfg = cl.candidate_config(C, CS, Hd)
+    for output in ("argmax", "sparse", "dense"):
+        args = dict(h_ptr="*bf16", s_ptr="*fp32", order_ptr="*i64", lm_ptr="*bf16", best_ptr="*fp32",
+                    best_id_ptr="*i32", ids_ptr="*i64", logit_ptr="*fp32", dense_ptr="*fp32",
+                    C=DIV16, Hd=DIV16, CS=DIV16, top_k=DIV16, s_h=DIV16, s_lm=DIV16, s_dense=DIV16,
+                    **{k: v for k, v in cfg.items() if k != "num_warps"}, OUTPUT=output)
+        out.append(Launch(f"centroid candidates {output}", cl._candidates, args, cfg["num_warps"], 1))
+    red = dict(best_ptr="*fp32", best_id_ptr="*i32", token_ptr="*i64", logit_ptr="*fp32", top_k=DIV16,
+               BLOCK_K=top_k)
+    out.append(Launch("centroid argmax", cl._argmax, red, 4, 1))
+    return out
 
 
 def _tree_verify_launches():
-    return [Launch(f"tree_verify {what}", kernel, tv.aot_args(kernel, "*bf16", **kw), warps, 1)
-            for what, kernel, kw, warps in tv.aot_configs()]
+    V = 262144
+    chunk = tv.chunk_size(8, V, 132)  # B = 1, N = 8 on an H100/H200
+    block_c = pow2_at_least(triton.cdiv(V, chunk), 2)
+    ints = dict(N="i32", V=DIV16, chunk=DIV16, nch="i32", s_b=DIV16, s_n=DIV16, sq_b=DIV16, sq_n=DIV16)
+    out = []
+    for has_temp in (False, True):
+        args = dict(logit_ptr="*bf16", temp_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", arg_ptr="*i32",
+                    **{k: ints[k] for k in ("N", "V", "chunk", "nch", "s_b", "s_n")},
+                    HAS_TEMP=has_temp, BLOCK=tv.BLOCK)
+        out.append(Launch(f"tree_verify chunk stats{' (temperature)' if has_temp else ''}", tv._chunk_stats, args,
+                          4, 1))
+    for has_draft in (False, True):
+        args = dict(logit_ptr="*bf16", q_ptr="*bf16", temp_ptr="*fp32", unif_ptr="*fp32", max_ptr="*fp32",
+                    sum_ptr="*fp32", sample_ptr="*i32", res_ptr="*fp32", **ints,
+                    HAS_DRAFT=has_draft, BLOCK_C=block_c, BLOCK=tv.BLOCK)
+        out.append(Launch(f"tree_verify sample{' + residual' if has_draft else ''}", tv._sample, args, 4, 1))
+    for has_temp, has_draft in ((False, False), (True, False), (True, True)):
+        args = dict(tok_ptr="*i64", par_ptr="*i32", logit_ptr="*bf16", q_ptr="*bf16", temp_ptr="*fp32",
+                    unif_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", arg_ptr="*i32", sample_ptr="*i32",
+                    res_ptr="*fp32", len_ptr="*i32", acc_ptr="*i32", out_ptr="*i64", last_ptr="*i32", **ints,
+                    HAS_TEMP=has_temp, HAS_DRAFT=has_draft, BLOCK_NODES=16, BLOCK_C=block_c, BLOCK=tv.BLOCK)
+        what = "greedy" if not has_temp else ("sampling, draft_probs" if has_draft else "sampling")
+        out.append(Launch(f"tree_verify walk ({what})", tv._walk, args, 4, 1))
+    return out
 
 
 def launches() -> list[Launch]:
     return _down_proj_launches() + _attention_launches() + _centroid_launches() + _tree_verify_launches()
+
+
+# Largest shared memory one block may use (opt-in), per architecture.
+SHARED_LIMIT = {80: 166912, 90: 232448}
+
+
+def report(archs=ARCHS) -> list[dict]:
+    """Every launch compiled for every arch: resources and whether it fits without spilling."""
+    rows = []
+    for launch in launches():
+        for arch in archs:
+            _, res = compile_launch(launch, arch)
+            problems = []
+            if res.local_bytes or res.stack_bytes:
+                problems.append(f"spills: {res.local_bytes} B local, {res.stack_bytes} B stack per thread")
+            if res.shared_bytes > SHARED_LIMIT[arch]:
+                problems.append(f"shared memory {res.shared_bytes} B > {SHARED_LIMIT[arch]} B")
+            rows.append(dict(name=launch.name, kernel=launch.kernel.__name__, arch=f"sm_{arch}",
+                             num_warps=launch.num_warps, num_stages=launch.num_stages, **res._asdict(),
+                             problems=problems))
+    return rows
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    if triton.knobs.runtime.interpret:
+        sys.exit("unset TRITON_INTERPRET: the AOT compile needs the real @triton.jit kernels")
+    json.dump(report(), sys.stdout, indent=1)

@@ -67,7 +67,7 @@ def _candidates(h_ptr, s_ptr, order_ptr, lm_ptr, best_ptr, best_id_ptr, ids_ptr,
     prefix = tl.zeros((), dtype=tl.int64)
     bins = tl.arange(0, 256)
     for p in tl.static_range(KEY_DIGITS):
-        shift: tl.constexpr = 8 * (KEY_DIGITS - 1 - p)
+        shift = 8 * (KEY_DIGITS - 1 - p)
         match = (cc < C) & ((keys >> (shift + 8)) == prefix)
         hist = tl.histogram(((keys >> shift) & 255).to(tl.int32), 256, mask=match)
         at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # keys with digit >= bin
