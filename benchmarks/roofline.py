@@ -31,22 +31,13 @@ except ImportError:  # run as a script: python benchmarks/roofline.py
     sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.dirname(__file__)))
     from benchmarks import devices
 
+from gemma4_mtp_kernels.drafter_shapes import DRAFTERS  # noqa: E402  (SPEC §1)
+
 BF16 = 2
 IDX = 4
 TOKEN = 8
 
-# SPEC §1 shapes (tests/test_roofline.py checks they equal tests/helpers.DRAFTERS), plus the
-# drafter's layer pattern: three sliding layers then one full layer.
-DRAFTERS = {
-    "E2B": dict(Hb=1536, Hd=256, inter=2048, Hq=4, Hkv_swa=1, Hkv_full=1, D_swa=256, D_full=512, window=512,
-                centroids=2048, top_k=32, vocab=262144),
-    "E4B": dict(Hb=2560, Hd=256, inter=2048, Hq=4, Hkv_swa=2, Hkv_full=2, D_swa=256, D_full=512, window=512,
-                centroids=2048, top_k=32, vocab=262144),
-    "26B-A4B": dict(Hb=2816, Hd=1024, inter=8192, Hq=16, Hkv_swa=8, Hkv_full=2, D_swa=256, D_full=512, window=1024,
-                    centroids=None, top_k=None, vocab=262144),
-    "31B": dict(Hb=5376, Hd=1024, inter=8192, Hq=32, Hkv_swa=16, Hkv_full=4, D_swa=256, D_full=512, window=1024,
-                centroids=None, top_k=None, vocab=262144),
-}
+# The drafter's layer pattern: three sliding layers then one full layer.
 LAYER_TYPES = ("sliding", "sliding", "sliding", "full")
 
 

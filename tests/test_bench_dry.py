@@ -8,10 +8,9 @@ import sys
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from benchmarks import plot, run_all, timer
 
-from benchmarks import plot, run_all, timer  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 OPS = ("fused_concat_down_proj", "q_only_paged_attention", "centroid_logits", "tree_verify")
 COMPOSITIONS = {  # the PyTorch baselines that run anywhere: each must run and agree with the reference

@@ -13,16 +13,8 @@ from scipy.stats import chisquare
 import hf_tiny
 from gemma4_mtp import load_drafter, load_target, speculative_generate
 
-pytestmark = pytest.mark.filterwarnings("ignore")
+pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.usefixtures("one_thread")]
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # many tiny ops: on a shared 2-core machine, intra-op threads only add contention
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 MAX_NEW = 20
 

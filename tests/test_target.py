@@ -8,16 +8,7 @@ import hf_tiny
 from gemma4_mtp import OutOfBlocksError, UnsupportedModelError, load_target
 from gemma4_mtp.config import parse_target_config
 
-pytestmark = pytest.mark.filterwarnings("ignore")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # many tiny ops: on a shared 2-core machine, intra-op threads only add contention
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["k_eq_v", "separate_v"])
