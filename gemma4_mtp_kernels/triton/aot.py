@@ -106,6 +106,11 @@ def _attention_launches():
                 args[n] = DIV16
             out.append(Launch(f"attention D={D} {what}{' split' if partial else ''}", qa._attn_kernel, args,
                               cfg["num_warps"], cfg["num_stages"]))
+            if D == 256 and rows == 4 and partial:
+                capped = dict(args, HAS_SOFTCAP=True)
+                out.append(Launch(f"attention D={D} {what} split, softcap", qa._attn_kernel, capped,
+                                  cfg["num_warps"], cfg["num_stages"]))
+    for D in (256, 512):
         merge = {n: "i32" for n in qa._merge_kernel.arg_names}
         merge.update(po_ptr="*fp32", plse_ptr="*fp32", out_ptr=kv, lse_ptr="*fp32", D=D, BLOCK_S=128,
                      WRITE_LSE=True, INTERP=False)
@@ -126,7 +131,7 @@ def _down_proj_launches():
                         BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"], PREC="tf32",
                         INTERP=False)
             out.append(Launch(f"down_proj {name} T={T} split_k={cfg['split_k']}", fc._down_proj_kernel, args,
-                              cfg["num_warps"], 1))
+                              cfg["num_warps"], cfg["num_stages"]))
     red = dict(part_ptr="*fp32", out_ptr="*bf16", numel="i32", split_k="i32", BLOCK=fc.REDUCE_BLOCK, INTERP=False)
     out.append(Launch("down_proj split-K reduce", fc._split_k_reduce_kernel, red, 4, 1))
     return out
@@ -137,14 +142,15 @@ def _centroid_launches():
     sc = cl.score_config(1)
     scores = dict(h_ptr="*bf16", c_ptr="*bf16", s_ptr="*fp32", T="i32", C=DIV16, Hd=DIV16, s_h=DIV16, s_c=DIV16,
                   BLOCK_C=sc["BLOCK_C"], BLOCK_T=sc["BLOCK_T"], BLOCK_K=sc["BLOCK_K"], PREC="tf32", INTERP=False)
-    out = [Launch("centroid scores T<=16", cl._scores, scores, sc["num_warps"], 1)]
+    out = [Launch("centroid scores T<=16", cl._scores, scores, sc["num_warps"], sc["num_stages"])]
     cfg = cl.candidate_config(C, CS, Hd)
     for output in ("argmax", "sparse", "dense"):
         args = dict(h_ptr="*bf16", s_ptr="*fp32", order_ptr="*i64", lm_ptr="*bf16", best_ptr="*fp32",
                     best_id_ptr="*i32", ids_ptr="*i64", logit_ptr="*fp32", dense_ptr="*fp32",
                     C=DIV16, Hd=DIV16, CS=DIV16, top_k=DIV16, s_h=DIV16, s_lm=DIV16, s_dense=DIV16,
-                    **{k: v for k, v in cfg.items() if k != "num_warps"}, OUTPUT=output)
-        out.append(Launch(f"centroid candidates {output}", cl._candidates, args, cfg["num_warps"], 1))
+                    **{k: v for k, v in cfg.items() if not k.startswith("num_")}, OUTPUT=output)
+        out.append(Launch(f"centroid candidates {output}", cl._candidates, args, cfg["num_warps"],
+                          cfg["num_stages"]))
     red = dict(best_ptr="*fp32", best_id_ptr="*i32", token_ptr="*i64", logit_ptr="*fp32", top_k=DIV16,
                BLOCK_K=top_k)
     out.append(Launch("centroid argmax", cl._argmax, red, 4, 1))
@@ -162,19 +168,20 @@ def _tree_verify_launches():
                     **{k: ints[k] for k in ("N", "V", "chunk", "nch", "s_b", "s_n")},
                     HAS_TEMP=has_temp, BLOCK=tv.BLOCK)
         out.append(Launch(f"tree_verify chunk stats{' (temperature)' if has_temp else ''}", tv._chunk_stats, args,
-                          4, 1))
+                          *tv.LAUNCH["chunk_stats"]))
     for has_draft in (False, True):
         args = dict(logit_ptr="*bf16", q_ptr="*bf16", temp_ptr="*fp32", unif_ptr="*fp32", max_ptr="*fp32",
                     sum_ptr="*fp32", sample_ptr="*i32", res_ptr="*fp32", **ints,
                     HAS_DRAFT=has_draft, BLOCK_C=block_c, BLOCK=tv.BLOCK)
-        out.append(Launch(f"tree_verify sample{' + residual' if has_draft else ''}", tv._sample, args, 4, 1))
+        out.append(Launch(f"tree_verify sample{' + residual' if has_draft else ''}", tv._sample, args,
+                          *tv.LAUNCH["sample"]))
     for has_temp, has_draft in ((False, False), (True, False), (True, True)):
         args = dict(tok_ptr="*i64", par_ptr="*i32", logit_ptr="*bf16", q_ptr="*bf16", temp_ptr="*fp32",
                     unif_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", arg_ptr="*i32", sample_ptr="*i32",
                     res_ptr="*fp32", len_ptr="*i32", acc_ptr="*i32", out_ptr="*i64", last_ptr="*i32", **ints,
                     HAS_TEMP=has_temp, HAS_DRAFT=has_draft, BLOCK_NODES=16, BLOCK_C=block_c, BLOCK=tv.BLOCK)
         what = "greedy" if not has_temp else ("sampling, draft_probs" if has_draft else "sampling")
-        out.append(Launch(f"tree_verify walk ({what})", tv._walk, args, 4, 1))
+        out.append(Launch(f"tree_verify walk ({what})", tv._walk, args, *tv.LAUNCH["walk"]))
     return out
 
 

@@ -122,14 +122,14 @@ SCORE_TILES = dict(BLOCK_C=16, BLOCK_K=64)
 
 
 def score_config(T: int) -> dict:
-    return dict(SCORE_TILES, BLOCK_T=min(64, pow2_at_least(T, 16)), num_warps=4)
+    return dict(SCORE_TILES, BLOCK_T=min(64, pow2_at_least(T, 16)), num_warps=4, num_stages=3)
 
 
 def candidate_config(C: int, CS: int, Hd: int) -> dict:
     idx_bits = max(1, (C - 1).bit_length())
     return dict(BLOCK_CC=pow2_at_least(C, 2), IDX_BITS=idx_bits, KEY_DIGITS=triton.cdiv(32 + idx_bits, 8),
                 BLOCK_R=min(128, pow2_at_least(CS, 2)), BLOCK_D=min(64, pow2_at_least(Hd, 16)),
-                num_warps=4 if C <= 2048 else 8)
+                num_warps=4 if C <= 2048 else 8, num_stages=2)
 
 
 def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, output="argmax", fill_value=None):
@@ -145,7 +145,7 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
         _scores[(triton.cdiv(C, sc["BLOCK_C"]), triton.cdiv(T, sc["BLOCK_T"]))](
             hidden, centroids, scores, T, C, Hd, hidden.stride(0), centroids.stride(0),
             BLOCK_C=sc["BLOCK_C"], BLOCK_T=sc["BLOCK_T"], BLOCK_K=sc["BLOCK_K"], PREC=dot_precision(hidden.dtype),
-            INTERP=interpreting(dev), num_warps=sc["num_warps"])
+            INTERP=interpreting(dev), num_warps=sc["num_warps"], num_stages=sc["num_stages"])
     best = best_id = ids = logits = dense = None
     if output == "argmax":
         best = torch.empty(T, top_k, dtype=torch.float32, device=dev)
@@ -162,7 +162,8 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
                                 C, Hd, CS, top_k, hidden.stride(0), lm_head.stride(0), V,
                                 BLOCK_CC=cfg["BLOCK_CC"], IDX_BITS=cfg["IDX_BITS"],
                                 KEY_DIGITS=cfg["KEY_DIGITS"], BLOCK_R=cfg["BLOCK_R"],
-                                BLOCK_D=cfg["BLOCK_D"], OUTPUT=output, num_warps=cfg["num_warps"])
+                                BLOCK_D=cfg["BLOCK_D"], OUTPUT=output, num_warps=cfg["num_warps"],
+                                num_stages=cfg["num_stages"])
     if output == "sparse":
         return ids, logits
     if output == "dense":
@@ -170,5 +171,6 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
     token = torch.empty(T, dtype=torch.int64, device=dev)
     logit = torch.empty(T, dtype=torch.float32, device=dev)
     if T > 0:
-        _argmax[(T,)](best, best_id, token, logit, top_k, BLOCK_K=pow2_at_least(top_k, 2))
+        _argmax[(T,)](best, best_id, token, logit, top_k, BLOCK_K=pow2_at_least(top_k, 2), num_warps=4,
+                      num_stages=1)
     return token, logit

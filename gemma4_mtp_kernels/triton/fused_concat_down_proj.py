@@ -97,9 +97,8 @@ def launch_config(T: int, Hb: int, Hd: int, sms: int) -> dict:
     split = max(1, min(triton.cdiv(2 * sms, tiles), nkb, Hb // (8 * max(T, 1))))
     kb_per_split = triton.cdiv(nkb, split)
     split = triton.cdiv(nkb, kb_per_split)
-    num_warps = 4
     return dict(BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=BLOCK_K, split_k=split, kb_per_split=kb_per_split,
-                num_warps=num_warps)
+                num_warps=4, num_stages=3)
 
 
 def fused_concat_down_proj(token_ids, embed_table, hidden, weight, *, embed_scale, out=None):
@@ -123,9 +122,10 @@ def fused_concat_down_proj(token_ids, embed_table, hidden, weight, *, embed_scal
         T, embed_table.shape[0], Hb, Hd, cfg["kb_per_split"], scale,
         embed_table.stride(0), hidden.stride(0), weight.stride(0), stride_split, Hd,
         BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"],
-        PREC=dot_precision(weight.dtype), INTERP=interpreting(hidden.device), num_warps=cfg["num_warps"])
+        PREC=dot_precision(weight.dtype), INTERP=interpreting(hidden.device), num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
     if split > 1:
         numel = T * Hd
-        _split_k_reduce_kernel[(triton.cdiv(numel, REDUCE_BLOCK),)](dst, out, numel, split, BLOCK=REDUCE_BLOCK,
+        _split_k_reduce_kernel[(triton.cdiv(numel, REDUCE_BLOCK),)](dst, out, numel, split, BLOCK=REDUCE_BLOCK, num_stages=1,
                                                                       INTERP=interpreting(out.device))
     return out

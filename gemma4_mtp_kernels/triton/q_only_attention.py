@@ -210,5 +210,5 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
         lse_strides = lse.stride() if return_lse else (0, 0, 0)
         _merge_kernel[(B * Qn * Hq,)](po, plse, out, lse, splits, Qn, Hq, *out.stride()[:3], *lse_strides,
                                       D=D, BLOCK_S=pow2_at_least(splits, 2), WRITE_LSE=return_lse, INTERP=interp,
-                                      num_warps=4)
+                                      num_warps=4, num_stages=1)
     return (out, lse) if return_lse else out

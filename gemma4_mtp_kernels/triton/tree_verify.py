@@ -1,11 +1,12 @@
 """Triton `tree_verify` (SPEC §4.4).
 
-Design. The cost is reading B * N * V logits (4.2 MB per node in bf16 at V = 262144); the tree walk
+Design. The cost is reading B * N * V logits (0.5 MiB per node in bf16 at V = 262144); the tree walk
 itself is a few scalar steps. Three short launches, all rows of the batch in parallel:
 1. `_chunk_stats` grid (B * N rows, V / CHUNK chunks): each program streams one chunk of one row
    (logits / temperature for sampling rows) and writes its max, first argmax and sum of
    exp(x - max). CHUNK is sized so a small batch still gives >= 4 programs per SM (B = 1, N = 8,
-   V = 262144 on 132 SMs: 688 programs of 3 K ids). No V-sized buffer: B * N * V / CHUNK floats of statistics.
+   V = 262144 on 132 SMs: 1024 programs of 2 K ids). No V-sized buffer: B * N * V / CHUNK floats
+   of statistics.
 2. `_sample` grid (rows, chunks), only when some row samples: every program combines its row's
    chunk statistics (max M, Z = sum exp(x - M)); the one chunk where the inverse CDF crosses
    u * Z (first id whose cumulative mass exceeds u * Z, else the last id with mass > 0, as the
@@ -19,8 +20,9 @@ Why not one launch: phases 1 -> 2 -> 3 are grid-wide dependencies (the CDF needs
 mass; the walk needs every visited row). A last-program-done counter would fold them into one
 launch but relies on inter-CTA release/acquire ordering that we could not validate without a GPU;
 three launches are deterministic and, inside a CUDA graph, cost ~2-3 us of launch gaps.
-Expected on H100/H200: phase 1 reads every logit once (B * N * V * 2 bytes: 4.2 MB per row, 33 MB
-for B = 1, N = 8) at ~70-80% of copy bandwidth (1 K-element vector loads, >= 4 programs per SM);
+Expected on H100/H200: phase 1 reads every logit once (B * N * V * 2 bytes: 4 MiB for B = 1,
+N = 8, ~1 us of traffic, so small batches are launch-latency bound; 64 rows and up are bandwidth bound) at ~70-80% of copy bandwidth (2 K-element steps: two 16-byte loads per thread,
+>= 4 programs per SM; the loads are not cp.async-pipelined, so occupancy hides the latency);
 phase 2 rereads one chunk per sampling row (plus the q rows and a second logit pass for draft_probs
 chains, which need the normaliser before the residual); phase 3 reads a chunk per rejection. So
 greedy and tree sampling sit near the one-read floor; draft_probs chains are ~2x logits + 1x q.
@@ -34,7 +36,7 @@ import triton.language as tl
 from .._types import VerifyResult
 from ._common import device_helper, num_sms, pow2_at_least
 
-BLOCK = 1024
+BLOCK = 2048  # 16 elements (two 16-byte bf16 loads) per thread per step at 4 warps
 
 
 @device_helper
@@ -219,6 +221,8 @@ def _walk(tok_ptr, par_ptr, logit_ptr, q_ptr, temp_ptr, unif_ptr, max_ptr, sum_p
 
 
 MAX_CHUNK = 16384
+# (num_warps, num_stages) per kernel: the streaming loops are pipelined, the walk is scalar
+LAUNCH = dict(chunk_stats=(4, 3), sample=(4, 2), walk=(4, 1))
 
 
 def chunk_size(rows: int, V: int, sms: int) -> int:
@@ -253,15 +257,17 @@ def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, unifo
     sq_b, sq_n = (draft_probs.stride(0), draft_probs.stride(1)) if has_draft else (0, 0)
     block_c = pow2_at_least(nch, 2)
     _chunk_stats[(rows, nch)](target_logits, temperature, cmax, csum, carg, N, V, chunk, nch, s_b, s_n,
-                              HAS_TEMP=has_temp, BLOCK=block)
+                              HAS_TEMP=has_temp, BLOCK=block, num_warps=LAUNCH["chunk_stats"][0],
+                              num_stages=LAUNCH["chunk_stats"][1])
     sample = torch.empty(rows, dtype=torch.int32, device=dev) if has_temp else None
     resid = torch.empty(rows, nch, dtype=torch.float32, device=dev) if has_draft else None
     if has_temp:
         _sample[(rows, nch)](target_logits, draft_probs, temperature, uniforms, cmax, csum, sample, resid,
                              N, V, chunk, nch, s_b, s_n, sq_b, sq_n,
-                             HAS_DRAFT=has_draft, BLOCK_C=block_c, BLOCK=block)
+                             HAS_DRAFT=has_draft, BLOCK_C=block_c, BLOCK=block, num_warps=LAUNCH["sample"][0],
+                             num_stages=LAUNCH["sample"][1])
     _walk[(B,)](draft_tokens, parents, target_logits, draft_probs, temperature, uniforms, cmax, csum, carg, sample,
                 resid, accept_len, accepted, tokens, last, N, V, chunk, nch, s_b, s_n, sq_b, sq_n,
                 HAS_TEMP=has_temp, HAS_DRAFT=has_draft, BLOCK_NODES=pow2_at_least(N, 2), BLOCK_C=block_c,
-                BLOCK=block)
+                BLOCK=block, num_warps=LAUNCH["walk"][0], num_stages=LAUNCH["walk"][1])
     return VerifyResult(accept_len, accepted, tokens, last)
