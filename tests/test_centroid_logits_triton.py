@@ -33,7 +33,7 @@ def check_clusters(got_ids, hidden, centroids, ordering, top_k):
     C = centroids.shape[0]
     CS = ordering.numel() // C
     cluster_of = torch.empty_like(ordering)
-    cluster_of[ordering] = torch.arange(ordering.numel()) // CS
+    cluster_of[ordering] = torch.arange(ordering.numel(), device=ordering.device) // CS
     got = cluster_of[got_ids[:, ::CS]]  # [T, top_k]
     assert torch.equal(got_ids, ordering.view(C, CS)[got].reshape(got_ids.shape)), "ids not in ordering order"
     scores = hidden.float() @ centroids.float().T
@@ -56,8 +56,8 @@ def check_logits(ids, logits, hidden, lm_head):
     assert bool(((logits.double() - exact).abs() <= 2 * bound + 1e-6).all())
 
 
-def run_all_outputs(T, Hd, C, CS, top_k, dtype, g, inputs=None, dense=True):
-    hidden, centroids, ordering, lm_head = inputs or make_inputs(T, Hd, C, CS, dtype, g)
+def run_all_outputs(T, Hd, C, CS, top_k, dtype, g, inputs=None, dense=True, device="cpu"):
+    hidden, centroids, ordering, lm_head = (x.to(device) for x in (inputs or make_inputs(T, Hd, C, CS, dtype, g)))
     args = (hidden, centroids, ordering, lm_head)
     ids, logits = centroid_logits(*args, top_k=top_k, output="sparse", backend="triton")
     assert ids.dtype == torch.int64 and ids.shape == (T, top_k * CS)
@@ -81,7 +81,7 @@ def run_all_outputs(T, Hd, C, CS, top_k, dtype, g, inputs=None, dense=True):
         return token
     fill = -1234.5
     dense = centroid_logits(*args, top_k=top_k, output="dense", fill_value=fill, backend="triton")
-    expect = torch.full((T, C * CS), fill, dtype=torch.float32).scatter_(1, ids, logits)
+    expect = torch.full((T, C * CS), fill, dtype=torch.float32, device=device).scatter_(1, ids, logits)
     assert torch.equal(dense, expect)
     dense_inf = centroid_logits(*args, top_k=top_k, output="dense", backend="triton")
     assert torch.equal(dense_inf, torch.full_like(dense, float("-inf")).scatter_(1, ids, logits))
@@ -95,6 +95,16 @@ def test_real_drafter_shapes(name):
     # dense output at this size only adds a [T, 262144] fill; the awkward shapes cover it
     run_all_outputs(1, d["Hd"], d["centroids"], d["vocab"] // d["centroids"], d["top_k"], torch.bfloat16, g,
                     dense=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["E2B", "E4B"])
+@pytest.mark.parametrize("T", [1, 5, 64])
+def test_real_drafter_shapes_on_gpu(name, T):
+    d = DRAFTERS[name]
+    g = torch.Generator().manual_seed(0)
+    run_all_outputs(T, d["Hd"], d["centroids"], d["vocab"] // d["centroids"], d["top_k"], torch.bfloat16, g,
+                    device="cuda")
 
 
 @pytest.mark.parametrize("T,Hd,C,CS,top_k,dtype", [

@@ -26,14 +26,14 @@ def make_inputs(T, Hb, Hd, dtype, V=97, g=None):
     return token_ids, embed_table, hidden, weight
 
 
-def check(T, Hb, Hd, dtype, *, index_dtype=torch.int64, strided=False):
-    token_ids, embed_table, hidden, weight = make_inputs(T, Hb, Hd, dtype)
+def check(T, Hb, Hd, dtype, *, index_dtype=torch.int64, strided=False, device="cpu"):
+    token_ids, embed_table, hidden, weight = (x.to(device) for x in make_inputs(T, Hb, Hd, dtype))
     token_ids = token_ids.to(index_dtype)
     if strided:  # row strides the op accepts: views into wider storage
         embed_table = torch.cat([embed_table, embed_table[:, :3]], dim=1)[:, :Hb]
         hidden = torch.cat([hidden, hidden[:, :5]], dim=1)[:, :Hb]
     scale = math.sqrt(Hb)
-    out = poisoned((T, Hd), dtype)
+    out = poisoned((T, Hd), dtype, device)
     got = fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=scale, out=out, backend="triton")
     assert got is out
     exact = exact_down_proj(token_ids, embed_table, hidden, weight, scale)
@@ -80,6 +80,14 @@ def test_scale_rounding_is_table_dtype():
     exact = exact_down_proj(token_ids, embed_table, hidden, weight, math.sqrt(Hb))
     ref = fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=math.sqrt(Hb), backend="torch")
     assert_tolerance(got, exact, ref, what="scale rounding")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(DRAFTERS))
+@pytest.mark.parametrize("T", [1, 7, 64])
+def test_drafter_shapes_on_gpu(name, T):
+    d = DRAFTERS[name]
+    check(T, d["Hb"], d["Hd"], torch.bfloat16, device="cuda")
 
 
 def test_empty_T():

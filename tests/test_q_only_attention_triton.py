@@ -8,11 +8,12 @@ from helpers import CACHE_LAYOUTS, DRAFTERS, assert_tolerance, paged_kv, poisone
 
 
 def run_case(seq_lens, Qn, Hq, Hkv, D, *, dtype=torch.bfloat16, block_size=16, layout="nhd", window=None,
-             softcap=None, scale=1.0, splits=None):
-    k, v, table, lens = paged_kv(seq_lens, block_size, Hkv, D, dtype=dtype, layout=layout, window=window)
+             softcap=None, scale=1.0, splits=None, device="cpu"):
+    k, v, table, lens = paged_kv(seq_lens, block_size, Hkv, D, dtype=dtype, layout=layout, window=window,
+                                 device=device)
     B = len(seq_lens)
-    q = torch.randn(B, Qn, Hq, D).to(dtype)
-    out = poisoned((B, Qn, Hq, D), dtype)
+    q = torch.randn(B, Qn, Hq, D).to(dtype).to(device)
+    out = poisoned((B, Qn, Hq, D), dtype, device)
     kw = dict(scale=scale, window=window, softcap=softcap)
     if splits is None:
         got, lse = q_only_paged_attention(q, k, v, table, lens, out=out, return_lse=True, backend="triton", **kw)
@@ -77,6 +78,19 @@ def test_split_and_merge_paths(splits):
     """splits=1 writes out/lse from the main kernel; >1 goes through the fp32 merge. 7 splits of a
     short request leave empty splits (lse -inf partials) for the merge to ignore."""
     run_case([150, 30, 0], 2, 8, 2, 256, splits=splits, window=120)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(DRAFTERS))
+@pytest.mark.parametrize("layer", ["swa", "full"])
+@pytest.mark.parametrize("layout", ["nhd", "kv_split"])
+def test_drafter_shapes_long_context_on_gpu(name, layer, layout):
+    d = DRAFTERS[name]
+    window = d["window"] if layer == "swa" else None
+    run_case([8192, 3001], 1, d["Hq"], d[f"Hkv_{layer}"], d[f"D_{layer}"], window=window, layout=layout,
+             device="cuda")
+    run_case([700, 1, 0], 4, d["Hq"], d[f"Hkv_{layer}"], d[f"D_{layer}"], window=window, layout=layout,
+             softcap=50.0, device="cuda")
 
 
 def test_heuristic_splits_long_context_at_small_batch():

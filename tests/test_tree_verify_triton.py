@@ -200,6 +200,23 @@ def test_chains_with_draft_probs(chunk):
     assert int(ref.accept_len.sum()) > 0 and bool((ref.accept_len < N - 1).any())
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,N", [(1, 8), (16, 5)])
+def test_real_vocab_on_gpu(B, N):
+    g = torch.Generator().manual_seed(7)
+    V = 262144
+    parents = random_tree(B, N, g)
+    logits = logits_for(B, N, V, torch.bfloat16, g)
+    tokens = drafts_following(logits.float().argmax(-1), parents, V, g, hit=0.8)
+    temperature = (torch.rand(B, generator=g) * 1.5) * (torch.arange(B) % 2)  # even rows greedy
+    uniforms = torch.rand(B, N, 2, generator=g)
+    cuda = dict(temperature=temperature.cuda(), uniforms=uniforms.cuda())
+    check_against_reference(tokens.cuda(), parents.cuda(), logits.cuda(), **cuda)
+    chain = random_tree(B, N, g, chain=True)
+    q = torch.softmax(logits.float() * 0.9, -1)
+    check_against_reference(tokens.cuda(), chain.cuda(), logits.cuda(), draft_probs=q.cuda(), **cuda)
+
+
 def test_single_node_and_padding_only():
     g = torch.Generator().manual_seed(6)
     logits = logits_for(3, 1, 700, torch.float16, g)
