@@ -61,7 +61,8 @@ def check_against_reference(draft_tokens, parents, logits, **kw):
     B, N = parents.shape
     boundary_cases = 0
     for b in range(B):
-        if torch.equal(got.output_tokens[b], ref.output_tokens[b]) and torch.equal(got.accepted_nodes[b], ref.accepted_nodes[b]):
+        if (torch.equal(got.output_tokens[b], ref.output_tokens[b])
+                and torch.equal(got.accepted_nodes[b], ref.accepted_nodes[b])):
             assert got.accept_len[b] == ref.accept_len[b] and got.last_node[b] == ref.last_node[b]
             continue
         temp = 0.0 if temperature is None else float(temperature[b])

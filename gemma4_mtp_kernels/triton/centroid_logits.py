@@ -10,11 +10,12 @@ aim is few, short, well-spread launches.
    and no cross-program step: scores become distinct int64 keys (order-preserving fp32 bits, then
    C - 1 - c so equal scores rank the lower cluster first) and a radix select (6 steps of one
    256-bin histogram over the row, 8 key bits per step) finds the key with exactly j keys above
-   it; the 8 KiB score row comes from L2. It then gathers the cluster's V / C rows of lm_head through token_ordering, dots
-   them with hidden[t] in fp32, and either keeps a running argmax (ties to the lowest vocabulary
-   id) and writes one (logit, id) pair ("argmax": nothing of size K reaches memory), writes ids and
-   logits at [t, j * V/C ...] ("sparse": cluster order, then token_ordering order), or scatters the
-   logits into the dense row ("dense": the row is pre-filled with fill_value).
+   it; the 8 KiB score row comes from L2. It then gathers the cluster's V / C rows of lm_head
+   through token_ordering, dots them with hidden[t] in fp32, and either keeps a running argmax
+   (ties to the lowest vocabulary id) and writes one (logit, id) pair ("argmax": nothing of size
+   K reaches memory), writes ids and logits at [t, j * V/C ...] ("sparse": cluster order, then
+   token_ordering order), or scatters the logits into the dense row ("dense": the row is
+   pre-filled with fill_value).
 3. `_argmax` grid (T): the best of the top_k pairs, ties to the lowest id.
 Expected on H100/H200 (E2B, T = 1): ~3 MiB of reads, i.e. < 1 us of bandwidth, so the three
 launches (~2 us each un-graphed, ~1 us in a CUDA graph) plus the 6 dependent select steps of stage 2
@@ -51,7 +52,8 @@ def _scores(h_ptr, c_ptr, s_ptr, T, C, Hd, s_h, s_c,
 @triton.jit
 def _candidates(h_ptr, s_ptr, order_ptr, lm_ptr, best_ptr, best_id_ptr, ids_ptr, logit_ptr, dense_ptr,
                 C, Hd, CS, top_k, s_h, s_lm, s_dense,
-                BLOCK_CC: tl.constexpr, IDX_BITS: tl.constexpr, KEY_DIGITS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_CC: tl.constexpr, IDX_BITS: tl.constexpr, KEY_DIGITS: tl.constexpr,
+                BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                 OUTPUT: tl.constexpr):
     t = tl.program_id(0)
     j = tl.program_id(1)

@@ -126,6 +126,7 @@ def fused_concat_down_proj(token_ids, embed_table, hidden, weight, *, embed_scal
         num_stages=cfg["num_stages"])
     if split > 1:
         numel = T * Hd
-        _split_k_reduce_kernel[(triton.cdiv(numel, REDUCE_BLOCK),)](dst, out, numel, split, BLOCK=REDUCE_BLOCK, num_stages=1,
+        _split_k_reduce_kernel[(triton.cdiv(numel, REDUCE_BLOCK),)](dst, out, numel, split, BLOCK=REDUCE_BLOCK,
+                                                                      num_stages=1,
                                                                       INTERP=interpreting(out.device))
     return out

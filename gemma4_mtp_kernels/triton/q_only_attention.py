@@ -19,9 +19,10 @@ Design. The op is a pure K/V stream: every attended cache entry is read once, th
   softcap * tanh(s / softcap) before it; P is cast to the cache dtype for the P @ V tl.dot.
 - Split-KV: SPLITS is picked on the host from an upper bound of the attended length
   (block_table columns * block_size, capped by window; no device sync, so CUDA-graph safe) and the
-  SM count, aiming at >= 2 programs per SM with >= 2 key tiles (64 tokens at D 256/512) each. With SPLITS > 1 each program
-  writes its normalised partial output and its lse (fp32) and a merge kernel combines them
-  (out = sum_s exp(lse_s - lse) o_s); with SPLITS = 1 the main kernel writes out/lse directly.
+  SM count, aiming at >= 2 programs per SM with >= 2 key tiles (64 tokens at D 256/512) each.
+  With SPLITS > 1 each program writes its normalised partial output and its lse (fp32) and a
+  merge kernel combines them (out = sum_s exp(lse_s - lse) o_s); with SPLITS = 1 the main kernel
+  writes out/lse directly.
   seq_len 0 (or an empty split) leaves l = 0: partial output 0 with lse -inf, final output 0.
 Expected on H100/H200 (B = 1, context 8K, bf16): K+V = 8192 * D * 4 bytes per KV head (16 MiB at
 D 512 / Hkv 1) spread over ~2 programs per SM, plus 4 * S * rows * D bytes of partials (~6%); the
@@ -31,7 +32,6 @@ KV split at B = 1, so >= 2x over it is expected at these shapes.
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import triton

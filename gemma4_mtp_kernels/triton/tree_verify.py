@@ -21,7 +21,8 @@ mass; the walk needs every visited row). A last-program-done counter would fold 
 launch but relies on inter-CTA release/acquire ordering that we could not validate without a GPU;
 three launches are deterministic and, inside a CUDA graph, cost ~2-3 us of launch gaps.
 Expected on H100/H200: phase 1 reads every logit once (B * N * V * 2 bytes: 4 MiB for B = 1,
-N = 8, ~1 us of traffic, so small batches are launch-latency bound; 64 rows and up are bandwidth bound) at ~70-80% of copy bandwidth (2 K-element steps: two 16-byte loads per thread,
+N = 8, ~1 us of traffic, so small batches are launch-latency bound; 64 rows and up are bandwidth
+bound) at ~70-80% of copy bandwidth (2 K-element steps: two 16-byte loads per thread,
 >= 4 programs per SM; the loads are not cp.async-pipelined, so occupancy hides the latency);
 phase 2 rereads one chunk per sampling row (plus the q rows and a second logit pass for draft_probs
 chains, which need the normaliser before the residual); phase 3 reads a chunk per rejection. So
