@@ -79,6 +79,29 @@ __device__ __forceinline__ double warp_sum(double x) {
   return x;
 }
 
+template <int HALF>
+__device__ __forceinline__ void transpose_sum_step(float* v, int lane) {
+  const bool upper = lane & HALF;
+#pragma unroll
+  for (int k = 0; k < HALF; ++k) {
+    const float send = upper ? v[k] : v[k + HALF];
+    const float keep = upper ? v[k + HALF] : v[k];
+    v[k] = keep + __shfl_xor_sync(0xffffffffu, send, HALF);
+  }
+}
+
+// Reduces 32 values per lane across the warp so that lane c returns the warp-wide sum of v[c]
+// (recursive halving: at each step a lane keeps the half of the values that its lane bit selects and
+// adds the partner's copy of that half; 31 shuffles instead of 32 x 5). v is clobbered.
+__device__ __forceinline__ float warp_transpose_sum(float (&v)[32], int lane) {
+  transpose_sum_step<16>(v, lane);
+  transpose_sum_step<8>(v, lane);
+  transpose_sum_step<4>(v, lane);
+  transpose_sum_step<2>(v, lane);
+  transpose_sum_step<1>(v, lane);
+  return v[0];
+}
+
 __device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 inline bool host_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }

@@ -20,6 +20,8 @@ namespace attention {
 constexpr int kThreads = 128;
 constexpr int kRows = 8;   // query rows per CTA
 constexpr int kKeys = 16;  // keys per K/V tile; kRows * kKeys == kThreads (one score per thread)
+constexpr int kRowsPerWarp = kRows / (kThreads / 32);
+static_assert(kRowsPerWarp * kKeys == 32, "one score per lane after the transposing reduction");
 constexpr int kMinChunk = 64;
 constexpr int kMaxSplits = 256;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -30,7 +32,6 @@ template <class T, int D>
 struct Smem {
   T k[2][kKeys][D];
   T v[2][kKeys][D];
-  float q[kRows][D];
   float p[kRows][kKeys];
   float m[kRows];  // running max, log2 units
   float l[kRows];  // running sum
@@ -42,9 +43,11 @@ inline int64_t workspace_floats(int64_t B, int64_t Q, int64_t Hq, int64_t D, int
   return splits > 1 ? B * Q * Hq * splits * (D + 1) : 0;
 }
 
+// Issues the copies of one K/V tile; returns whether a block id among them was out of range.
 template <class T, int D>
-__device__ __forceinline__ void load_tile(Smem<T, D>& sm, int buf, const AttentionParams& p, int b, int h,
-                                          int64_t tile_start, int64_t end, bool& any_bad) {
+__device__ __forceinline__ bool load_tile(Smem<T, D>& sm, int buf, const AttentionParams& p, int b, int h,
+                                          int64_t tile_start, int64_t end) {
+  bool any_bad = false;
   constexpr int VE = kVec16<T>;
   constexpr int NV = D / VE;
   const T* kc = static_cast<const T*>(p.k_cache);
@@ -67,10 +70,11 @@ __device__ __forceinline__ void load_tile(Smem<T, D>& sm, int buf, const Attenti
     cp_async16(&sm.k[buf][key][vec * VE], ks, valid);
     cp_async16(&sm.v[buf][key][vec * VE], vs, valid);
   }
+  return any_bad;
 }
 
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads) kernel(AttentionParams p) {
+__global__ void __launch_bounds__(kThreads, 3) kernel(AttentionParams p) {
   constexpr int VE = kVec16<T>;
   constexpr int NV = D / VE;                                  // 16-byte vectors per row
   constexpr int VPL = NV >= 32 ? NV / 32 : 1;                 // score phase: vectors per lane
@@ -96,23 +100,28 @@ __global__ void __launch_bounds__(kThreads) kernel(AttentionParams p) {
   const bool bad_len = len < 0 || len > static_cast<int64_t>(p.max_blocks) * p.block_size;
   const KeyRange range = split_range(attended_range(bad_len ? 0 : len, p.window), split, p.chunk);
 
-  // Query rows in fp32, pre-multiplied by the scale (and log2 e when there is no softcap, so that the
-  // softmax uses exp2).
+  // Warp w scores query rows 2w, 2w + 1 against every key of a tile; each lane keeps its slice of D of
+  // both rows in registers (fp32, pre-multiplied by the scale, and by log2 e when there is no softcap
+  // so that the softmax can use exp2), so only K is read from shared memory in the score phase.
   const float qmul = p.softcap > 0.f ? p.scale : p.scale * kLog2e;
   const T* qp = static_cast<const T*>(p.q);
-  for (int c = tid; c < kRows * NV; c += kThreads) {
-    const int r = c / NV, vec = c % NV;
-    float x[VE];
-    const int gr = row0 + r;
-    if (gr < M) {
-      const int qi = gr / group, hq = h * group + gr % group;
-      load_float<VE>(qp + b * p.q_stride[0] + qi * p.q_stride[1] + hq * p.q_stride[2] + vec * VE, x);
-    } else {
+  float qreg[kRowsPerWarp][VPL][VE];
 #pragma unroll
-      for (int e = 0; e < VE; ++e) x[e] = 0.f;
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int gr = row0 + warp * kRowsPerWarp + i;
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) {
+      const int vec = lane + 32 * j;
+      if (gr < M && vec < NV) {
+        const int qi = gr / group, hq = h * group + gr % group;
+        load_float<VE>(qp + b * p.q_stride[0] + qi * p.q_stride[1] + hq * p.q_stride[2] + vec * VE, qreg[i][j]);
+#pragma unroll
+        for (int e = 0; e < VE; ++e) qreg[i][j][e] *= qmul;
+      } else {
+#pragma unroll
+        for (int e = 0; e < VE; ++e) qreg[i][j][e] = 0.f;
+      }
     }
-#pragma unroll
-    for (int e = 0; e < VE; ++e) sm.q[r][vec * VE + e] = x[e] * qmul;
   }
   if (tid < kRows) {
     sm.m[tid] = -INFINITY;
@@ -129,20 +138,23 @@ __global__ void __launch_bounds__(kThreads) kernel(AttentionParams p) {
 
   bool any_bad = false;
   const int64_t n_tiles = range.end > range.start ? ceil_div(range.end - range.start, kKeys) : 0;
-  if (n_tiles > 0) load_tile(sm, 0, p, b, h, range.start, range.end, any_bad);
+  if (n_tiles > 0) any_bad = load_tile(sm, 0, p, b, h, range.start, range.end);
   cp_async_commit();
-  __syncthreads();  // q, m, l
+  __syncthreads();  // m, l, bad_block
 
   for (int64_t it = 0; it < n_tiles; ++it) {
     const int buf = static_cast<int>(it & 1);
-    if (it + 1 < n_tiles) load_tile(sm, buf ^ 1, p, b, h, range.start + (it + 1) * kKeys, range.end, any_bad);
+    if (it + 1 < n_tiles) any_bad |= load_tile(sm, buf ^ 1, p, b, h, range.start + (it + 1) * kKeys, range.end);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
 
-    // Scores: warp w takes keys w, w + 4, ...; lanes split D.
+    // Scores: warp w owns rows 2w, 2w + 1; lanes split D. The 2 x 16 partial dot products of a lane are
+    // reduced across the warp with a transposing butterfly (31 shuffles, lane c ends with score c).
     const int64_t tile_start = range.start + it * kKeys;
-    for (int key = warp; key < kKeys; key += kThreads / 32) {
+    float part[kRowsPerWarp * kKeys];
+#pragma unroll
+    for (int key = 0; key < kKeys; ++key) {
       float kf[VPL][VE];
 #pragma unroll
       for (int j = 0; j < VPL; ++j) {
@@ -154,24 +166,22 @@ __global__ void __launch_bounds__(kThreads) kernel(AttentionParams p) {
           for (int e = 0; e < VE; ++e) kf[j][e] = 0.f;
         }
       }
-      const bool in_range = tile_start + key < range.end;
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        float s = 0.f;
+      for (int i = 0; i < kRowsPerWarp; ++i) {
+        float acc_s = 0.f;
 #pragma unroll
-        for (int j = 0; j < VPL; ++j) {
-          const int vec = lane + 32 * j;
-          if (vec < NV) {
+        for (int j = 0; j < VPL; ++j)
 #pragma unroll
-            for (int e = 0; e < VE; ++e) s = fmaf(sm.q[r][vec * VE + e], kf[j][e], s);
-          }
-        }
-        s = warp_sum(s);
-        if (lane == 0) {
-          if (p.softcap > 0.f) s = p.softcap * tanhf(s / p.softcap) * kLog2e;
-          sm.p[r][key] = in_range ? s : -INFINITY;
-        }
+          for (int e = 0; e < VE; ++e) acc_s = fmaf(qreg[i][j][e], kf[j][e], acc_s);
+        part[i * kKeys + key] = acc_s;
       }
+    }
+    {
+      const float score = warp_transpose_sum(part, lane);
+      const int i = lane / kKeys, key = lane % kKeys;
+      float s = score;
+      if (p.softcap > 0.f) s = p.softcap * tanhf(s / p.softcap) * kLog2e;
+      sm.p[warp * kRowsPerWarp + i][key] = tile_start + key < range.end ? s : -INFINITY;
     }
     __syncthreads();
 
@@ -210,7 +220,7 @@ __global__ void __launch_bounds__(kThreads) kernel(AttentionParams p) {
 #pragma unroll
         for (int e = 0; e < VE; ++e) acc[i][e] *= a;
       }
-#pragma unroll 4
+#pragma unroll 2
       for (int n = 0; n < kKeys; ++n) {
         float vf[VE];
         load_float<VE>(&sm.v[buf][n][vcol * VE], vf);
