@@ -99,7 +99,8 @@ def _attention_launches():
             args = {n: "i32" for n in qa._attn_kernel.arg_names}
             args.update(q_ptr=kv, k_ptr=kv, v_ptr=kv, table_ptr="*i32", lens_ptr="*i32",
                         out_ptr="*fp32" if partial else kv, lse_ptr="*fp32", scale_log2="fp32", softcap="fp32",
-                        D=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], HAS_WINDOW=(D == 256),
+                        D=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                        MIN_CHUNK=qa.MIN_TILES_PER_SPLIT * cfg["BLOCK_N"], HAS_WINDOW=(D == 256),
                         HAS_SOFTCAP=False, WRITE_LSE=True, PARTIAL=partial, PREC="tf32", INTERP=False)
             for n in ("sq_b", "sq_q", "sq_h", "sk_b", "sk_s", "sk_h", "sv_b", "sv_s", "sv_h",
                       "so_b", "so_q", "so_h"):

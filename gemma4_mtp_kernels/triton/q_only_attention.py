@@ -17,9 +17,12 @@ Design. The op is a pure K/V stream: every attended cache entry is read once, th
   avoid a sync) is never dereferenced: its keys score NaN, so the affected rows come out NaN.
 - Online softmax in fp32 on exp2 (scores pre-multiplied by log2 e), softcap as
   softcap * tanh(s / softcap) before it; P is cast to the cache dtype for the P @ V tl.dot.
-- Split-KV: SPLITS is picked on the host from an upper bound of the attended length
-  (block_table columns * block_size, capped by window; no device sync, so CUDA-graph safe) and the
-  SM count, aiming at >= 2 programs per SM with >= 2 key tiles (64 tokens at D 256/512) each.
+- Split-KV: SPLITS is picked on the host from the SM count (>= 2 programs per SM) and an upper
+  bound of the attended length (block_table columns * block_size, capped by window), with no
+  device sync, so it is CUDA-graph safe. Each program then cuts its request's actual attended
+  range into SPLITS chunks of whole key tiles, at least 2 tiles (64 keys at D 256/512) each, so
+  an over-wide block table (engines size it for the longest possible request) costs nothing, and
+  short requests leave trailing splits empty (the merge skips their partials).
   With SPLITS > 1 each program writes its normalised partial output and its lse (fp32) and a
   merge kernel combines them (out = sum_s exp(lse_s - lse) o_s); with SPLITS = 1 the main kernel
   writes out/lse directly.
@@ -44,10 +47,10 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, lse_ptr,
-                 scale_log2, softcap, window, num_blocks, block_size, chunk, rows, G, Hkv,
+                 scale_log2, softcap, window, num_blocks, block_size, splits, rows, G, Hkv,
                  sq_b, sq_q, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, st_b,
                  so_b, so_q, so_h, so_s, sl_b, sl_q, sl_h, sl_s,
-                 D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr,
                  HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, WRITE_LSE: tl.constexpr,
                  PARTIAL: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr):
     pid_bh = tl.program_id(0)
@@ -64,6 +67,8 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, lse_ptr,
     start = 0
     if HAS_WINDOW:
         start = tl.maximum(seq_len - window, 0)
+    # this request's own range, cut into `splits` whole-tile chunks of at least MIN_CHUNK keys
+    chunk = tl.maximum(tl.cdiv(tl.cdiv(seq_len - start, splits), BLOCK_N) * BLOCK_N, MIN_CHUNK)
     lo = start + split * chunk
     hi = tl.minimum(lo + chunk, seq_len)
 
@@ -133,8 +138,10 @@ def _merge_kernel(po_ptr, plse_ptr, out_ptr, lse_ptr, splits, Qn, Hq,
     acc = tl.zeros((D,), dtype=tl.float32)
     base = po_ptr + row.to(tl.int64) * splits * D
     for i in range(splits):
-        wi = tl.exp(tl.load(plse_ptr + row.to(tl.int64) * splits + i) - m_safe)
-        acc += wi * tl.load(base + i * D + d)
+        lse_i = tl.load(plse_ptr + row.to(tl.int64) * splits + i)
+        # empty splits (short requests) are skipped without reading their partial
+        live = d < tl.where(lse_i == float("-inf"), 0, D)
+        acc += tl.exp(lse_i - m_safe) * tl.load(base + i * D + d, mask=live, other=0.0)
     total_div = tl.where(total == 0, 1.0, total)
     o = acc / total_div
     tl.store(out_ptr + b.to(tl.int64) * so_b + qi * so_q + h * so_h + d, cast(o, out_ptr.dtype.element_ty, INTERP))
@@ -159,13 +166,12 @@ def kernel_config(D: int, rows: int) -> dict:
     return dict(BLOCK_M=block_m, BLOCK_N=32, num_warps=8, num_stages=3 if block_m == 16 else 2)
 
 
-def num_splits(B: int, Hkv: int, row_tiles: int, max_len: int, block_n: int, sms: int) -> tuple[int, int]:
-    """(splits, tokens per split) for an attended length of at most max_len."""
+def num_splits(B: int, Hkv: int, row_tiles: int, max_len: int, block_n: int, sms: int) -> int:
+    """Key-range splits per (request, KV head) for an attended length of at most max_len. Each
+    program then cuts its own request's actual range into that many chunks on the device."""
     tiles = max(1, triton.cdiv(max_len, block_n))
     programs = B * Hkv * row_tiles
-    splits = max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(tiles, MIN_TILES_PER_SPLIT)))
-    tiles_per_split = triton.cdiv(tiles, splits)
-    return triton.cdiv(tiles, tiles_per_split), tiles_per_split * block_n
+    return max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(tiles, MIN_TILES_PER_SPLIT)))
 
 
 def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=1.0, window=None, softcap=None,
@@ -186,16 +192,15 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
     if window is not None:
         max_len = min(max_len, window)
     if splits is None:
-        splits, chunk = num_splits(B, Hkv, row_tiles, max_len, cfg["BLOCK_N"], num_sms(q.device))
-    else:
-        chunk = triton.cdiv(max(1, triton.cdiv(max_len, splits)), cfg["BLOCK_N"]) * cfg["BLOCK_N"]
+        splits = num_splits(B, Hkv, row_tiles, max_len, cfg["BLOCK_N"], num_sms(q.device))
     interp = interpreting(q.device)
-    common = dict(D=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], HAS_WINDOW=window is not None,
+    common = dict(D=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                  MIN_CHUNK=MIN_TILES_PER_SPLIT * cfg["BLOCK_N"], HAS_WINDOW=window is not None,
                   HAS_SOFTCAP=softcap is not None, PREC=dot_precision(q.dtype), INTERP=interp,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     args = (q, k_cache, v_cache, block_table, seq_lens)
     scalars = (scale * LOG2E, 1.0 if softcap is None else softcap, 0 if window is None else window, num_blocks,
-               block_size, chunk, rows, G, Hkv, *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
+               block_size, splits, rows, G, Hkv, *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
                block_table.stride(0))
     grid = (B * Hkv, splits, row_tiles)
     if splits == 1:
