@@ -69,8 +69,9 @@ def test_softcap_and_scale():
     run_case([90, 40], 2, 4, 2, 256, softcap=2.0, scale=0.3)
 
 
-def test_large_q_times_group_spans_row_tiles():
-    run_case([45], 9, 16, 2, 64)  # 9 * 8 = 72 rows > 64: two row tiles
+@pytest.mark.parametrize("splits", [None, 3])
+def test_large_q_times_group_spans_row_tiles(splits):
+    run_case([45, 160], 9, 16, 2, 64, splits=splits)  # 9 * 8 = 72 rows > 64: two row tiles
 
 
 @pytest.mark.parametrize("splits", [1, 3, 7])
