@@ -31,7 +31,10 @@ def check(got, lse, q, k, v, table, lens, what, **kw):
     empty = torch.isinf(exact_lse)
     assert torch.equal(torch.isinf(lse), empty) and bool((lse[empty] < 0).all()), what
     assert bool((got[empty.nonzero(as_tuple=True)] == 0).all()), f"{what}: empty requests give 0"
-    assert_tolerance(lse[~empty], exact_lse[~empty], exact_lse[~empty], atol=1e-4, what=what + " lse")
+    # lse is fp32 in both: summation order and exp2/log2 against exp/log separate them, a few ulps of
+    # its magnitude (scores of randn q, k grow like sqrt(D))
+    lse_atol = 1e-4 + 5e-7 * float(exact_lse[~empty].abs().max()) if bool((~empty).any()) else 1e-4
+    assert_tolerance(lse[~empty], exact_lse[~empty], exact_lse[~empty], atol=lse_atol, what=what + " lse")
 
 
 def run_case(seq_lens, Qn, Hq, Hkv, D, *, dtype=torch.bfloat16, block_size=16, layout="nhd", window=None,

@@ -199,7 +199,7 @@ inline int64_t centroid_workspace_bytes(const CentroidParams& p) { return centro
 template <class T>
 cudaError_t centroid_logits(const CentroidParams& p, cudaStream_t stream) {
   if (p.T <= 0) return cudaSuccess;
-  if (p.C < 1 || p.C > centroid::kMaxCentroids || p.top_k < 1 || p.top_k > p.C || p.V % p.C || p.Hd < 1 ||
+  if (p.C < 1 || p.C > centroid::kMaxCentroids || p.top_k < 1 || p.top_k > p.C || p.V % p.C || p.Hd < 0 ||
       p.workspace == nullptr || p.T > 65535)
     return cudaErrorInvalidValue;
   constexpr int V = kVec16<T>;

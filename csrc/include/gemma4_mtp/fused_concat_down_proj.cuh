@@ -125,7 +125,7 @@ cudaError_t launch_vec(const DownProjParams& p, int rows_per_cta, cudaStream_t s
 template <class T>
 cudaError_t fused_concat_down_proj(const DownProjParams& p, cudaStream_t stream) {
   if (p.T <= 0 || p.Hd <= 0) return cudaSuccess;
-  if (p.Hb <= 0) return cudaErrorInvalidValue;
+  if (p.Hb < 0) return cudaErrorInvalidValue;  // Hb == 0 is legal: y = 0
   constexpr int V = kVec16<T>;
   const bool vec = p.Hb % V == 0 && p.table_stride % V == 0 && p.hidden_stride % V == 0 &&
                    p.weight_stride % V == 0 && host_aligned16(p.embed_table) && host_aligned16(p.hidden) &&

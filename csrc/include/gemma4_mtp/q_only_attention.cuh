@@ -304,9 +304,18 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(AttentionParams p) {
 template <class T, int D>
 cudaError_t launch_d(const AttentionParams& p, cudaStream_t stream) {
   const size_t smem = sizeof(Smem<T, D>);
-  cudaError_t err = cudaFuncSetAttribute(kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
+  // The shared-memory opt-in is set once per device (the first launch), so that launches inside a
+  // CUDA-graph capture make no configuration calls.
+  constexpr int kMaxDevices = 64;
+  static bool configured[kMaxDevices] = {};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
+  if (dev >= kMaxDevices || !configured[dev]) {
+    err = cudaFuncSetAttribute(kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+    if (dev < kMaxDevices) configured[dev] = true;
+  }
   const int M = p.Q * (p.Hq / p.Hkv);
   const dim3 grid(static_cast<unsigned>(ceil_div(M, kRows) * p.B * p.Hkv), static_cast<unsigned>(p.num_splits));
   kernel<T, D><<<grid, kThreads, smem, stream>>>(p);
