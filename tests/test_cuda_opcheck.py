@@ -140,3 +140,16 @@ def test_compile_fullgraph_traces_the_backend(case):
 def test_cuda_backend_refuses_cpu_tensors_with_a_reason():
     with pytest.raises(BackendUnavailableError, match="cuda"):
         g.fused_concat_down_proj(*down_proj_args("cpu"), embed_scale=1.0, backend="cuda")
+
+
+def test_dispatch_to_cuda_traces_in_fullgraph():
+    """The dispatcher asks for the extension's status while torch.compile traces a public op; the
+    answer must be a trace-time constant, not a traced import (which would break the graph)."""
+    from gemma4_mtp_kernels import _dispatch
+
+    def f(x):
+        return x + (1.0 if _dispatch._cuda_status(torch.device("cuda")).available else 2.0)
+
+    eager = f(torch.zeros(2))
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(f, fullgraph=True, backend="eager")(torch.zeros(2)), eager)

@@ -7,6 +7,7 @@ uniform must lie within EPS of the boundary that separates the two choices.
 import pytest
 import torch
 
+from gemma4_mtp_kernels import _checks as checks
 from gemma4_mtp_kernels import cuda as cuda_backend
 from gemma4_mtp_kernels import tree_verify
 from test_tree_verify_triton import EPS, cdf_boundary_ok, drafts_following, logits_for, random_tree
@@ -136,11 +137,17 @@ def test_chains_with_draft_probs(V):
 
 
 def test_temperature_without_uniforms_all_greedy():
+    """With value checks on, an all-zero temperature needs no uniforms; the rows are greedy."""
     g = torch.Generator().manual_seed(6)
     parents = random_tree(2, 5, g)
     logits = logits_for(2, 5, 999, torch.float32, g)
     tokens = drafts_following(logits.argmax(-1), parents, 999, g)
-    got = tree_verify(tokens.to(DEV), parents.to(DEV), logits.to(DEV), temperature=0.0, backend="cuda")
+    before = checks._value_checks_on_cuda
+    checks.set_value_checks(True)
+    try:
+        got = tree_verify(tokens.to(DEV), parents.to(DEV), logits.to(DEV), temperature=0.0, backend="cuda")
+    finally:
+        checks.set_value_checks(before)
     ref = tree_verify(tokens, parents, logits, backend="torch")
     assert torch.equal(got.output_tokens.cpu(), ref.output_tokens)
 

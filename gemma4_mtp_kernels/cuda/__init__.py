@@ -23,8 +23,14 @@ MAX_CENTROIDS = 4096
 MAX_CENTROID_TOKENS = 65535
 
 
-@functools.lru_cache(maxsize=None)
+# torch.compile evaluates this at trace time instead of tracing the import (the dispatcher calls it).
+@torch.compiler.assume_constant_result
 def extension_status() -> tuple[bool, str]:
+    return _extension_status()
+
+
+@functools.lru_cache(maxsize=None)
+def _extension_status() -> tuple[bool, str]:
     try:
         importlib.import_module("gemma4_mtp_kernels._C")
     except ModuleNotFoundError:
