@@ -67,6 +67,21 @@ def test_greedy_matches_hf_generate(pair, kw, request):
         assert out.stats.mean_accepted > 1.0
 
 
+def test_target_only_decoding_and_streaming(random_pair):
+    """num_draft_tokens=0 decodes with the target alone (one forward per token); on_tokens streams
+    exactly the returned ids, in order."""
+    hf, target, drafter = random_pair
+    ps = prompts()
+    streamed = [[] for _ in ps]
+    out = speculative_generate(target, None, ps, max_new_tokens=MAX_NEW, num_draft_tokens=0,
+                               on_tokens=lambda b, toks: streamed[b].extend(toks))
+    for p, ids, got in zip(ps, out.ids, streamed):
+        assert ids.tolist() == hf_greedy(hf, p).tolist() == got
+    assert out.stats.target_forwards == out.stats.new_tokens
+    with pytest.raises(ValueError, match="drafter"):
+        speculative_generate(target, None, ps, max_new_tokens=4, num_draft_tokens=2)
+
+
 def test_batch_of_one_and_query_positions(agreeing_pair):
     hf, target, drafter = agreeing_pair
     p = prompts()[1]
@@ -211,7 +226,8 @@ def test_bad_arguments(random_pair):
     p = torch.tensor([3, 4, 5])
     for kw, match in [
         (dict(max_new_tokens=0, num_draft_tokens=2), "max_new_tokens"),
-        (dict(max_new_tokens=4, num_draft_tokens=0), "num_draft_tokens"),
+        (dict(max_new_tokens=4, num_draft_tokens=-1), "num_draft_tokens"),
+        (dict(max_new_tokens=4, num_draft_tokens=0, draft_schedule="heuristic"), "draft_schedule"),
         (dict(max_new_tokens=4, num_draft_tokens=3, tree=(2, 2)), "tree depth"),
         (dict(max_new_tokens=4, num_draft_tokens=None, tree=(2, 0)), "tree"),
         (dict(max_new_tokens=4, num_draft_tokens=None, tree=(2,), draft_schedule="heuristic"), "draft_schedule"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
@@ -94,8 +94,10 @@ def _check_args(max_new_tokens, num_draft_tokens, tree, temperature, query_posit
             raise ValueError(f"num_draft_tokens: {num_draft_tokens} != the tree depth {len(tree)} (pass None)")
         if draft_schedule != "constant":
             raise ValueError("draft_schedule: 'heuristic' adapts a chain length; trees need 'constant'")
-    elif not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
-        raise ValueError(f"num_draft_tokens: expected an int >= 1, got {num_draft_tokens!r}")
+    elif not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
+        raise ValueError(f"num_draft_tokens: expected an int >= 0, got {num_draft_tokens!r}")
+    elif num_draft_tokens == 0 and draft_schedule != "constant":
+        raise ValueError("draft_schedule: target-only decoding (num_draft_tokens=0) needs 'constant'")
     if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature: expected a finite number >= 0, got {temperature!r}")
     if query_position not in QUERY_POSITIONS:
@@ -113,6 +115,8 @@ def _draft(drafter, target, reqs, pending, hidden, shapes, query_position, sampl
     Returns per request (tokens [N] int64, parents list[int], draft q per node or None), node 0
     being the pending token."""
     dev = target.device
+    if not any(shapes):  # nothing to draft (target-only decoding, or no token budget left)
+        return [p.view(1).cpu() for p in pending], [[-1] for _ in reqs], None if sampler is None else [[]] * len(reqs)
     ctx = drafter.context(target, reqs, query_position)
     tokens = [[int(t)] for t in pending]
     parents = [[-1] for _ in reqs]
@@ -192,12 +196,14 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
                          tree: Sequence[int] | None = None, temperature: float = 0.0, seed: int | None = None,
                          query_position: str = "last_cached", draft_schedule: str = "constant",
                          eos_token_id=_FROM_TARGET, sample_drafts: bool = False,
-                         verify_backend: str | None = None) -> SpeculativeOutput:
+                         verify_backend: str | None = None,
+                         on_tokens: Callable[[int, list[int]], None] | None = None) -> SpeculativeOutput:
     """Generate up to max_new_tokens tokens per prompt with speculative decoding.
 
     prompt_ids: a 1-D tensor / list of ids, a 2-D tensor, or a list of 1-D prompts of any lengths.
     num_draft_tokens: chain length (the starting length with draft_schedule="heuristic": +2 after a
-        round that accepted every draft, -1 otherwise, at least 1, per request).
+        round that accepted every draft, -1 otherwise, at least 1, per request). 0 decodes with the
+        target alone (drafter may then be None): the baseline speculative decoding is measured against.
     tree: per-depth branch counts, e.g. (2, 2, 1): the root gets the drafter's top-2 tokens, each of
         them its top-2, each of those its top-1 (8 draft nodes, depth 3). Replaces the chain.
     temperature: 0 for greedy; > 0 samples from softmax(target_logits / temperature), with the
@@ -211,11 +217,16 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
         softmax(logits / temperature) instead of taking its argmax, and verify with those draft
         probabilities (rejection sampling). Exact either way; acceptance differs.
     verify_backend: backend of tree_verify (default: the drafter's backend).
+    on_tokens: called as on_tokens(request_index, tokens) with each request's newly emitted tokens,
+        as soon as a round emits them (for streaming).
     """
     _check_args(max_new_tokens, num_draft_tokens, tree, temperature, query_position, draft_schedule)
-    drafter.check_target(target)
+    if drafter is None and (tree is not None or num_draft_tokens != 0):
+        raise ValueError("drafter: None is only allowed for target-only decoding (num_draft_tokens=0)")
+    if drafter is not None:
+        drafter.check_target(target)
     prompts = _prompts(prompt_ids)
-    backend = verify_backend or drafter.backend
+    backend = verify_backend or (drafter.backend if drafter is not None else "auto")
     eos = _eos_set(target, eos_token_id)
     B = len(prompts)
     dev = target.device
@@ -246,7 +257,7 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
         hidden = pre.hidden[:, 0]
         done = [False] * B
         for b in range(B):
-            done[b] = _emit(out_ids[b], [int(pending[b])], eos, max_new_tokens)
+            done[b] = _emit(out_ids[b], [int(pending[b])], eos, max_new_tokens, b, on_tokens)
         chain_len = [num_draft_tokens] * B
         while not all(done):
             act = [b for b in range(B) if not done[b]]
@@ -286,7 +297,7 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
                 target.commit(reqs[b], path)
                 pending[b] = emitted[-1]
                 hidden[b] = out.hidden[i, int(res.last_node[i])]
-                done[b] = _emit(out_ids[b], emitted, eos, max_new_tokens)
+                done[b] = _emit(out_ids[b], emitted, eos, max_new_tokens, b, on_tokens)
                 if draft_schedule == "heuristic":
                     drafted_here = len(shapes[i])
                     chain_len[b] = chain_len[b] + 2 if n == drafted_here else max(1, chain_len[b] - 1)
@@ -310,10 +321,14 @@ class _ActSampler:
         return self.sampler.draw(self.act[row], probs)
 
 
-def _emit(out: list[int], tokens: list[int], eos: set, max_new_tokens: int) -> bool:
+def _emit(out: list[int], tokens: list[int], eos: set, max_new_tokens: int, b: int, on_tokens) -> bool:
     """Append tokens up to the budget and the first EOS; True when the request is finished."""
+    start, finished = len(out), False
     for t in tokens:
         out.append(t)
         if t in eos or len(out) >= max_new_tokens:
-            return True
-    return False
+            finished = True
+            break
+    if on_tokens is not None:
+        on_tokens(b, out[start:])
+    return finished
