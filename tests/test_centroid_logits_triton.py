@@ -147,6 +147,23 @@ def test_negative_zero_scores_tie_with_zero():
     assert torch.equal(ids, ref)  # 1, 2, 4, 5 (all 0.0 or -0.0) in index order
 
 
+@pytest.mark.filterwarnings("ignore:All-NaN slice")  # the interpreter's max over the NaN logits
+def test_unchecked_bad_ordering_ids_give_nan_not_a_read():
+    """token_ordering is not validated on the GPU; called on the backend directly, as an unchecked
+    CUDA call would reach it, out-of-range ids must not be dereferenced (NaN logits, token -1)."""
+    from gemma4_mtp_kernels.triton import centroid_logits as triton_impl
+    g = torch.Generator().manual_seed(5)
+    T, Hd, C, CS, top_k = 2, 32, 8, 4, 2
+    hidden, centroids, ordering, lm_head = make_inputs(T, Hd, C, CS, torch.float32, g)
+    ordering[::CS] = 10**9  # the first token of every cluster
+    token, logit = triton_impl(hidden, centroids, ordering, lm_head, top_k=top_k, output="argmax")
+    assert token.tolist() == [-1, -1] and torch.isnan(logit).all()
+    ids, logits = triton_impl(hidden, centroids, ordering, lm_head, top_k=top_k, output="sparse")
+    assert torch.isnan(logits[:, ::CS]).all() and not torch.isnan(logits[:, 1::CS]).any()
+    dense = triton_impl(hidden, centroids, ordering, lm_head, top_k=top_k, output="dense")
+    assert not torch.isnan(dense).any() and int(torch.isfinite(dense).sum()) == T * top_k * (CS - 1)
+
+
 def test_empty_T():
     g = torch.Generator().manual_seed(4)
     hidden, centroids, ordering, lm_head = make_inputs(0, 16, 8, 2, torch.bfloat16, g)

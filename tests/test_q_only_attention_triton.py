@@ -135,3 +135,12 @@ def test_unchecked_bad_block_id_gives_nan_not_a_read(splits):
     out, lse = tq.q_only_paged_attention(q, k, v, table, lens, splits=splits, return_lse=True)
     assert not torch.isnan(out[0]).any()
     assert torch.isnan(out[1]).all() and torch.isnan(lse[1]).all()
+
+
+def test_unchecked_seq_len_past_the_table_gives_nan():
+    k, v, table, lens = paged_kv([40, 20], 16, 1, 64, dtype=torch.float32)
+    lens[1] = table.shape[1] * 16 + 50
+    q = torch.randn(2, 1, 2, 64)
+    out = tq.q_only_paged_attention(q, k, v, table, lens, splits=2)
+    assert not torch.isnan(out[0]).any()
+    assert torch.isnan(out[1]).all()

@@ -148,7 +148,7 @@ def _centroid_launches():
     for output in ("argmax", "sparse", "dense"):
         args = dict(h_ptr="*bf16", s_ptr="*fp32", order_ptr="*i64", lm_ptr="*bf16", best_ptr="*fp32",
                     best_id_ptr="*i32", ids_ptr="*i64", logit_ptr="*fp32", dense_ptr="*fp32",
-                    C=DIV16, Hd=DIV16, CS=DIV16, top_k=DIV16, s_h=DIV16, s_lm=DIV16, s_dense=DIV16,
+                    C=DIV16, V=DIV16, Hd=DIV16, CS=DIV16, top_k=DIV16, s_h=DIV16, s_lm=DIV16, s_dense=DIV16,
                     **{k: v for k, v in cfg.items() if not k.startswith("num_")}, OUTPUT=output)
         out.append(Launch(f"centroid candidates {output}", cl._candidates, args, cfg["num_warps"],
                           cfg["num_stages"]))

@@ -51,7 +51,7 @@ def _scores(h_ptr, c_ptr, s_ptr, T, C, Hd, s_h, s_c,
 
 @triton.jit
 def _candidates(h_ptr, s_ptr, order_ptr, lm_ptr, best_ptr, best_id_ptr, ids_ptr, logit_ptr, dense_ptr,
-                C, Hd, CS, top_k, s_h, s_lm, s_dense,
+                C, V, Hd, CS, top_k, s_h, s_lm, s_dense,
                 BLOCK_CC: tl.constexpr, IDX_BITS: tl.constexpr, KEY_DIGITS: tl.constexpr,
                 BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                 OUTPUT: tl.constexpr):
@@ -81,17 +81,23 @@ def _candidates(h_ptr, s_ptr, order_ptr, lm_ptr, best_ptr, best_id_ptr, ids_ptr,
     h_row = h_ptr + t.to(tl.int64) * s_h
     best = float("-inf")
     best_id = 2147483647
+    bad_seen = False
     for r0 in range(0, CS, BLOCK_R):
         r = r0 + tl.arange(0, BLOCK_R)
         r_mask = r < CS
         ids = tl.load(order_ptr + cluster * CS + r, mask=r_mask, other=0).to(tl.int64)
+        # token_ordering is not validated on the GPU: an id outside [0, V) is never dereferenced,
+        # its logit is NaN (and an argmax over it reports token -1, logit NaN)
+        id_ok = r_mask & (ids >= 0) & (ids < V)
         logit = tl.zeros((BLOCK_R,), dtype=tl.float32)
         for d0 in range(0, Hd, BLOCK_D):
             d = d0 + tl.arange(0, BLOCK_D)
-            w = tl.load(lm_ptr + ids[:, None] * s_lm + d[None, :], mask=r_mask[:, None] & (d[None, :] < Hd), other=0.0)
+            w = tl.load(lm_ptr + ids[:, None] * s_lm + d[None, :], mask=id_ok[:, None] & (d[None, :] < Hd), other=0.0)
             h = tl.load(h_row + d, mask=d < Hd, other=0.0)
             logit += tl.sum(w.to(tl.float32) * h.to(tl.float32)[None, :], axis=1)
+        logit = tl.where(id_ok | ~r_mask, logit, float("nan"))
         if OUTPUT == "argmax":
+            bad_seen = bad_seen | (tl.sum((r_mask & ~id_ok).to(tl.int32), axis=0) > 0)
             logit = tl.where(r_mask, logit, float("-inf"))
             m = tl.max(logit, axis=0)
             m_id = tl.min(tl.where(r_mask & (logit == m), ids.to(tl.int32), 2147483647), axis=0)
@@ -103,9 +109,9 @@ def _candidates(h_ptr, s_ptr, order_ptr, lm_ptr, best_ptr, best_id_ptr, ids_ptr,
             tl.store(ids_ptr + out, ids, mask=r_mask)
             tl.store(logit_ptr + out, logit, mask=r_mask)
         else:
-            tl.store(dense_ptr + t.to(tl.int64) * s_dense + ids, logit, mask=r_mask)
+            tl.store(dense_ptr + t.to(tl.int64) * s_dense + ids, logit, mask=id_ok)
     if OUTPUT == "argmax":
-        tl.store(best_ptr + t.to(tl.int64) * top_k + j, best)
+        tl.store(best_ptr + t.to(tl.int64) * top_k + j, tl.where(bad_seen, float("nan"), best))
         tl.store(best_id_ptr + t.to(tl.int64) * top_k + j, best_id)
 
 
@@ -116,8 +122,10 @@ def _argmax(best_ptr, best_id_ptr, token_ptr, logit_ptr, top_k, BLOCK_K: tl.cons
     v = tl.load(best_ptr + t.to(tl.int64) * top_k + k, mask=k < top_k, other=float("-inf"))
     i = tl.load(best_id_ptr + t.to(tl.int64) * top_k + k, mask=k < top_k, other=2147483647)
     m = tl.max(v, axis=0)
-    tl.store(token_ptr + t, tl.min(tl.where(v == m, i, 2147483647), axis=0).to(tl.int64))
-    tl.store(logit_ptr + t, m)
+    bad = tl.sum((v != v).to(tl.int32), axis=0) > 0  # a NaN partial: an out-of-range candidate id
+    token = tl.min(tl.where(v == m, i, 2147483647), axis=0)
+    tl.store(token_ptr + t, tl.where(bad, -1, token).to(tl.int64))
+    tl.store(logit_ptr + t, tl.where(bad, float("nan"), m))
 
 
 SCORE_TILES = dict(BLOCK_C=16, BLOCK_K=64)
@@ -161,7 +169,7 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
     if T > 0:
         cfg = candidate_config(C, CS, Hd)
         _candidates[(T, top_k)](hidden, scores, token_ordering, lm_head, best, best_id, ids, logits, dense,
-                                C, Hd, CS, top_k, hidden.stride(0), lm_head.stride(0), V,
+                                C, V, Hd, CS, top_k, hidden.stride(0), lm_head.stride(0), V,
                                 BLOCK_CC=cfg["BLOCK_CC"], IDX_BITS=cfg["IDX_BITS"],
                                 KEY_DIGITS=cfg["KEY_DIGITS"], BLOCK_R=cfg["BLOCK_R"],
                                 BLOCK_D=cfg["BLOCK_D"], OUTPUT=output, num_warps=cfg["num_warps"],

@@ -13,8 +13,9 @@ Design. The op is a pure K/V stream: every attended cache entry is read once, th
   views) work without copies. Only D has to be contiguous; a K/V row is D contiguous elements.
 - The walk starts at the first in-window token (pos >= seq_len - window): table entries of blocks
   wholly outside the window are never loaded. Table entries are loaded only for positions the call
-  attends. A block id outside [0, num_blocks) (possible on the GPU, where ids are not validated to
-  avoid a sync) is never dereferenced: its keys score NaN, so the affected rows come out NaN.
+  attends. A block id outside [0, num_blocks), or a seq_len past the table's capacity (possible
+  on the GPU, where they are not validated to avoid a sync), is never dereferenced: those keys
+  score NaN, so the affected rows come out NaN.
 - Online softmax in fp32 on exp2 (scores pre-multiplied by log2 e), softcap as
   softcap * tanh(s / softcap) before it; P is cast to the cache dtype for the P @ V tl.dot.
 - Split-KV: SPLITS is picked on the host from the SM count (>= 2 programs per SM) and an upper
@@ -47,7 +48,7 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, lse_ptr,
-                 scale_log2, softcap, window, num_blocks, block_size, splits, rows, G, Hkv,
+                 scale_log2, softcap, window, num_blocks, block_size, max_blocks, splits, rows, G, Hkv,
                  sq_b, sq_q, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, st_b,
                  so_b, so_q, so_h, so_s, sl_b, sl_q, sl_h, sl_s,
                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr,
@@ -83,8 +84,10 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, lse_ptr,
     for n0 in range(lo, hi, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         p_mask = pos < hi
-        blk = tl.load(table_row + pos // block_size, mask=p_mask, other=0).to(tl.int64)
-        bad = p_mask & ((blk < 0) | (blk >= num_blocks))
+        page = pos // block_size
+        in_table = page < max_blocks  # an unchecked seq_len past the table must not read beyond it
+        blk = tl.load(table_row + page, mask=p_mask & in_table, other=0).to(tl.int64)
+        bad = p_mask & (~in_table | (blk < 0) | (blk >= num_blocks))
         ld_mask = p_mask & ~bad
         slot = (pos % block_size).to(tl.int64)
         k = tl.load(k_head + blk[:, None] * sk_b + slot[:, None] * sk_s + d[None, :], mask=ld_mask[:, None], other=0.0)
@@ -200,8 +203,8 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     args = (q, k_cache, v_cache, block_table, seq_lens)
     scalars = (scale * LOG2E, 1.0 if softcap is None else softcap, 0 if window is None else window, num_blocks,
-               block_size, splits, rows, G, Hkv, *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
-               block_table.stride(0))
+               block_size, block_table.shape[1], splits, rows, G, Hkv, *q.stride()[:3], *k_cache.stride()[:3],
+               *v_cache.stride()[:3], block_table.stride(0))
     grid = (B * Hkv, splits, row_tiles)
     if splits == 1:
         lse_strides = (*lse.stride(), 0) if return_lse else (0, 0, 0, 0)
