@@ -99,6 +99,18 @@ def test_long_context_small_batch(D, window):
     run_case([20000, 9000], 1, 8, 2, D, window=window, block_size=32)
 
 
+def test_short_requests_under_a_wide_block_table():
+    """An engine's block table sized for 128K keys: the launch plans for that bound, each request
+    spreads its own range over the splits, and the garbage columns past its end are never read."""
+    k, v, table, lens = paged_kv([1000, 37, 0, 300], 16, 2, 256, dtype=torch.bfloat16, device=DEV)
+    wide = torch.randint(-(10**6), 10**6, (table.shape[0], 8192), dtype=torch.int32, device=DEV)
+    wide[:, : table.shape[1]] = table
+    q = torch.randn(4, 2, 8, 256, device=DEV).to(torch.bfloat16)
+    out = poisoned(q.shape, torch.bfloat16, device=DEV)
+    got, lse = q_only_paged_attention(q, k, v, wide, lens, out=out, return_lse=True, backend="cuda")
+    check(got, lse, q, k, v, table, lens, "wide block table")
+
+
 def test_all_empty_requests():
     run_case([0, 0], 1, 4, 1, 256)
 

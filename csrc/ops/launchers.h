@@ -12,7 +12,7 @@ namespace gemma4_mtp {
 
 cudaError_t launch_fused_concat_down_proj(DType dtype, const DownProjParams& p, cudaStream_t stream);
 
-// Fills p.num_splits and p.chunk for this device; returns the workspace size in bytes (0: none).
+// Fills p.num_splits for this device; returns the workspace size in bytes (0: none).
 int64_t prepare_attention(AttentionParams& p, int num_sms);
 // Whether strides and alignment allow the kernel's 16-byte copies.
 bool attention_layout_supported(DType dtype, const AttentionParams& p);

@@ -7,7 +7,6 @@ namespace gemma4_mtp {
 int64_t prepare_attention(AttentionParams& p, int num_sms) {
   const SplitPlan plan = attention_plan(p.B, p.Q, p.Hq, p.Hkv, p.max_blocks, p.block_size, p.window, num_sms);
   p.num_splits = plan.num_splits;
-  p.chunk = plan.chunk;
   return 4 * attention::workspace_floats(p.B, p.Q, p.Hq, p.D, p.num_splits);
 }
 

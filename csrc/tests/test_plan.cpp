@@ -33,9 +33,11 @@ static void test_splits_cover_range() {
     CHECK(plan.chunk % 16 == 0);
     CHECK(int64_t{plan.num_splits} * plan.chunk >= bound);
     const KeyRange r = attended_range(len, window);
+    const int64_t chunk = request_chunk(r.end - r.start, plan.num_splits, 16, 64);
+    CHECK(chunk % 16 == 0 && chunk >= 64);
     int64_t next = r.start;
     for (int s = 0; s < plan.num_splits; ++s) {
-      const KeyRange part = split_range(r, s, plan.chunk);
+      const KeyRange part = split_range(r, s, chunk);
       CHECK(part.start <= part.end);
       if (part.end > part.start) {
         CHECK_EQ(part.start, next);
@@ -48,6 +50,17 @@ static void test_splits_cover_range() {
     }
     CHECK_EQ(next, r.end);
   }
+}
+
+// A 1000-key request under a plan made for a 128K-entry block table still uses 16 splits.
+static void test_short_request_under_a_wide_plan() {
+  const SplitPlan plan = plan_kv_splits(131072, 1, 132, 16, 64, 256);
+  CHECK_EQ(plan.num_splits, 256);
+  const int64_t chunk = request_chunk(1000, plan.num_splits, 16, 64);
+  CHECK_EQ(chunk, 64);
+  CHECK_EQ(ceil_div(1000, chunk), 16);
+  CHECK_EQ(request_chunk(0, 7, 16, 64), 64);
+  CHECK_EQ(request_chunk(100000, 7, 16, 64), round_up(ceil_div(100000, 7), 16));
 }
 
 static void test_split_plan_fills_gpu() {
@@ -83,6 +96,7 @@ static void test_row_chunks() {
 int main() {
   test_attended_range();
   test_splits_cover_range();
+  test_short_request_under_a_wide_plan();
   test_split_plan_fills_gpu();
   test_rows_per_cta();
   test_row_chunks();

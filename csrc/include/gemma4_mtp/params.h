@@ -44,8 +44,7 @@ struct AttentionParams {
   float scale;
   float softcap;  // <= 0: none
   int64_t window;  // <= 0: none
-  int num_splits;
-  int64_t chunk;
+  int num_splits;  // attention_plan(); each request spreads its own range over them
 };
 
 enum class CentroidOutput { kArgmax = 0, kSparse = 1, kDense = 2 };

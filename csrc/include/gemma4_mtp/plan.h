@@ -34,12 +34,12 @@ G4_HD KeyRange block_columns(KeyRange r, int64_t block_size) {
 
 struct SplitPlan {
   int num_splits;
-  int64_t chunk;  // keys per split, a multiple of the kernel's key tile
+  int64_t chunk;  // keys per split for a request as long as the bound
 };
 
-// Splits of the key range so that small batches still fill the GPU. Decided from host-known bounds
-// only (the largest possible attended range), never from seq_lens, so that it needs no device read
-// and a captured CUDA graph stays valid for any seq_lens within the bound.
+// How many splits of the key range a launch has, so that small batches still fill the GPU. Decided
+// from host-known bounds only (the largest possible attended range), never from seq_lens, so that it
+// needs no device read and a captured CUDA graph stays valid for any seq_lens within the bound.
 inline SplitPlan plan_kv_splits(int64_t key_bound, int64_t base_ctas, int num_sms, int64_t tile, int64_t min_chunk,
                                 int max_splits) {
   if (key_bound <= 0 || base_ctas <= 0) return {1, tile};
@@ -49,6 +49,14 @@ inline SplitPlan plan_kv_splits(int64_t key_bound, int64_t base_ctas, int num_sm
   splits = max64(1, min64(splits, max_splits));
   const int64_t chunk = round_up(ceil_div(key_bound, splits), tile);
   return {static_cast<int>(ceil_div(key_bound, chunk)), chunk};
+}
+
+// Keys per split for one request: its own attended range spread over the launch's splits (a multiple of
+// the tile, at least min_chunk), so that a short request under a plan made for a wide block table
+// still spreads over several CTAs. num_splits * chunk >= range_len.
+G4_HD int64_t request_chunk(int64_t range_len, int num_splits, int64_t tile, int64_t min_chunk) {
+  const int64_t c = round_up(ceil_div(max64(range_len, 1), num_splits), tile);
+  return max64(c, round_up(min_chunk, tile));
 }
 
 // Weight rows per CTA of the down projection: as many as keep at least one CTA per SM, because each

@@ -98,7 +98,9 @@ __global__ void __launch_bounds__(kThreads, 3) kernel(AttentionParams p) {
 
   const int64_t len = p.seq_lens[b];
   const bool bad_len = len < 0 || len > static_cast<int64_t>(p.max_blocks) * p.block_size;
-  const KeyRange range = split_range(attended_range(bad_len ? 0 : len, p.window), split, p.chunk);
+  const KeyRange full = attended_range(bad_len ? 0 : len, p.window);
+  const KeyRange range =
+      split_range(full, split, request_chunk(full.end - full.start, p.num_splits, kKeys, kMinChunk));
 
   // Warp w scores query rows 2w, 2w + 1 against every key of a tile; each lane keeps its slice of D of
   // both rows in registers (fp32, pre-multiplied by the scale, and by log2 e when there is no softcap
@@ -347,12 +349,12 @@ bool attention_layout_ok(const AttentionParams& p) {
          host_aligned16(p.out);
 }
 
-// Launches the attention for element type T (float, __half, __nv_bfloat16); p.num_splits and p.chunk
-// come from attention_plan() and p.workspace holds attention::workspace_floats() floats.
+// Launches the attention for element type T (float, __half, __nv_bfloat16); p.num_splits comes from
+// attention_plan() and p.workspace holds attention::workspace_floats() floats.
 template <class T>
 cudaError_t q_only_paged_attention(const AttentionParams& p, cudaStream_t stream) {
   if (p.B <= 0 || p.Q <= 0 || p.Hq <= 0) return cudaSuccess;
-  if (p.Hkv <= 0 || p.Hq % p.Hkv || p.block_size <= 0 || p.num_splits < 1 || p.chunk <= 0 ||
+  if (p.Hkv <= 0 || p.Hq % p.Hkv || p.block_size <= 0 || p.num_splits < 1 ||
       (p.num_splits > 1 && p.workspace == nullptr) || !attention_layout_ok<T>(p))
     return cudaErrorInvalidValue;
   switch (p.D) {
