@@ -11,19 +11,18 @@
 
 using namespace gemma4_mtp;
 
-static std::vector<uint32_t> bitonic_topk(const std::vector<float>& scores, int k) {
+// The kernel's network: n slots (padding keys 0), every element computes its new value from the old
+// values of itself and its partner (as threads and lanes do in parallel).
+static std::vector<uint32_t> bitonic_topk(const std::vector<float>& scores, int k, int n) {
   const int C = int(scores.size());
-  int n = 1;
-  while (n < C) n <<= 1;
   std::vector<uint64_t> keys(n, 0);
   for (int i = 0; i < C; ++i) keys[i] = topk_key(scores[i], uint32_t(i));
   for (int kk = 2; kk <= n; kk <<= 1)
-    for (int j = kk >> 1; j > 0; j >>= 1)
-      for (int i = 0; i < n; ++i) {
-        const int partner = i ^ j;
-        if (partner > i && bitonic_should_swap(uint32_t(i), uint32_t(kk), keys[i], keys[partner]))
-          std::swap(keys[i], keys[partner]);
-      }
+    for (int j = kk >> 1; j > 0; j >>= 1) {
+      std::vector<uint64_t> next(n);
+      for (int i = 0; i < n; ++i) next[i] = bitonic_exchange(uint32_t(i), uint32_t(j), uint32_t(kk), keys[i], keys[i ^ j]);
+      keys.swap(next);
+    }
   std::vector<uint32_t> out(k);
   for (int i = 0; i < k; ++i) out[i] = topk_key_index(keys[i]);
   return out;
@@ -56,7 +55,10 @@ static void test_sort() {
       for (auto& x : s) x = trial == 1 ? float(int(nd(rng) * 2)) : nd(rng);  // trial 1: many ties
       if (trial == 2 && C > 3) s[1] = -0.f, s[2] = 0.f;
       const int k = std::min(C, 32);
-      CHECK(bitonic_topk(s, k) == reference_topk(s, k));
+      CHECK(bitonic_topk(s, k, C <= 2048 ? 2048 : 4096) == reference_topk(s, k));  // the kernel's sizes
+      int pow2 = 1;
+      while (pow2 < C) pow2 <<= 1;
+      CHECK(bitonic_topk(s, C, pow2) == reference_topk(s, C));  // the whole order, tightest size
     }
   }
 }

@@ -1,7 +1,8 @@
 // Two-stage centroid LM head. Launches, all on one stream with no host synchronisation:
 //   scores:     s[t, c] = hidden[t] . centroids[c]      one warp per centroid, all tokens per pass
 //   topk:       the top_k clusters per token            one CTA per token, bitonic sort of
-//                                                       (score, index) keys in shared memory
+//                                                       (score, index) keys in registers, shuffles
+//                                                       and shared memory
 //   candidates: logit = hidden[t] . lm_head[id] over the K = top_k * V / C gathered rows, one warp per
 //               row; writes sparse/dense logits, or a per-CTA (max, lowest id) for argmax
 //   argmax:     final reduction of the per-CTA maxima (argmax output only)
@@ -99,29 +100,56 @@ __global__ void __launch_bounds__(kThreads) scores_kernel(CentroidParams p, Work
   }
 }
 
+// Descending bitonic sort of ELEMS * kSortThreads keys (padding keys 0 sort last). Thread t holds keys
+// ELEMS*t .. ELEMS*t + ELEMS-1 in registers: partners closer than ELEMS are in the thread, closer than
+// 32 * ELEMS in the warp (shuffles); only the longer strides go through shared memory.
+template <int ELEMS>
 __global__ void __launch_bounds__(kSortThreads) topk_kernel(CentroidParams p, Workspace w) {
-  __shared__ uint64_t keys[kMaxCentroids];
+  constexpr int n = ELEMS * kSortThreads;
+  static_assert(n <= kMaxCentroids, "keys fit the shared buffer");
+  __shared__ uint64_t keys[n];
   const int t = blockIdx.x;
-  int n = 1;
-  while (n < p.C) n <<= 1;
-  for (int i = threadIdx.x; i < n; i += kSortThreads)
-    keys[i] = i < p.C ? topk_key(w.scores[static_cast<int64_t>(t) * p.C + i], static_cast<uint32_t>(i)) : 0;
-  __syncthreads();
-  for (int k = 2; k <= n; k <<= 1) {
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = threadIdx.x; i < n; i += kSortThreads) {
-        const int partner = i ^ j;
-        if (partner > i && bitonic_should_swap(i, k, keys[i], keys[partner])) {
-          const uint64_t tmp = keys[i];
-          keys[i] = keys[partner];
-          keys[partner] = tmp;
+  const uint32_t base = threadIdx.x * ELEMS;
+  uint64_t v[ELEMS];
+#pragma unroll
+  for (int e = 0; e < ELEMS; ++e) {
+    const uint32_t i = base + e;
+    v[e] = i < static_cast<uint32_t>(p.C) ? topk_key(w.scores[static_cast<int64_t>(t) * p.C + i], i) : 0;
+  }
+  for (uint32_t k = 2; k <= n; k <<= 1) {
+    for (uint32_t j = k >> 1; j > 0; j >>= 1) {
+      if (j < ELEMS) {
+        // the register index must be a compile-time constant: one branch per in-thread stride
+#pragma unroll
+        for (uint32_t jj = 1; jj < ELEMS; jj <<= 1) {
+          if (jj == j) {
+            uint64_t old[ELEMS];
+#pragma unroll
+            for (int e = 0; e < ELEMS; ++e) old[e] = v[e];
+#pragma unroll
+            for (int e = 0; e < ELEMS; ++e) v[e] = bitonic_exchange(base + e, jj, k, old[e], old[e ^ jj]);
+          }
         }
+      } else if (j < 32 * ELEMS) {
+#pragma unroll
+        for (int e = 0; e < ELEMS; ++e) {
+          const uint64_t theirs = __shfl_xor_sync(0xffffffffu, v[e], static_cast<int>(j / ELEMS));
+          v[e] = bitonic_exchange(base + e, j, k, v[e], theirs);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < ELEMS; ++e) keys[base + e] = v[e];
+        __syncthreads();
+#pragma unroll
+        for (int e = 0; e < ELEMS; ++e) v[e] = bitonic_exchange(base + e, j, k, v[e], keys[(base + e) ^ j]);
+        __syncthreads();  // the buffer is rewritten by the next shared-memory stage
       }
-      __syncthreads();
     }
   }
-  for (int i = threadIdx.x; i < p.top_k; i += kSortThreads)
-    w.clusters[static_cast<int64_t>(t) * p.top_k + i] = static_cast<int32_t>(topk_key_index(keys[i]));
+#pragma unroll
+  for (int e = 0; e < ELEMS; ++e)
+    if (base + e < static_cast<uint32_t>(p.top_k))
+      w.clusters[static_cast<int64_t>(t) * p.top_k + base + e] = static_cast<int32_t>(topk_key_index(v[e]));
 }
 
 template <class T, int VEC>
@@ -183,7 +211,11 @@ template <class T, int VEC>
 cudaError_t launch_vec(const CentroidParams& p, cudaStream_t stream) {
   const Workspace w = carve(p);
   scores_kernel<T, VEC><<<static_cast<unsigned>(ceil_div(p.C, kWarps)), kThreads, 0, stream>>>(p, w);
-  topk_kernel<<<p.T, kSortThreads, 0, stream>>>(p, w);
+  if (p.C <= 2 * kSortThreads) {
+    topk_kernel<2><<<p.T, kSortThreads, 0, stream>>>(p, w);
+  } else {
+    topk_kernel<4><<<p.T, kSortThreads, 0, stream>>>(p, w);
+  }
   const int64_t ctas = candidate_ctas(p);
   candidates_kernel<T, VEC><<<dim3(static_cast<unsigned>(ctas), p.T), kThreads, 0, stream>>>(p, w);
   if (p.output == CentroidOutput::kArgmax) argmax_kernel<<<p.T, 32, 0, stream>>>(p, w, static_cast<int>(ctas));
