@@ -10,6 +10,7 @@ from gemma4_mtp import load_drafter, load_target, speculative_generate
 from gemma4_mtp import train as T
 
 transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 PROMPT_LEN = 64

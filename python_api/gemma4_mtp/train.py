@@ -1,6 +1,6 @@
 """Train the embedded default model: tokenizer, a tiny Gemma 4 target and its MTP drafter.
 
-    python -m gemma4_mtp.train [--out DIR] [--stage all|tokenizer|target|drafter] [--threads 2]
+    python -m gemma4_mtp.train [--out DIR] [--stage all|tokenizer|target|drafter] [--threads 1]
 
 The defaults are exactly what produced the checkpoints shipped in gemma4_mtp/assets/. Every stage is
 seeded and runs on CPU; the stages are independent given the previous stage's files, so running
@@ -8,7 +8,14 @@ them one by one gives the same weights as `--stage all`.
 
 Corpus: the Python standard library's own source (`.py` files under sysconfig's stdlib path, PSF
 License), available offline wherever the interpreter is. Files are split by a hash of their relative
-path, so the held-out set is the same on every machine with the same Python version.
+path, so the held-out set is the same on every machine with the same Python version. The weights
+reproduce exactly with the same Python (3.11.7 made the shipped ones), torch and thread count.
+
+Target: next-token prediction on random corpus windows. Drafter: distils the target's next-token
+choice (its argmax and its distribution) DRAFT_STEPS steps ahead from every position at once, over
+the frozen target's hidden state and last sliding/full K/V, on corpus windows and the target's own
+greedy continuations; then a balanced k-means of its LM head rows gives the centroid head's
+token_ordering and the centroids learn to pick the cluster of the dense head's choice.
 """
 from __future__ import annotations
 
@@ -245,8 +252,9 @@ def target_features(target, windows: torch.Tensor):
 
 
 def drafter_unroll(drafter, target, windows, hidden, kv, masks, num_steps: int, head):
-    """Run `num_steps` draft steps from every position P at once (teacher-forced on the real tokens:
-    step k reads token P+k and the previous step's post_projection). Yields (step, logits, hidden)."""
+    """Run `num_steps` draft steps from every position P at once (teacher-forced on the window's
+    tokens: step k reads token P+k and the previous step's post_projection). Yields (step, logits,
+    final normed hidden)."""
     S = windows.shape[1]
     P = S - num_steps
     positions = torch.arange(P)[None].expand(windows.shape[0], P)
