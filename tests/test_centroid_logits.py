@@ -4,93 +4,15 @@ import torch
 
 import gemma4_mtp_kernels as g
 from gemma4_mtp_kernels import reference
+from cases_centroid_logits import DTYPES, check_all_outputs as check_outputs, make, one_hot_head
 from helpers import DRAFTERS
 
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 E2B = DRAFTERS["E2B"]
 
 
-def make(T, Hd, C, V, dtype, *, gen=None):
-    hidden = torch.randn(T, Hd, generator=gen).to(dtype)
-    centroids = (torch.randn(C, Hd, generator=gen) / Hd**0.5).to(dtype)
-    ordering = torch.randperm(V, generator=gen)
-    lm_head = (torch.randn(V, Hd, generator=gen) / Hd**0.5).to(dtype)
-    return hidden, centroids, ordering, lm_head
-
-
-def exact_clusters(hidden, centroids, top_k):
-    """fp64 scores and, per row, the top_k clusters by descending score, ties to the lower index."""
-    scores = (hidden.double() @ centroids.double().T).tolist()
-    order = [sorted(range(len(s)), key=lambda c: (-s[c], c))[:top_k] for s in scores]
-    return torch.tensor(scores, dtype=torch.float64), order
-
-
-def tol(hidden, other):
-    """Bound on the fp32-accumulation error of a dot product of `hidden` with a row of `other`."""
-    return 1e-6 * hidden.shape[1] * hidden.double().abs().max().item() * other.double().abs().max().item() + 1e-6
-
-
-def check_clusters(got, scores, order, eps):
-    """The op's cluster choice per row (a list of top_k cluster ids) equals the fp64 one, except where the
-    competing exact scores are within eps (then either order is within the accumulation error)."""
-    for t, (got_t, want_t) in enumerate(zip(got, order)):
-        assert len(set(got_t)) == len(got_t), f"row {t}: repeated cluster in {got_t}"
-        for r, (a, b) in enumerate(zip(got_t, want_t)):
-            assert a == b or abs(scores[t, a] - scores[t, b]) <= eps, \
-                f"row {t} rank {r}: cluster {a} (score {scores[t, a]}) instead of {b} (score {scores[t, b]})"
-
-
-def clusters_of(ids, ordering, C, top_k):
-    """The clusters a sparse id list [T, K] came from, checked to be whole clusters in ordering order."""
-    M = ordering.shape[0] // C
-    ordering = ordering.long()
-    owner = torch.empty_like(ordering)
-    owner[ordering] = torch.arange(ordering.shape[0]) // M
-    out = []
-    for row in ids:
-        blocks = row.view(top_k, M)
-        cl = [int(owner[blk[0]]) for blk in blocks]
-        for c, blk in zip(cl, blocks):
-            assert torch.equal(blk, ordering[c * M:(c + 1) * M]), "candidates must follow token_ordering"
-        out.append(cl)
-    return out
-
-
-def check_all_outputs(args, top_k, what, fill_value=-7.5):
-    hidden, centroids, ordering, lm_head = args
-    T, C, V = hidden.shape[0], centroids.shape[0], lm_head.shape[0]
-    M = V // C
-    scores, order = exact_clusters(hidden, centroids, top_k)
-
-    ids, logits = g.centroid_logits(*args, top_k=top_k, output="sparse", backend="torch")
-    assert ids.dtype == torch.int64 and logits.dtype == torch.float32
-    assert ids.shape == (T, top_k * M) and logits.shape == (T, top_k * M)
-    check_clusters(clusters_of(ids, ordering, C, top_k), scores, order, tol(hidden, centroids))
-    want = torch.einsum("td,tkd->tk", hidden.double(), lm_head[ids].double())
-    eps = tol(hidden, lm_head)
-    assert (logits.double() - want).abs().max() <= eps, what
-
-    dense = g.centroid_logits(*args, top_k=top_k, output="dense", backend="torch")
-    assert dense.dtype == torch.float32 and dense.shape == (T, V)
-    cand = torch.zeros(T, V, dtype=torch.bool)
-    cand.scatter_(1, ids, True)
-    assert torch.equal(dense.gather(1, ids), logits)
-    assert (dense[~cand] == float("-inf")).all()
-    filled = g.centroid_logits(*args, top_k=top_k, output="dense", fill_value=fill_value, backend="torch")
-    assert (filled[~cand] == fill_value).all() and torch.equal(filled[cand], dense[cand])
-
-    token, best = g.centroid_logits(*args, top_k=top_k, output="argmax", backend="torch")
-    assert token.dtype == torch.int64 and best.dtype == torch.float32
-    assert token.shape == (T,) and best.shape == (T,)
-    for t in range(T):
-        exp_ids = torch.cat([ordering[c * M:(c + 1) * M] for c in order[t]]).long()
-        exp_logits = hidden[t].double() @ lm_head[exp_ids].double().T
-        m = exp_logits.max()
-        exp_token = int(exp_ids[exp_logits == m].min())
-        tok = int(token[t])
-        exact_tok = float(hidden[t].double() @ lm_head[tok].double())
-        assert tok == exp_token or m - exact_tok <= 2 * eps, f"{what} row {t}: {tok} vs {exp_token}"
-        assert abs(float(best[t]) - exact_tok) <= eps
+def check_all_outputs(args, top_k, what):
+    ids, logits, dense = check_outputs(args, top_k, what, backend="torch")
+    assert torch.equal(dense.gather(1, ids), logits)  # the reference's dense row is its sparse logits
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -121,21 +43,6 @@ def test_zero_tokens():
     assert g.centroid_logits(*args, top_k=2, output="dense", backend="torch").shape == (0, 12)
     token, best = g.centroid_logits(*args, top_k=2, backend="torch")
     assert token.shape == (0,) and best.shape == (0,)
-
-
-def one_hot_head(scores, logits, M):
-    """hidden = e0, so centroid scores and token logits are exact small integers in every dtype."""
-    C, V = len(scores), len(logits)
-    assert V == C * M
-    hidden = torch.zeros(1, 4)
-    hidden[0, 0] = 1
-    centroids = torch.zeros(C, 4)
-    centroids[:, 0] = torch.tensor(scores, dtype=torch.float32)
-    centroids[:, 1] = torch.randn(C)  # ignored by hidden, must not break ties
-    lm_head = torch.zeros(V, 4)
-    lm_head[:, 0] = torch.tensor(logits, dtype=torch.float32)
-    lm_head[:, 2] = torch.randn(V)
-    return hidden, centroids, lm_head
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

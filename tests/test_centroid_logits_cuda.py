@@ -1,55 +1,22 @@
 """CUDA centroid_logits against fp64 (SPEC §4.3, §6). Needs a GPU (marked `gpu`).
 
 Discrete outputs (cluster choice, argmax token) must match the fp64 answer exactly except where the
-competing exact values are within the fp32 accumulation error (helpers of test_centroid_logits)."""
+competing exact values are within the fp32 accumulation error (checks in cases_centroid_logits)."""
 import pytest
 import torch
 
 import gemma4_mtp_kernels as g
 from gemma4_mtp_kernels import cuda as cuda_backend
+from cases_centroid_logits import DTYPES, check_all_outputs, make, one_hot_head, tol
 from helpers import DRAFTERS
-from test_centroid_logits import DTYPES, check_clusters, clusters_of, exact_clusters, make, one_hot_head, tol
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
 E2B = DRAFTERS["E2B"]
 
 
-def check_cuda_outputs(args, top_k, what, fill_value=-7.5):
-    hidden, centroids, ordering, lm_head = args
-    T, C, V = hidden.shape[0], centroids.shape[0], lm_head.shape[0]
-    M = V // C
-    scores, order = exact_clusters(hidden, centroids, top_k)
-    dargs = [t.to(DEV) for t in args]
-    eps = tol(hidden, lm_head)
-
-    ids, logits = (t.cpu() for t in g.centroid_logits(*dargs, top_k=top_k, output="sparse", backend="cuda"))
-    assert ids.dtype == torch.int64 and logits.dtype == torch.float32
-    assert ids.shape == (T, top_k * M) and logits.shape == (T, top_k * M)
-    check_clusters(clusters_of(ids, ordering, C, top_k), scores, order, tol(hidden, centroids))
-    want = torch.einsum("td,tkd->tk", hidden.double(), lm_head[ids].double())
-    assert (logits.double() - want).abs().max() <= eps, what
-
-    dense = g.centroid_logits(*dargs, top_k=top_k, output="dense", backend="cuda").cpu()
-    assert dense.dtype == torch.float32 and dense.shape == (T, V)
-    cand = torch.zeros(T, V, dtype=torch.bool)
-    cand.scatter_(1, ids, True)
-    assert (dense.gather(1, ids).double() - want).abs().max() <= eps, what
-    assert (dense[~cand] == float("-inf")).all()
-    filled = g.centroid_logits(*dargs, top_k=top_k, output="dense", fill_value=fill_value, backend="cuda").cpu()
-    assert (filled[~cand] == fill_value).all() and torch.equal(filled[cand], dense[cand])
-
-    token, best = (t.cpu() for t in g.centroid_logits(*dargs, top_k=top_k, output="argmax", backend="cuda"))
-    assert token.dtype == torch.int64 and best.dtype == torch.float32 and token.shape == (T,) and best.shape == (T,)
-    for t in range(T):
-        exp_ids = torch.cat([ordering[c * M:(c + 1) * M] for c in order[t]]).long()
-        exp_logits = hidden[t].double() @ lm_head[exp_ids].double().T
-        m = exp_logits.max()
-        exp_token = int(exp_ids[exp_logits == m].min())
-        tok = int(token[t])
-        exact_tok = float(hidden[t].double() @ lm_head[tok].double())
-        assert tok == exp_token or m - exact_tok <= 2 * eps, f"{what} row {t}: {tok} vs {exp_token}"
-        assert abs(float(best[t]) - exact_tok) <= eps
+def check_cuda_outputs(args, top_k, what):
+    check_all_outputs(args, top_k, what, backend="cuda", device=DEV)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -9,28 +9,15 @@ import torch
 
 from gemma4_mtp_kernels import cuda as cuda_backend
 from gemma4_mtp_kernels import fused_concat_down_proj
+from cases_fused_concat_down_proj import check_backend, exact_down_proj, make_inputs
 from helpers import DRAFTERS, assert_tolerance, poisoned
-from test_fused_concat_down_proj_triton import exact_down_proj, make_inputs
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
 
 
-def check(T, Hb, Hd, dtype, *, index_dtype=torch.int64, strided=False, V=97):
-    token_ids, embed_table, hidden, weight = make_inputs(T, Hb, Hd, dtype, V=V)
-    token_ids = token_ids.to(index_dtype)
-    if strided:  # row strides the op accepts: views into wider storage (16-byte loads must not be assumed)
-        embed_table = torch.cat([embed_table, embed_table[:, :3]], dim=1)[:, :Hb]
-        hidden = torch.cat([hidden, hidden[:, :5]], dim=1)[:, :Hb]
-    scale = math.sqrt(Hb)
-    args = [t.to(DEV) for t in (token_ids, embed_table, hidden, weight)]
-    out = poisoned((T, Hd), dtype, device=DEV)
-    got = fused_concat_down_proj(*args, embed_scale=scale, out=out, backend="cuda")
-    assert got is out
-    exact = exact_down_proj(token_ids, embed_table, hidden, weight, scale)
-    ref = fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=scale, backend="torch")
-    atol = 1e-6 * math.sqrt(2 * Hb) * exact.abs().max().item() + 1e-6
-    assert_tolerance(got.cpu(), exact, ref, atol=atol, what=f"T={T} Hb={Hb} Hd={Hd} {dtype} strided={strided}")
+def check(T, Hb, Hd, dtype, **kw):
+    check_backend("cuda", DEV, T, Hb, Hd, dtype, **kw)
 
 
 @pytest.mark.parametrize("name", list(DRAFTERS))

@@ -1,7 +1,7 @@
 """CUDA tree_verify against the reference (SPEC §4.4, §6). Needs a GPU (marked `gpu`).
 
 Greedy decisions must match exactly. Sampling decisions must match except at honest floating-point
-boundaries, judged as in tests/test_tree_verify_triton.py: where the two walks first part, the
+boundaries (cases_tree_verify.assert_matches_reference): where the two walks first part, the
 uniform must lie within EPS of the boundary that separates the two choices.
 """
 import pytest
@@ -10,29 +10,10 @@ import torch
 from gemma4_mtp_kernels import _checks as checks
 from gemma4_mtp_kernels import cuda as cuda_backend
 from gemma4_mtp_kernels import tree_verify
-from test_tree_verify_triton import EPS, cdf_boundary_ok, drafts_following, logits_for, random_tree
+from cases_tree_verify import assert_matches_reference, drafts_following, logits_for, random_tree
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
-
-
-def parting_is_a_boundary(got, ref, b, draft_tokens, parents, logits, temperature, uniforms, q):
-    j = int((got.output_tokens[b] != ref.output_tokens[b]).nonzero()[0])
-    node = 0 if j == 0 else int(ref.accepted_nodes[b, j - 1])
-    p = torch.softmax(logits[b, node].float() / float(temperature[b]), 0)
-    t_got, t_ref = int(got.output_tokens[b, j]), int(ref.output_tokens[b, j])
-    if q is None:
-        return cdf_boundary_ok(p, float(uniforms[b, node, 0]), t_got, t_ref)
-    kids = [k for k in (parents[b] == node).nonzero().flatten().tolist() if k > 0]
-    u0, u1 = float(uniforms[b, node, 0]), float(uniforms[b, node, 1])
-    if not kids:
-        return cdf_boundary_ok(p, u1, t_got, t_ref)
-    x = int(draft_tokens[b, kids[0]])
-    if (j < int(got.accept_len[b])) != (j < int(ref.accept_len[b])):
-        ratio = float(p[x]) / float(q[b, node, x])
-        return abs(u0 - ratio) <= EPS * max(1.0, ratio)
-    res = (p - q[b, node].float()).clamp(min=0)
-    return cdf_boundary_ok(res / res.sum(), u1, t_got, t_ref)
 
 
 def check(draft_tokens, parents, logits, *, temperature=None, uniforms=None, draft_probs=None):
@@ -43,16 +24,7 @@ def check(draft_tokens, parents, logits, *, temperature=None, uniforms=None, dra
     assert got.output_tokens.dtype == torch.int64 and got.last_node.dtype == torch.int32
     got = type(got)(*(t.cpu() for t in got))
     ref = tree_verify(draft_tokens, parents, logits, backend="torch", **kw)
-    boundary = 0
-    for b in range(parents.shape[0]):
-        if torch.equal(got.output_tokens[b], ref.output_tokens[b]) and torch.equal(got.accepted_nodes[b],
-                                                                                   ref.accepted_nodes[b]):
-            assert got.accept_len[b] == ref.accept_len[b] and got.last_node[b] == ref.last_node[b]
-            continue
-        assert temperature is not None and float(temperature[b]) > 0, \
-            f"greedy row {b} differs: {got.output_tokens[b]} vs {ref.output_tokens[b]}"
-        assert parting_is_a_boundary(got, ref, b, draft_tokens, parents, logits, temperature, uniforms, draft_probs), b
-        boundary += 1
+    boundary = assert_matches_reference(got, ref, draft_tokens, parents, logits, **kw)
     return got, ref, boundary
 
 
