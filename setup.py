@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import subprocess
 import sys
 
 from setuptools import find_packages, setup
@@ -31,10 +32,36 @@ def arch_flags(spec: str) -> list[str]:
     return flags
 
 
+def find_cuda_home() -> None:
+    """Point CUDA_HOME at the real toolkit when the environment does not.
+
+    torch guesses CUDA_HOME as the folder above `which nvcc`, which is wrong when nvcc on PATH is a
+    wrapper script (e.g. /usr/local/bin/nvcc exec-ing /usr/local/cuda-13.0/bin/nvcc); nvcc's own
+    dry run names its install (TOP=...)."""
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return
+    nvcc = shutil.which("nvcc")
+    if not nvcc:
+        return
+    candidates = [os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))]
+    try:
+        dry = subprocess.run([nvcc, "-dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                             capture_output=True, text=True, timeout=60)
+        tops = [ln.split("TOP=", 1)[1].strip() for ln in (dry.stdout + dry.stderr).splitlines() if "TOP=" in ln]
+        candidates = [os.path.realpath(t) for t in tops] + candidates
+    except (OSError, subprocess.SubprocessError):
+        pass
+    for home in candidates:
+        if os.path.exists(os.path.join(home, "include", "cuda_runtime_api.h")):
+            os.environ["CUDA_HOME"] = home
+            return
+
+
 def cuda_extension():
     """(extension list, cmdclass, reason it was not built or None)."""
     if os.environ.get("GEMMA4_MTP_NO_CUDA", "0") not in ("", "0"):
         return [], {}, "GEMMA4_MTP_NO_CUDA is set"
+    find_cuda_home()  # before cpp_extension computes its CUDA_HOME at import
     try:
         import torch
         from torch.utils import cpp_extension
@@ -49,19 +76,20 @@ def cuda_extension():
     if not sources:
         return [], {}, "there are no CUDA sources in csrc/ yet"
     includes = [os.path.join(ROOT, "csrc", "include")]
+    cxx_flags = ["-O3", "-std=c++20"]  # torch's headers need C++20 (only csrc/*.cpp include them)
     # torch's nvidia wheels carry headers (cusparse.h, ...) that ATen's CUDA headers include and a
-    # bare toolkit may lack.
+    # bare toolkit may lack. -idirafter: only for headers the toolkit lacks, so the toolkit's own
+    # (cuda_runtime_api.h and its crt/ companions) always win.
     nvidia_inc = os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "cu13", "include")
     if os.path.isdir(nvidia_inc):
-        includes.append(nvidia_inc)
+        cxx_flags += ["-idirafter", nvidia_inc]
     archs = os.environ.get("GEMMA4_MTP_CUDA_ARCHS", DEFAULT_ARCHS)
     nvcc_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xptxas=-v", "-lineinfo"] + arch_flags(archs)
     ext = cpp_extension.CUDAExtension(
         name="gemma4_mtp_kernels._C",
         sources=sources,
         include_dirs=includes,
-        # torch's headers need C++20 (only csrc/*.cpp include them); the kernels stay C++17.
-        extra_compile_args={"cxx": ["-O3", "-std=c++20"], "nvcc": nvcc_flags},
+        extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},  # the kernels stay C++17
     )
     return [ext], {"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)}, None
 
