@@ -100,6 +100,27 @@ def out_tensor(op: str, out, shape: Sequence[int], dtype: torch.dtype, device: t
     contiguous(op, name, out)
 
 
+def no_overlap(op: str, name: str, out, others: Iterable[tuple[str, torch.Tensor | None]]) -> None:
+    """`out` shares no memory with an input: the kernels' programs read inputs while others write out.
+    Not checkable while torch.compile traces (no storage to compare); skipped there."""
+    if out is None or out.numel() == 0 or torch.compiler.is_compiling():
+        return
+    lo, hi = _byte_span(out)
+    for other, t in others:
+        # torch._C._overlaps answers "same storage"; the spans decide whether the bytes meet
+        if t is not None and t.numel() and torch._C._overlaps(out, t):
+            t_lo, t_hi = _byte_span(t)
+            if lo < t_hi and t_lo < hi:
+                fail_value(op, name, f"a buffer that does not overlap {other}", f"a tensor sharing memory with {other}")
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last + 1) byte of t's elements within its storage (t non-empty)."""
+    first = t.storage_offset() * t.element_size()
+    last = first + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) * t.element_size()
+    return first, last + t.element_size()
+
+
 def positive_int(op: str, name: str, v) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         fail_type(op, name, "an int", _describe(v))

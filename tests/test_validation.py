@@ -43,6 +43,11 @@ def tree(**change):
     return lambda: g.tree_verify(**a)
 
 
+def fused_in_place():
+    hidden = torch.randn(3, 8)
+    return fused(hidden=hidden, weight=torch.randn(8, 16), out=hidden)
+
+
 def with_value(t, index, value):
     t = t.clone()
     t[index] = value
@@ -86,6 +91,9 @@ CASES = {
     "fused-out-shape": (fused(out=torch.empty(3, 5)), V, "out"),
     "fused-out-dtype": (fused(out=torch.empty(3, 4, dtype=torch.bfloat16)), E, "out"),
     "fused-out-noncontiguous": (fused(out=torch.empty(4, 3).T), V, "out"),
+    # the Triton kernel reads token_ids[t] at offset t
+    "fused-token_ids-strided": (fused(token_ids=torch.tensor([0, 1, 9, 1, 4, 1])[::2]), V, "token_ids"),
+    "fused-out-is-hidden": (fused_in_place(), V, "out"),
     "fused-backend-name": (fused(backend="cudnn"), V, "backend"),
     "fused-backend-cuda-on-cpu": (fused(backend="cuda"), T, "cuda"),
     # q_only_paged_attention
@@ -108,6 +116,9 @@ CASES = {
     "attn-seq_lens-batch": (attn(seq_lens=torch.tensor([5], dtype=torch.int32)), V, "seq_lens"),
     "attn-seq_lens-negative": (attn(seq_lens=torch.tensor([5, -1], dtype=torch.int32)), V, "seq_lens"),
     "attn-seq_lens-too-long": (attn(seq_lens=lambda a: with_value(a["seq_lens"], 0, a["block_table"].shape[1] * 4 + 1)), V, "seq_lens"),
+    "attn-seq_lens-strided": (attn(seq_lens=lambda a: torch.stack([a["seq_lens"]] * 2, 1)[:, 0]), V, "seq_lens"),
+    "attn-out-is-q": (attn(out=lambda a: a["q"]), V, "out"),
+    "attn-out-overlaps-k_cache": (attn(out=lambda a: a["k_cache"].reshape(-1)[:2 * 4 * 64].view(2, 1, 4, 64)), V, "out"),
     "attn-window-zero": (attn(window=0), V, "window"),
     "attn-window-float": (attn(window=2.5), E, "window"),
     "attn-softcap-zero": (attn(softcap=0.0), V, "softcap"),
@@ -153,6 +164,14 @@ CASES = {
     "tree-temperature-negative": (tree(temperature=-1.0), V, "temperature"),
     "tree-temperature-row-negative": (sampling(temperature=torch.tensor([1.0, -0.5])), V, "temperature"),
     "tree-temperature-length": (sampling(temperature=torch.ones(3)), V, "temperature"),
+    "tree-temperature-row-inf": (sampling(temperature=torch.tensor([1.0, float("inf")])), V, "temperature"),
+    "tree-temperature-overflows-logits": (sampling(temperature=1e-45), V, "temperature"),
+    "tree-target_logits-nan-greedy": (tree(target_logits=with_value(torch.randn(2, 4, 6), (1, 3, 2), float("nan"))),
+                                      V, "target_logits"),
+    "tree-target_logits-row-all-minus-inf": (sampling(target_logits=with_value(torch.randn(2, 4, 6), (0, 2),
+                                                                                float("-inf"))), V, "target_logits"),
+    "tree-target_logits-plus-inf-sampling": (sampling(target_logits=with_value(torch.randn(2, 4, 6), (1, 0, 3),
+                                                                                float("inf"))), V, "target_logits"),
     "tree-temperature-fp64": (sampling(temperature=torch.ones(2, dtype=torch.float64)), E, "temperature"),
     "tree-draft_probs-on-tree": (chain_probs(parents=TREE_PARENTS.clone()), V, "draft_probs"),
     "tree-draft_probs-greedy": (chain_probs(temperature=None, uniforms=None), V, "draft_probs"),
@@ -228,3 +247,50 @@ def test_fill_value_zero_and_int_are_accepted():
     for fill in (0, 0.0, -3):
         dense = centroid(output="dense", fill_value=fill)()
         assert (dense == fill).any()
+
+
+def test_out_beside_its_inputs_in_one_buffer_is_accepted():
+    """Only real overlap is refused: out and hidden may be disjoint slices of one allocation."""
+    buf = torch.randn(6, 8)
+    hidden, out = buf[:3], buf[3:]
+    args = (torch.tensor([0, 9, 4]), torch.randn(10, 8), hidden, torch.randn(8, 16))
+    want = g.fused_concat_down_proj(*args, embed_scale=2.0)
+    g.fused_concat_down_proj(*args, embed_scale=2.0, out=out)
+    assert torch.equal(out, want)
+
+
+def test_nan_and_inf_only_matter_in_used_rows():
+    """Padding slots (never visited) may hold anything; a greedy row of all -inf is a tie (token 0)."""
+    parents = torch.tensor([[-1, 0, -1]], dtype=torch.int32)
+    logits = torch.randn(1, 3, 5)
+    logits[0, 2] = float("nan")
+    res = g.tree_verify(torch.tensor([[0, 1, 2]]), parents, logits, temperature=1.0, uniforms=torch.rand(1, 3, 2))
+    assert int(res.output_tokens[0, 0]) >= 0
+    res = g.tree_verify(torch.tensor([[0, 1, 2]]), parents, torch.full((1, 3, 5), float("-inf")))
+    assert res.output_tokens[0].tolist() == [0, -1, -1]
+
+
+def test_scalar_greedy_temperature_needs_no_uniforms_without_value_checks(monkeypatch):
+    """temperature=0.0 is known greedy on the host: no uniforms are needed even where the values of
+    tensors cannot be read (CUDA without value checks, graph capture, torch.compile)."""
+    from gemma4_mtp_kernels import _checks
+
+    logits = torch.randn(2, 4, 6)
+    want = tree(target_logits=logits)()
+    monkeypatch.setattr(_checks, "values_checkable", lambda t: False)
+    res = tree(target_logits=logits, temperature=0.0)()
+    assert torch.equal(res.output_tokens, want.output_tokens)
+    with pytest.raises(ValueError, match="uniforms"):
+        tree(temperature=torch.zeros(2))()  # a tensor's rows are unknown there
+
+
+def test_reference_refuses_a_sampling_row_without_a_distribution():
+    """Reached unchecked (CUDA without value checks), the reference says what is wrong instead of
+    failing inside its inverse CDF."""
+    from gemma4_mtp_kernels import reference
+
+    logits = torch.randn(1, 3, 5)
+    logits[0, 0] = float("-inf")
+    with pytest.raises(ValueError, match="target_logits"):
+        reference.tree_verify(torch.tensor([[0, 1, 2]]), torch.tensor([[-1, 0, 1]], dtype=torch.int32), logits,
+                              temperature=torch.ones(1), uniforms=torch.rand(1, 3, 2))

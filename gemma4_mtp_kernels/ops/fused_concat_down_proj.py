@@ -29,10 +29,13 @@ def fused_concat_down_proj(token_ids, embed_table, hidden, weight, *, embed_scal
     C.dim(OP, "weight", weight, 1, 2 * Hb, "2 * Hb, embedding half first")
     for name, t in (("embed_table", embed_table), ("hidden", hidden), ("weight", weight)):
         C.inner_contiguous(OP, name, t)
+    C.contiguous(OP, "token_ids", token_ids)
     C.finite_float(OP, "embed_scale", embed_scale)
     Hd = weight.shape[0]
     if out is not None:
         C.out_tensor(OP, out, (T, Hd), hidden.dtype, hidden.device)
+        C.no_overlap(OP, "out", out, [("token_ids", token_ids), ("embed_table", embed_table), ("hidden", hidden),
+                                      ("weight", weight)])
     if C.values_checkable(token_ids):
         C.index_range(OP, "token_ids", token_ids, 0, V, "rows of embed_table")
     impl = resolve(OP, backend, hidden.device, hidden.dtype)

@@ -42,6 +42,7 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
     C.dim(OP, "seq_lens", seq_lens, 0, B, "B = q.shape[0]")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table)):
         C.inner_contiguous(OP, name, t)
+    C.contiguous(OP, "seq_lens", seq_lens)
     C.finite_float(OP, "scale", scale)
     if window is not None:
         C.positive_int(OP, "window", window)
@@ -51,6 +52,8 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
         C.fail_type(OP, "return_lse", "a bool", return_lse)
     if out is not None:
         C.out_tensor(OP, out, q.shape, q.dtype, q.device)
+        C.no_overlap(OP, "out", out, [("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
+                                      ("block_table", block_table), ("seq_lens", seq_lens)])
     if C.values_checkable(seq_lens):
         _check_cache_indices(block_table, seq_lens, num_blocks, block_size, window)
     impl = resolve(OP, backend, q.device, q.dtype, head_dim=D)
