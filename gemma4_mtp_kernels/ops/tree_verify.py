@@ -17,6 +17,10 @@ def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, unifo
     (parents[:, 0] == -1, 0 <= parents[b, i] < i or -1 for padding); target_logits [B, N, V].
     temperature None (all greedy), a float, or [B] fp32 (0 = greedy row); uniforms [B, N, 2] fp32 in
     [0, 1), required for sampling rows; draft_probs [B, N, V] for chain drafts sampled from q.
+    The rows of used nodes hold no NaN, and in a sampling request target_logits / temperature has a
+    finite maximum (no all -inf row, no +inf, no overflow from a tiny temperature): there is no
+    distribution to sample otherwise. Checked on CPU (and on CUDA with value checks); the reference
+    raises the same ValueError when it reaches such a row.
     """
     C.tensor(OP, "draft_tokens", draft_tokens, ndim=2, dtypes=C.INDEX_DTYPES)
     C.tensor(OP, "parents", parents, ndim=2, dtypes=(torch.int32,))
@@ -35,10 +39,12 @@ def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, unifo
     dev = target_logits.device
     C.same_device(OP, "target_logits", target_logits, [("draft_tokens", draft_tokens), ("parents", parents)])
 
+    all_greedy = False  # known on the host without reading a tensor
     if temperature is not None and not isinstance(temperature, torch.Tensor):
         t = C.finite_float(OP, "temperature", temperature)
         if t < 0:
             C.fail_value(OP, "temperature", ">= 0", t)
+        all_greedy = t == 0
         temperature = torch.full((B,), t, dtype=torch.float32, device=dev)
     if temperature is not None:
         C.tensor(OP, "temperature", temperature, ndim=1, dtypes=(torch.float32,))
@@ -61,7 +67,7 @@ def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, unifo
             C.fail_value(OP, "draft_probs", "None when temperature is None (greedy rows ignore draft probabilities)",
                          "a tensor")
 
-    if temperature is not None and uniforms is None:
+    if temperature is not None and uniforms is None and not all_greedy:
         if not C.values_checkable(temperature) or bool((temperature > 0).any()):
             C.fail_value(OP, "uniforms", "a [B, N, 2] fp32 tensor when any row samples (temperature > 0)", "None")
     if C.values_checkable(parents):
@@ -69,8 +75,9 @@ def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, unifo
         C.index_range(OP, "draft_tokens", draft_tokens[parents >= 0],
                       0, V, "vocabulary ids of drafted nodes")
         if temperature is not None:
-            if bool((temperature < 0).any()) or bool(torch.isnan(temperature).any()):
-                C.fail_value(OP, "temperature", ">= 0 in every row", temperature.tolist())
+            if not bool((torch.isfinite(temperature) & (temperature >= 0)).all()):
+                C.fail_value(OP, "temperature", "finite and >= 0 in every row", temperature.tolist())
+        _check_logits(target_logits, parents, temperature)
         if uniforms is not None and uniforms.numel():
             if bool(((uniforms < 0) | (uniforms >= 1) | torch.isnan(uniforms)).any()):
                 C.fail_value(OP, "uniforms", "in [0, 1)", f"min {float(uniforms.min())}, max {float(uniforms.max())}")
@@ -107,3 +114,30 @@ def _check_tree(parents: torch.Tensor, chain_only: bool) -> None:
             b, i = (children > 1).nonzero()[0].tolist()
             C.fail_value(OP, "draft_probs", "given only for chain drafts (at most one child per node)",
                          f"node {i} of request {b} with {int(children[b, i])} children")
+
+
+def _check_logits(target_logits, parents, temperature) -> None:
+    """Rows of used nodes hold no NaN; sampling rows have a distribution (see tree_verify)."""
+    used = parents >= 0
+    used[:, 0] = True
+    rows = target_logits[used]
+    if bool(torch.isnan(rows).any()):
+        C.fail_value(OP, "target_logits", "free of NaN in the rows of used nodes", "NaN")
+    if temperature is None:
+        return
+    sampling = used & (temperature > 0)[:, None]
+    if not bool(sampling.any()):
+        return
+    b, i = sampling.nonzero().unbind(1)
+    x = target_logits[b, i].float()
+    peak = x.amax(dim=1)
+    bad = (peak == float("inf")) | (peak == float("-inf"))
+    if bool(bad.any()):
+        j = int(bad.nonzero()[0])
+        C.fail_value(OP, "target_logits", "a finite maximum in every used node of a sampling request (a "
+                     "distribution to sample)", f"maximum {float(peak[j])} at request {int(b[j])}, node {int(i[j])}")
+    scaled = (x / temperature[b][:, None]).amax(dim=1)
+    if not bool(torch.isfinite(scaled).all()):
+        j = int((~torch.isfinite(scaled)).nonzero()[0])
+        C.fail_value(OP, "temperature", "large enough that target_logits / temperature stays finite",
+                     f"{float(temperature[b[j]])} at request {int(b[j])}")

@@ -14,6 +14,16 @@ def inverse_cdf(probs: torch.Tensor, u: float) -> int:
     return int((probs > 0).nonzero()[-1])
 
 
+def _distribution(logits: torch.Tensor, temp: float, b: int, u: int) -> torch.Tensor:
+    """softmax(logits / temp); a row with no finite maximum (all -inf, +inf, overflow) has no
+    distribution to sample, which the public op rejects up front where it can read the values."""
+    scaled = logits / temp
+    if not bool(torch.isfinite(scaled.max())):
+        raise ValueError(f"tree_verify: target_logits / temperature must have a finite maximum in every visited "
+                         f"node of a sampling request, got {float(scaled.max())} at request {b}, node {u}")
+    return torch.softmax(scaled, dim=0)
+
+
 def _children(parents_row):
     kids = [[] for _ in parents_row]
     for i in range(1, len(parents_row)):
@@ -43,10 +53,10 @@ def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, unifo
                 t = int(torch.argmax(logits))  # first maximum = lowest id
                 child = by_token.get(t)
             elif draft_probs is None:
-                t = inverse_cdf(torch.softmax(logits / temp, dim=0), float(uniforms[b, u, 0]))
+                t = inverse_cdf(_distribution(logits, temp, b, u), float(uniforms[b, u, 0]))
                 child = by_token.get(t)
             else:
-                p = torch.softmax(logits / temp, dim=0)
+                p = _distribution(logits, temp, b, u)
                 child, t = None, None
                 if kids[u]:
                     c = kids[u][0]  # chains only: one child
