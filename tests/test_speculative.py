@@ -238,11 +238,16 @@ def test_bad_arguments(random_pair):
         (dict(max_new_tokens=4, num_draft_tokens=2, sample_drafts=True), "sample_drafts"),
         (dict(max_new_tokens=4, num_draft_tokens=None, tree=(2,), temperature=1.0, sample_drafts=True),
          "sample_drafts"),
+        (dict(max_new_tokens=4, num_draft_tokens=2, temperature=1.0, seed=2**64), "seed"),
+        (dict(max_new_tokens=4, num_draft_tokens=2, temperature=1.0, seed=1.5), "seed"),
     ]:
         with pytest.raises(ValueError, match=match):
             speculative_generate(target, drafter, p, **kw)
     with pytest.raises(ValueError, match="prompt_ids"):
         speculative_generate(target, drafter, [], max_new_tokens=4, num_draft_tokens=2)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        speculative_generate(target, drafter, torch.zeros(0, 3, dtype=torch.long), max_new_tokens=4,
+                             num_draft_tokens=2)
     with pytest.raises(ValueError, match="prompt"):
         speculative_generate(target, drafter, [p, torch.tensor([], dtype=torch.long)], max_new_tokens=4,
                              num_draft_tokens=2)

@@ -63,9 +63,9 @@ def _prompts(prompt_ids) -> list[torch.Tensor]:
     if isinstance(prompt_ids, torch.Tensor):
         if prompt_ids.dim() == 1:
             return [prompt_ids.long()]
-        if prompt_ids.dim() == 2:
+        if prompt_ids.dim() == 2 and prompt_ids.shape[0] > 0:
             return [row.long() for row in prompt_ids]
-        raise ValueError(f"prompt_ids: expected a 1-D or 2-D tensor, got shape {tuple(prompt_ids.shape)}")
+        raise ValueError(f"prompt_ids: expected a 1-D or a non-empty 2-D tensor, got shape {tuple(prompt_ids.shape)}")
     if isinstance(prompt_ids, Sequence) and prompt_ids and all(isinstance(x, int) for x in prompt_ids):
         return [torch.tensor(prompt_ids, dtype=torch.long)]
     if isinstance(prompt_ids, Sequence) and prompt_ids:
@@ -226,9 +226,13 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
     if drafter is not None:
         drafter.check_target(target)
     prompts = _prompts(prompt_ids)
+    B = len(prompts)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                             or not -2**63 <= seed <= 2**64 - B):
+        # request b seeds a torch.Generator with seed + b, which takes a 64-bit value
+        raise ValueError(f"seed: expected None or an int in [-2**63, 2**64 - {B}], got {seed!r}")
     backend = verify_backend or (drafter.backend if drafter is not None else "auto")
     eos = _eos_set(target, eos_token_id)
-    B = len(prompts)
     dev = target.device
     sampling = temperature > 0
     temps = torch.full((B,), float(temperature), dtype=torch.float32, device=dev) if sampling else None
