@@ -25,6 +25,29 @@ static void test_argmax_ties() {
   ArgMax c = argmax_identity();
   for (int i = 3; i >= 0; --i) c = argmax_merge(c, ArgMax{-INFINITY, i});
   CHECK_EQ(c.index, 0);
+  // NaN is the maximum and the first NaN wins, like torch.argmax, in any merge order; a row of NaN
+  // logits must give a real id, never kNoIndex (it becomes a token)
+  const float n = NAN;
+  const float with_nan[] = {1.f, n, 2.f, n, INFINITY};
+  ArgMax d = argmax_identity(), e = argmax_identity();
+  for (int i = 0; i < 5; ++i) d = argmax_merge(d, ArgMax{with_nan[i], i});
+  for (int i = 4; i >= 0; --i) e = argmax_merge(e, ArgMax{with_nan[i], i});
+  CHECK_EQ(d.index, 1);
+  CHECK_EQ(e.index, 1);
+  CHECK_EQ(argmax_merge(ArgMax{n, 3}, ArgMax{n, 2}).index, 2);
+  CHECK_EQ(argmax_merge(ArgMax{n, 3}, ArgMax{INFINITY, 0}).index, 3);
+  ArgMax f = argmax_identity();
+  for (int i = 3; i >= 0; --i) f = argmax_merge(f, ArgMax{n, i});
+  CHECK_EQ(f.index, 0);
+  // argmax_push (a thread's scan in ascending ids) agrees with argmax_merge, NaN and ties included
+  const float row[] = {-INFINITY, 2.f, n, 2.f, INFINITY, n, -1.f};
+  ArgMax merged = argmax_identity(), pushed = argmax_identity();
+  for (int i = 0; i < 7; ++i) {
+    merged = argmax_merge(merged, ArgMax{row[i], i});
+    pushed = argmax_push(pushed, row[i], i);
+    CHECK_EQ(pushed.index, merged.index);
+  }
+  CHECK_EQ(pushed.index, 2);
 }
 
 static void test_maxsum() {
@@ -43,6 +66,19 @@ static void test_maxsum() {
   CHECK(all.m == m);
   CHECK(std::fabs(all.s - s) <= 1e-5 * s);
   CHECK(maxsum_merge(maxsum_identity(), maxsum_identity()).s == 0.f);
+
+  // masked (-inf) logits add nothing, wherever they fall in a chunk: first, last, or the whole chunk
+  MaxSum masked = maxsum_identity();
+  const float row[] = {-INFINITY, -INFINITY, 1.f, -INFINITY, 2.f, -INFINITY};
+  for (float v : row) masked = maxsum_add(masked, v);
+  CHECK(masked.m == 2.f);
+  CHECK(std::fabs(masked.s - (1.f + std::exp(-1.f))) <= 1e-6f);
+  MaxSum all_masked = maxsum_identity();
+  for (int i = 0; i < 4; ++i) all_masked = maxsum_add(all_masked, -INFINITY);
+  CHECK(all_masked.s == 0.f);
+  const MaxSum merged = maxsum_merge(all_masked, masked);
+  CHECK(merged.m == 2.f && merged.s == masked.s);
+  CHECK(maxsum_merge(masked, all_masked).s == masked.s);
 }
 
 static int sequential_inverse_cdf(const std::vector<float>& p, double u) {
@@ -114,6 +150,17 @@ static void test_inverse_cdf() {
   std::vector<float> p = {0.25f, 0.25f, 0.25f, 0.f};
   CHECK_EQ(blocked_inverse_cdf(p, 0.9, 2, 1), 2);
   CHECK_EQ(sequential_inverse_cdf(p, 0.9), 2);
+
+  // A thread whose parallel start (its exclusive prefix) rounds above u must answer with its first
+  // item of nonzero probability, never with a masked (p = 0) id before it.
+  const float masked_head[] = {0.f, 0.f, 0.5f, 0.5f};
+  CHECK_EQ(first_crossing(masked_head, 4, 0.6, 0.5), 2);
+  const float all_masked[] = {0.f, 0.f};
+  CHECK_EQ(first_crossing(all_masked, 2, 0.6, 0.5), kNoIndex);
+  // the ordinary case is unchanged: the first item that pushes the running sum above u
+  const float plain[] = {0.25f, 0.f, 0.25f, 0.5f};
+  CHECK_EQ(first_crossing(plain, 4, 0.0, 0.3), 2);
+  CHECK_EQ(first_crossing(plain, 4, 0.0, 0.2), 0);
 }
 
 struct Walk {

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "gemma4_mtp/host_device.h"
+#include "gemma4_mtp/topk_logic.h"
 
 namespace gemma4_mtp {
 
@@ -18,10 +19,23 @@ struct ArgMax {
 
 G4_HD ArgMax argmax_identity() { return {-INFINITY, kNoIndex}; }
 
-// torch.argmax semantics: highest value, ties to the lowest index.
-G4_HD ArgMax argmax_merge(ArgMax a, ArgMax b) {
-  if (b.value > a.value || (b.value == a.value && b.index < a.index)) return b;
-  return a;
+// torch.argmax semantics: highest value, ties to the lowest index, and NaN above everything (the first
+// NaN wins), so that a row of NaN logits still yields an id in [0, V), never kNoIndex.
+// Compared as one 64-bit key: the value's order bits (NaN above +inf, -0 == +0), then the inverted
+// index, so the larger key wins.
+G4_HD uint64_t argmax_key(ArgMax a) {
+  const uint32_t order = a.value != a.value ? 0xffffffffu : orderable_bits(a.value);
+  return (static_cast<uint64_t>(order) << 32) | static_cast<uint32_t>(~static_cast<uint32_t>(a.index));
+}
+
+G4_HD ArgMax argmax_merge(ArgMax a, ArgMax b) { return argmax_key(b) > argmax_key(a) ? b : a; }
+
+// argmax_merge(a, {value, index}) for an index above every index already in a (one thread's scan in
+// ascending ids): a tie never replaces an element (only the empty identity), so only "greater, NaN
+// greatest" is tested.
+G4_HD ArgMax argmax_push(ArgMax a, float value, int index) {
+  const bool greater = value > a.value || (value != value && a.value == a.value);
+  return (greater || a.index == kNoIndex) ? ArgMax{value, index} : a;
 }
 
 // Softmax statistics of a set of values y: m = max y, s = sum exp(y - m).
@@ -33,6 +47,9 @@ struct MaxSum {
 G4_HD MaxSum maxsum_identity() { return {-INFINITY, 0.f}; }
 
 G4_HD MaxSum maxsum_add(MaxSum a, float y) {
+  // a -inf logit (a masked token) adds nothing; without this, an empty a (m = -inf) would compute
+  // exp(-inf - -inf) = NaN
+  if (y == -INFINITY) return a;
   if (y > a.m) {
     const float s = a.s * expf(a.m - y) + 1.f;  // exp(-inf) = 0 when a is empty
     return {y, s};
@@ -50,12 +67,15 @@ G4_HD MaxSum maxsum_merge(MaxSum a, MaxSum b) {
 // Inverse CDF over one thread's `n` contiguous probabilities p[0..n) whose cumulative sum starts at
 // `cdf0`: the first local index where the running sum exceeds u, or kNoIndex. A block combines the
 // threads' answers with a minimum (prefix sums computed in parallel are not monotone across threads,
-// so the first crossing, not any crossing, is the answer).
+// so the first crossing, not any crossing, is the answer). Only an item with p > 0 can cross: in the
+// sequential rule the crossing step always adds mass, but a thread's parallel start cdf0 can round
+// above u while its left neighbour's own running sum stayed at or below u, and the thread must then
+// not answer with a zero-probability (masked) id.
 G4_HD int first_crossing(const float* p, int n, double cdf0, double u) {
   double cdf = cdf0;
   for (int i = 0; i < n; ++i) {
     cdf += static_cast<double>(p[i]);
-    if (cdf > u) return i;
+    if (cdf > u && p[i] > 0.f) return i;
   }
   return kNoIndex;
 }

@@ -163,7 +163,7 @@ __device__ int block_inverse_cdf(F prob, int V, double u, Shared& sh) {
 }
 
 template <class T, int VEC>
-__global__ void __launch_bounds__(kThreads) kernel(TreeVerifyParams p, Workspace w) {
+__global__ void __launch_bounds__(kThreads, 1) kernel(TreeVerifyParams p, Workspace w) {
   __shared__ Shared sh;
   const int S = p.num_chunks;
   const int row = blockIdx.x / S, chunk = blockIdx.x % S;
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kThreads) kernel(TreeVerifyParams p, Workspace
         if (sampling) {
           ms = maxsum_add(ms, x[e] / temp);
         } else {
-          am = argmax_merge(am, ArgMax{x[e], static_cast<int>(i + e)});
+          am = argmax_push(am, x[e], static_cast<int>(i + e));  // ids ascend within a thread
         }
       }
     }
@@ -313,7 +313,9 @@ template <class T>
 cudaError_t tree_verify(const TreeVerifyParams& p, cudaStream_t stream) {
   if (p.B <= 0) return cudaSuccess;
   if (p.N < 1 || p.V < 1 || p.V > 0x7fffffff || p.num_chunks < 1 || p.chunk < 1 || p.workspace == nullptr ||
-      p.chunk % 8 || static_cast<int64_t>(p.num_chunks) * p.B * p.N > 0x7fffffff)
+      p.chunk % 8 || static_cast<int64_t>(p.num_chunks) * p.B * p.N > 0x7fffffff ||
+      static_cast<int64_t>(p.num_chunks) * p.chunk < p.V ||  // the chunks must cover the vocabulary
+      (p.temperature != nullptr && p.uniforms == nullptr))  // sampling rows read uniforms
     return cudaErrorInvalidValue;
   constexpr int V = kVec16<T>;
   const bool vec = p.V % V == 0 && p.logits_stride[0] % V == 0 && p.logits_stride[1] % V == 0 &&
