@@ -77,6 +77,10 @@ void fused_concat_down_proj(const at::Tensor& token_ids, const at::Tensor& embed
   check_inner(hidden, "hidden");
   check_inner(weight, "weight");
   check_contiguous(out, "out");
+  // the kernel indexes rows and the 2 * Hb input columns with 32-bit ints
+  TORCH_CHECK(T <= INT32_MAX && 2 * Hb <= INT32_MAX && Hd <= INT32_MAX,
+              "gemma4_mtp: fused_concat_down_proj sizes must fit 32-bit indices: hidden ", hidden.sizes(), ", weight ",
+              weight.sizes());
 
   const c10::cuda::CUDAGuard guard(dev);
   gemma4_mtp::DownProjParams p{};
@@ -161,10 +165,15 @@ void q_only_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   p.scale = static_cast<float>(scale);
   p.softcap = static_cast<float>(softcap);
   p.window = window;
-  TORCH_CHECK(gemma4_mtp::attention_layout_supported(dt, p),
-              "gemma4_mtp: q, k_cache, v_cache and out need 16-byte aligned storage and strides that are multiples "
-              "of 16 bytes (q strides ", q.strides(), ", k_cache strides ", k_cache.strides(), ", v_cache strides ",
-              v_cache.strides(), ")");
+  // The kernel reads q, K and V with 16-byte loads and copies.
+  for (auto [t, name] : {std::pair{&q, "q"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}}) {
+    bool ok = reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0;
+    for (int i = 0; i < 3; ++i) ok = ok && stride(*t, i) * t->element_size() % 16 == 0;
+    TORCH_CHECK(ok, "gemma4_mtp: ", name, " needs a 16-byte aligned data pointer and strides of its first three "
+                "dimensions that are multiples of 16 bytes, got strides ", t->strides(), " (element size ",
+                t->element_size(), ", storage offset ", t->storage_offset(), ")");
+  }
+  TORCH_CHECK(gemma4_mtp::attention_layout_supported(dt, p), "gemma4_mtp: q, k_cache and v_cache layouts not supported");
   if (out.numel() == 0) return;
   const int64_t ws_bytes = gemma4_mtp::prepare_attention(p, sm_count());
   at::Tensor ws;

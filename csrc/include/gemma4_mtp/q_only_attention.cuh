@@ -332,21 +332,22 @@ cudaError_t launch_d(const AttentionParams& p, cudaStream_t stream) {
 // The split plan for a call: depends only on shapes, the window and the SM count (see plan_kv_splits).
 inline SplitPlan attention_plan(int B, int Q, int Hq, int Hkv, int max_blocks, int block_size, int64_t window,
                                 int num_sms) {
+  if (Hkv <= 0 || Hq % Hkv) return {1, attention::kKeys};  // refused by the launcher; no division by zero here
   int64_t bound = static_cast<int64_t>(max_blocks) * block_size;
   if (window > 0) bound = min64(bound, window);
   const int64_t base = static_cast<int64_t>(B) * Hkv * ceil_div(static_cast<int64_t>(Q) * (Hq / Hkv), attention::kRows);
   return plan_kv_splits(bound, base, num_sms, attention::kKeys, attention::kMinChunk, attention::kMaxSplits);
 }
 
-// Whether the cache/query layout allows the kernel's 16-byte copies (all strides but D's a multiple
-// of 16 bytes, 16-byte aligned bases). The kernel requires it.
+// Whether the cache/query layout allows the kernel's 16-byte loads and copies of q, K and V (all strides
+// but D's a multiple of 16 bytes, 16-byte aligned bases). The kernel requires it. out is written with
+// scalar stores and may sit at any element offset.
 template <class T>
 bool attention_layout_ok(const AttentionParams& p) {
   constexpr int V = kVec16<T>;
   for (int i = 0; i < 3; ++i)
     if (p.q_stride[i] % V || p.k_stride[i] % V || p.v_stride[i] % V) return false;
-  return p.D % V == 0 && host_aligned16(p.q) && host_aligned16(p.k_cache) && host_aligned16(p.v_cache) &&
-         host_aligned16(p.out);
+  return p.D % V == 0 && host_aligned16(p.q) && host_aligned16(p.k_cache) && host_aligned16(p.v_cache);
 }
 
 // Launches the attention for element type T (float, __half, __nv_bfloat16); p.num_splits comes from
