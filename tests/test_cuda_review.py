@@ -1,0 +1,111 @@
+"""GPU checks of CUDA-kernel behaviour found in the pre-GPU review (marked `gpu`, skip without one).
+
+Each test targets one rule whose host-side logic is covered by csrc/tests/test_tree.cpp but whose
+effect only shows when the kernel runs: masked (-inf) logits in sampling rows, NaN logits in greedy
+rows, and an attention `out=` that is contiguous but not 16-byte aligned.
+"""
+import pytest
+import torch
+
+from cases_tree_verify import assert_matches_reference, drafts_following, random_tree
+from gemma4_mtp_kernels import q_only_paged_attention, tree_verify
+from helpers import assert_tolerance, paged_kv
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+
+def verify_both(tokens, parents, logits, **kw):
+    dev_kw = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    got = tree_verify(tokens.to(DEV), parents.to(DEV), logits.to(DEV), backend="cuda", **dev_kw)
+    got = type(got)(*(t.cpu() for t in got))
+    ref = tree_verify(tokens, parents, logits, backend="torch", **kw)
+    assert_matches_reference(got, ref, tokens, parents, logits, **kw)
+    return got, ref
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_sampling_rows_with_masked_logits(dtype):
+    """Most of the vocabulary at -inf, including the first ids of every chunk: a chunk's softmax
+    statistics must ignore them (exp(-inf - -inf) would make the row NaN), and no masked id may be
+    sampled."""
+    g = torch.Generator().manual_seed(11)
+    B, N, V = 3, 5, 262144
+    parents = random_tree(B, N, g)
+    logits = (torch.randn(B, N, V, generator=g) * 2).to(dtype)
+    keep = torch.zeros(V, dtype=torch.bool)
+    keep[torch.randperm(V, generator=g)[:300]] = True
+    keep[:8192] = False  # whole leading chunks masked
+    logits[..., ~keep] = float("-inf")
+    temperature = torch.tensor([1.0, 0.7, 0.0])
+    uniforms = torch.rand(B, N, 2, generator=g)
+    samples = torch.stack([torch.stack([torch.multinomial(torch.softmax(logits[b, i].float(), 0), 1, generator=g)[0]
+                                        for i in range(N)]) for b in range(B)])
+    tokens = drafts_following(samples, parents, V, g, hit=0.8)
+    got, _ = verify_both(tokens, parents, logits, temperature=temperature, uniforms=uniforms)
+    emitted = got.output_tokens[got.output_tokens >= 0]
+    assert bool(keep[emitted].all()), "a masked (-inf) id was emitted"
+
+
+def test_chain_with_draft_probs_and_masked_logits():
+    g = torch.Generator().manual_seed(12)
+    B, N, V = 2, 4, 20000
+    parents = random_tree(B, N, g, chain=True)
+    logits = torch.randn(B, N, V, generator=g)
+    logits[..., : V // 2] = float("-inf")
+    q = torch.softmax(logits * 0.8 + torch.randn(B, N, V, generator=g) * 0.3, -1)
+    tokens = torch.stack([torch.stack([torch.multinomial(q[b, max(i - 1, 0)], 1, generator=g)[0] for i in range(N)])
+                          for b in range(B)])
+    uniforms = torch.rand(B, N, 2, generator=g)
+    got, _ = verify_both(tokens, parents, logits, temperature=torch.tensor([1.0, 0.8]), uniforms=uniforms,
+                         draft_probs=q)
+    assert bool((got.output_tokens[got.output_tokens >= 0] >= V // 2).all())
+
+
+def test_greedy_rows_with_nan_logits_follow_torch_argmax():
+    """The public op refuses NaN logits only where it checks values (CPU); on the GPU the kernel must
+    still pick like torch.argmax (NaN counts as the maximum, the first NaN wins), so a row of NaN gives
+    id 0, never an id outside the vocabulary. torch.argmax is the oracle (the reference refuses NaN)."""
+    V = 70000
+    logits = torch.randn(3, 2, V)
+    logits[0, 0, [40000, 65000]] = float("nan")
+    logits[1, 0] = float("nan")
+    logits[2, 0, 12] = float("nan")
+    logits[2, 0, 13] = float("inf")
+    parents = torch.tensor([[-1, 0]] * 3, dtype=torch.int32)
+    tokens = torch.tensor([[5, 40000], [5, 0], [5, 12]])
+    got = tree_verify(tokens.to(DEV), parents.to(DEV), logits.to(DEV), backend="cuda")
+    pick = torch.argmax(logits, dim=-1)  # [3, 2]: node 0's pick is the drafted child, node 1's the bonus
+    assert pick[:, 0].tolist() == [40000, 0, 12]
+    assert got.accept_len.cpu().tolist() == [1, 1, 1]
+    assert got.accepted_nodes.cpu().tolist() == [[1, -1]] * 3
+    assert got.output_tokens.cpu().tolist() == [[int(pick[b, 0]), int(pick[b, 1])] for b in range(3)]
+    assert got.last_node.cpu().tolist() == [1, 1, 1]
+
+
+@pytest.mark.parametrize("splits", ["one", "many"])
+def test_attention_out_at_an_unaligned_offset(splits):
+    """out is written with scalar stores: a contiguous view that starts one element into its storage is
+    accepted and fully written (it used to be refused as misaligned)."""
+    lens = [37] if splits == "one" else [9000]
+    k, v, table, seq_lens = paged_kv(lens, 16, 1, 256, dtype=torch.bfloat16, device=DEV)
+    q = torch.randn(1, 1, 4, 256, device=DEV).to(torch.bfloat16)
+    storage = torch.full((q.numel() + 1,), float("nan"), dtype=torch.bfloat16, device=DEV)
+    out = storage[1:].view(q.shape)
+    got = q_only_paged_attention(q, k, v, table, seq_lens, out=out, backend="cuda")
+    assert got is out
+    cpu = [t.cpu() for t in (q, k, v, table, seq_lens)]
+    exact = q_only_paged_attention(cpu[0].float(), cpu[1].float(), cpu[2].float(), *cpu[3:], backend="torch")
+    same = q_only_paged_attention(*cpu, backend="torch")
+    assert_tolerance(out.cpu(), exact, same, atol=1e-5, what=f"unaligned out, {splits} split(s)")
+    assert torch.isnan(storage[0].float())  # the element before the view is untouched
+
+
+def test_attention_misaligned_cache_pointer_is_refused_naming_it():
+    k, v, table, seq_lens = paged_kv([40], 16, 1, 64, dtype=torch.bfloat16, device=DEV)
+    flat = torch.empty(k.numel() + 1, dtype=k.dtype, device=DEV)
+    k_off = flat[1:].view(k.shape)  # strides fine, data pointer 2 bytes past a 16-byte boundary
+    k_off.copy_(k)
+    q = torch.randn(1, 1, 4, 64, device=DEV).to(torch.bfloat16)
+    with pytest.raises((RuntimeError, ValueError), match="k_cache"):
+        q_only_paged_attention(q, k_off, v, table, seq_lens, backend="cuda")
