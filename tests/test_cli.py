@@ -39,3 +39,33 @@ def test_selfcheck_all_available_backends_agree():
     rows = [line.split() for line in p.stdout.splitlines()[1:]]
     for op in ("fused_concat_down_proj", "q_only_paged_attention", "centroid_logits", "tree_verify"):
         assert [op, "triton", "ok"] in [r[:3] for r in rows], p.stdout  # the interpreter serves every op
+
+
+@pytest.mark.parametrize("args,name", [
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--draft-tokens", "-1"], "--draft-tokens"),
+    (["--temperature", "nan"], "--temperature"),
+    (["--temperature", "-1"], "--temperature"),
+    (["--seed", str(2**64)], "--seed"),
+    (["--device", "gpu"], "--device"),
+], ids=lambda a: a if isinstance(a, str) else " ".join(a))
+def test_bad_numbers_are_argparse_errors(args, name):
+    p = _run("generate", *args)
+    assert p.returncode == 2 and name in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--model-dir", "/nonexistent"], "tokenizer.json"),
+    (["--tree", "1000"], "tree"),  # more branches than the centroid head has candidates
+    (["--backend", "cuda", "--device", "cpu"], "cuda"),
+], ids=["model-dir", "tree-too-wide", "cuda-backend-on-cpu"])
+def test_user_errors_are_one_line_not_a_traceback(args, words):
+    p = _run("generate", "--max-new-tokens", "4", *args)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "Traceback" not in p.stderr and "error:" in p.stderr and words in p.stderr, p.stderr
+
+
+def test_zero_draft_tokens_decode_with_the_target_alone():
+    p = _run("generate", "--max-new-tokens", "6", "--draft-tokens", "0")
+    assert p.returncode == 0, p.stderr
+    assert "greedy output matches target-only decoding" in p.stdout

@@ -12,6 +12,7 @@ outputs are identical, which speculative decoding guarantees.
 from __future__ import annotations
 
 import argparse
+import math
 import pathlib
 import sys
 import time
@@ -32,17 +33,47 @@ def _tree(text: str) -> tuple[int, ...]:
     return shape
 
 
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        return value
+    return parse
+
+
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def _seed(text: str) -> int:
+    value = _int_at_least(0)(text)
+    if value >= 2**63:
+        raise argparse.ArgumentTypeError(f"expected an integer below 2**63, got {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m gemma4_mtp", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command")
     gen = sub.add_parser("generate", help="speculative decoding with the embedded (or a given) model")
     gen.add_argument("--prompt", default=DEFAULT_PROMPT)
-    gen.add_argument("--max-new-tokens", type=int, default=96)
-    gen.add_argument("--draft-tokens", type=int, default=4, help="chain length (ignored with --tree)")
+    gen.add_argument("--max-new-tokens", type=_int_at_least(1), default=96)
+    gen.add_argument("--draft-tokens", type=_int_at_least(0), default=4,
+                     help="chain length (ignored with --tree); 0 decodes with the target alone")
     gen.add_argument("--tree", type=_tree, default=None, help="per-depth branch counts, e.g. 2,2,1")
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--temperature", type=_temperature, default=0.0)
+    gen.add_argument("--seed", type=_seed, default=0)
     gen.add_argument("--backend", default="auto", choices=("auto", "torch", "triton", "cuda"),
                      help="backend of the drafter's ops and of tree_verify")
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -52,18 +83,52 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _device(parser: argparse.ArgumentParser, name: str | None):
+    import torch
+
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        parser.error(f"argument --device: expected cpu, cuda or cuda:N, got {name!r}")
+    if device.type not in ("cpu", "cuda"):
+        parser.error(f"argument --device: expected cpu, cuda or cuda:N, got {name!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("argument --device: torch sees no CUDA device here (use --device cpu)")
+    return device
+
+
 def generate(args) -> int:
+    """Errors of the user's making (missing files, an unusable backend, arguments the models reject)
+    end in one line on stderr and exit status 2, not a traceback."""
+    from gemma4_mtp_kernels import BackendUnavailableError
+
+    from .config import UnsupportedModelError
+    from .kv_cache import OutOfBlocksError
+
+    try:
+        return _generate(args)
+    except (FileNotFoundError, UnsupportedModelError, BackendUnavailableError, OutOfBlocksError, ValueError) as e:
+        print(f"python -m gemma4_mtp: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _generate(args) -> int:
     import torch
     from tokenizers import Tokenizer
 
     from . import load_drafter, load_target, speculative_generate
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.backend == "triton" and device == "cpu":
+    device = args.device
+    if args.backend == "triton" and device.type == "cpu":
         import os
         os.environ.setdefault("TRITON_INTERPRET", "1")
     torch.set_num_threads(max(1, min(4, torch.get_num_threads())))
-    tokenizer = Tokenizer.from_file(str(args.model_dir / "tokenizer.json"))
+    tokenizer_file = args.model_dir / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise FileNotFoundError(f"--model-dir: no tokenizer.json in {args.model_dir}")
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
     target = load_target(args.model_dir / "target", device=device)
     drafter = load_drafter(args.model_dir / "drafter", device=device, backend=args.backend)
     # the model was trained on windows of raw text (files separated by <eos>): no BOS
@@ -118,6 +183,7 @@ def main(argv=None) -> int:
         return selfcheck.main()
     if args.command is None:
         args = _parser().parse_args(["generate"])
+    args.device = _device(_parser(), args.device)
     return generate(args)
 
 
