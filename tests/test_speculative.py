@@ -221,7 +221,7 @@ def test_sampling_matches_target_distribution(agreeing_pair, kw):
     assert chisquare(observed, expected).pvalue > 1e-3
 
 
-def test_bad_arguments(random_pair):
+def test_bad_arguments(random_pair, request):
     _, target, drafter = random_pair
     p = torch.tensor([3, 4, 5])
     for kw, match in [
@@ -243,6 +243,10 @@ def test_bad_arguments(random_pair):
     ]:
         with pytest.raises(ValueError, match=match):
             speculative_generate(target, drafter, p, **kw)
+    _, _, dense_drafter = request.getfixturevalue("agreeing_pair")  # dense LM head over the whole vocabulary
+    with pytest.raises(ValueError, match="candidate"):
+        speculative_generate(target, dense_drafter, p, max_new_tokens=4, num_draft_tokens=None,
+                             tree=(hf_tiny.VOCAB + 1,))
     with pytest.raises(ValueError, match="prompt_ids"):
         speculative_generate(target, drafter, [], max_new_tokens=4, num_draft_tokens=2)
     with pytest.raises(ValueError, match="prompt_ids"):

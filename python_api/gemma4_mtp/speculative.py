@@ -241,10 +241,12 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
     sampler = _Sampler(float(temperature), seed, B, dev) if sampling else None
     if sample_drafts and (not sampling or tree is not None):
         raise ValueError("sample_drafts: needs temperature > 0 and a chain (tree=None)")
-    if tree is not None and drafter.config.use_ordered_embeddings:
-        per_token = drafter.config.text.vocab_size // drafter.config.num_centroids
-        if max(tree) > drafter.config.centroid_top_k * per_token:
-            raise ValueError(f"tree: branch count {max(tree)} exceeds the centroid head's candidate count")
+    if tree is not None:
+        candidates = drafter.config.text.vocab_size
+        if drafter.config.use_ordered_embeddings:
+            candidates = drafter.config.centroid_top_k * (candidates // drafter.config.num_centroids)
+        if max(tree) > candidates:
+            raise ValueError(f"tree: branch count {max(tree)} exceeds the drafter head's candidate count {candidates}")
 
     stats = SpeculativeStats(accepted_per_round=[[] for _ in prompts], draft_lengths=[[] for _ in prompts],
                              accepted_paths=[[] for _ in prompts], target_forwards=[1] * B, new_tokens=[0] * B)
