@@ -231,7 +231,7 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
   check_inner(hidden, "hidden");
   check_inner(centroids, "centroids");
   check_inner(lm_head, "lm_head");
-  TORCH_CHECK(T <= 65535, "gemma4_mtp: centroid_logits supports at most 65535 tokens per call, got ", T);
+  TORCH_CHECK(T <= 65535, "gemma4_mtp: hidden must have at most 65535 rows (tokens per centroid_logits call), got ", T);
 
   const c10::cuda::CUDAGuard guard(dev);
   gemma4_mtp::CentroidParams p{};
