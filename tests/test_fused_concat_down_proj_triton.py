@@ -8,7 +8,7 @@ from gemma4_mtp_kernels import fused_concat_down_proj
 from gemma4_mtp_kernels.triton import fused_concat_down_proj as triton_impl
 from gemma4_mtp_kernels.triton._common import num_sms
 from cases_fused_concat_down_proj import check_backend, exact_down_proj, make_inputs
-from helpers import DRAFTERS, assert_tolerance
+from helpers import DRAFTERS, assert_tolerance, poisoned
 
 
 def check(T, Hb, Hd, dtype, device="cpu", **kw):
@@ -30,6 +30,15 @@ def test_awkward_shapes(T, Hb, Hd, dtype):
 
 def test_int32_ids_and_strided_rows():
     check(5, 136, 48, torch.bfloat16, index_dtype=torch.int32, strided=True)
+
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_zero_width_hidden(T):
+    """Hb = 0 is legal (the op accepts it): the projection of an empty concat is 0, fully written."""
+    token_ids, embed_table, hidden, weight = make_inputs(T, 0, 16, torch.bfloat16)
+    out = poisoned((T, 16), torch.bfloat16)
+    got = fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=1.0, out=out, backend="triton")
+    assert torch.equal(got, torch.zeros(T, 16, dtype=torch.bfloat16))
 
 
 def test_split_and_single_launch_paths_agree_with_reference():

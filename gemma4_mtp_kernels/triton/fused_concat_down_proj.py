@@ -95,8 +95,8 @@ def launch_config(T: int, Hb: int, Hd: int, sms: int) -> dict:
     tiles = triton.cdiv(Hd, block_n) * triton.cdiv(T, block_t)
     nkb = triton.cdiv(Hb, BLOCK_K)
     split = max(1, min(triton.cdiv(2 * sms, tiles), nkb, Hb // (8 * max(T, 1))))
-    kb_per_split = triton.cdiv(nkb, split)
-    split = triton.cdiv(nkb, kb_per_split)
+    kb_per_split = max(1, triton.cdiv(nkb, split))
+    split = max(1, triton.cdiv(nkb, kb_per_split))  # Hb = 0: one program per tile writes zeros
     return dict(BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=BLOCK_K, split_k=split, kb_per_split=kb_per_split,
                 num_warps=4, num_stages=3)
 
