@@ -159,3 +159,28 @@ def test_single_node_and_padding_only():
 def test_chunk_size_fills_the_gpu():
     assert triton.cdiv(262144, chunk_size(8, 262144, 132)) * 8 >= 4 * 132  # B = 1, N = 8
     assert chunk_size(1, 100, 132) == BLOCK
+
+
+@pytest.mark.parametrize("chunk", [None, 256])
+@pytest.mark.parametrize("bad", ["-inf", "nan", "one nan"])
+def test_sampling_row_without_mass_gives_token_minus_one(chunk, bad):
+    """A sampling row with no distribution (all -inf logits, or a NaN) is refused by the op's value
+    checks, which do not run on the GPU by default: the backend must then emit the bonus token -1
+    (and stop), never an unwritten sample slot. Called on the backend directly, as an unchecked
+    CUDA call reaches it."""
+    g = torch.Generator().manual_seed(11)
+    B, N, V = 3, 3, 1000
+    logits = logits_for(B, N, V, torch.float32, g)
+    if bad == "one nan":
+        logits[1, 0, 777] = float("nan")
+    else:
+        logits[1, 0] = float(bad)
+    parents = random_tree(B, N, g, chain=True)
+    tokens = drafts_following(logits.argmax(-1), parents, V, g, hit=0.0)
+    kw = dict(temperature=torch.ones(B), uniforms=torch.rand(B, N, 2, generator=g))
+    kw.update({} if chunk is None else dict(chunk=chunk))
+    for _ in range(3):  # fresh, unpoisoned scratch each time
+        got = triton_tree_verify(tokens, parents, logits, **kw)
+        assert got.output_tokens[1].tolist() == [-1] * N and int(got.accept_len[1]) == 0
+        assert int(got.last_node[1]) == 0 and got.accepted_nodes[1].tolist() == [-1] * N
+        assert bool((got.output_tokens[[0, 2], 0] >= 0).all())

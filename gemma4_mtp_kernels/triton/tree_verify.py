@@ -140,10 +140,13 @@ def _sample(logit_ptr, q_ptr, temp_ptr, unif_ptr, max_ptr, sum_ptr, sample_ptr, 
         u = tl.load(unif_ptr + row.to(tl.int64) * 2 + (1 if HAS_DRAFT else 0))
         target = u * Z
         cross, before, hit = _crossing_chunk(mass, target, nch, BLOCK_C)
-        if c == cross:
+        # no distribution (all -inf or some NaN logits, unchecked on the GPU): no chunk crosses, so
+        # chunk 0 writes token -1 rather than leaving the slot unwritten
+        has_mass = Z > 0
+        if c == tl.where(has_mass, cross, 0):
             tok = _scan_chunk(logit_ptr, q_ptr, row_off, q_off, c, chunk, V, temp, M, Z, before, target, hit,
                               False, BLOCK)
-            tl.store(sample_ptr + row, tok)
+            tl.store(sample_ptr + row, tl.where(has_mass, tok, -1))
         if HAS_DRAFT:
             r = 0.0
             for start in range(c * chunk, tl.minimum(c * chunk + chunk, V), BLOCK):
