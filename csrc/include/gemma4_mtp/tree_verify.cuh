@@ -162,6 +162,8 @@ __device__ int block_inverse_cdf(F prob, int V, double u, Shared& sh) {
   return block_extreme(last_pos, false, sh);
 }
 
+// The explicit minimum of 1 CTA per SM keeps ptxas from squeezing the scalar-load (VEC = 1) variants
+// into 64 registers, where they spill (observed with nvcc 13.0, sm_90a).
 template <class T, int VEC>
 __global__ void __launch_bounds__(kThreads, 1) kernel(TreeVerifyParams p, Workspace w) {
   __shared__ Shared sh;
