@@ -202,6 +202,7 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
   check_shape(lm_head, "lm_head", {V, Hd});
   TORCH_CHECK(C >= 1 && C <= gemma4_mtp::kMaxCentroids && V % C == 0,
               "gemma4_mtp: centroids must number 1..", gemma4_mtp::kMaxCentroids, " and divide V = ", V, ", got ", C);
+  TORCH_CHECK(V >= C, "gemma4_mtp: token_ordering must hold at least one token per centroid (", C, "), got length ", V);
   TORCH_CHECK(top_k >= 1 && top_k <= C, "gemma4_mtp: top_k must be in [1, ", C, "], got ", top_k);
   const int64_t K = top_k * (V / C);
   gemma4_mtp::CentroidOutput mode;

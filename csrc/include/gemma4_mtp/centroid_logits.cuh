@@ -227,11 +227,11 @@ cudaError_t launch_vec(const CentroidParams& p, cudaStream_t stream) {
 inline int64_t centroid_workspace_bytes(const CentroidParams& p) { return centroid::workspace_bytes(p); }
 
 // Launches the centroid head for element type T (float, __half, __nv_bfloat16). Requires
-// 1 <= top_k <= C <= 4096, V % C == 0 and p.workspace of centroid_workspace_bytes(p) bytes.
+// 1 <= top_k <= C <= 4096, V a nonzero multiple of C and p.workspace of centroid_workspace_bytes(p) bytes.
 template <class T>
 cudaError_t centroid_logits(const CentroidParams& p, cudaStream_t stream) {
   if (p.T <= 0) return cudaSuccess;
-  if (p.C < 1 || p.C > centroid::kMaxCentroids || p.top_k < 1 || p.top_k > p.C || p.V % p.C || p.Hd < 0 ||
+  if (p.C < 1 || p.C > centroid::kMaxCentroids || p.top_k < 1 || p.top_k > p.C || p.V < p.C || p.V % p.C || p.Hd < 0 ||
       p.workspace == nullptr || p.T > 65535)
     return cudaErrorInvalidValue;
   constexpr int V = kVec16<T>;
