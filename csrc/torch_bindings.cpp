@@ -52,6 +52,9 @@ void check_launch(cudaError_t err, const char* op) {
   TORCH_CHECK(err == cudaSuccess, "gemma4_mtp::", op, ": kernel launch failed: ", cudaGetErrorString(err));
 }
 
+// The stride of a size-1 dimension is never applied; 0 keeps it out of the kernels' 16-byte checks.
+int64_t stride(const at::Tensor& t, int i) { return t.size(i) == 1 ? int64_t{0} : t.stride(i); }
+
 int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 
 void fused_concat_down_proj(const at::Tensor& token_ids, const at::Tensor& embed_table, const at::Tensor& hidden,
@@ -90,9 +93,9 @@ void fused_concat_down_proj(const at::Tensor& token_ids, const at::Tensor& embed
   p.hidden = hidden.data_ptr();
   p.weight = weight.data_ptr();
   p.out = out.data_ptr();
-  p.table_stride = embed_table.stride(0);
-  p.hidden_stride = hidden.stride(0);
-  p.weight_stride = weight.stride(0);
+  p.table_stride = stride(embed_table, 0);
+  p.hidden_stride = stride(hidden, 0);
+  p.weight_stride = stride(weight, 0);
   p.out_stride = out.stride(0);
   p.vocab = embed_table.size(0);
   p.T = static_cast<int>(T);
@@ -142,8 +145,6 @@ void q_only_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   p.q = q.data_ptr();
   p.k_cache = k_cache.data_ptr();
   p.v_cache = v_cache.data_ptr();
-  // The stride of a size-1 dimension is never applied; 0 keeps it out of the 16-byte stride check.
-  const auto stride = [](const at::Tensor& t, int i) { return t.size(i) == 1 ? int64_t{0} : t.stride(i); };
   for (int i = 0; i < 3; ++i) {
     p.q_stride[i] = stride(q, i);
     p.k_stride[i] = stride(k_cache, i);
@@ -241,9 +242,9 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
   p.token_ordering = token_ordering.data_ptr();
   p.ordering_int64 = token_ordering.scalar_type() == at::kLong;
   p.lm_head = lm_head.data_ptr();
-  p.hidden_stride = hidden.stride(0);
-  p.centroid_stride = centroids.stride(0);
-  p.lm_head_stride = lm_head.stride(0);
+  p.hidden_stride = stride(hidden, 0);
+  p.centroid_stride = stride(centroids, 0);
+  p.lm_head_stride = stride(lm_head, 0);
   p.T = static_cast<int>(T);
   p.Hd = static_cast<int>(Hd);
   p.C = static_cast<int>(C);
@@ -320,14 +321,14 @@ void tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents, cons
   p.draft_int64 = draft_tokens.scalar_type() == at::kLong;
   p.parents = parents.data_ptr<int32_t>();
   p.logits = target_logits.data_ptr();
-  p.logits_stride[0] = target_logits.stride(0);
-  p.logits_stride[1] = target_logits.stride(1);
+  p.logits_stride[0] = stride(target_logits, 0);
+  p.logits_stride[1] = stride(target_logits, 1);
   p.temperature = temperature ? temperature->data_ptr<float>() : nullptr;
   p.uniforms = uniforms ? uniforms->data_ptr<float>() : nullptr;
   if (draft_probs) {
     p.draft_probs = draft_probs->data_ptr<float>();
-    p.draft_probs_stride[0] = draft_probs->stride(0);
-    p.draft_probs_stride[1] = draft_probs->stride(1);
+    p.draft_probs_stride[0] = stride(*draft_probs, 0);
+    p.draft_probs_stride[1] = stride(*draft_probs, 1);
   }
   p.B = static_cast<int>(B);
   p.N = static_cast<int>(N);
