@@ -98,6 +98,7 @@ CASES = {
     "fused-backend-cuda-on-cpu": (fused(backend="cuda"), T, "cuda"),
     # q_only_paged_attention
     "attn-q-rank": (attn(q=torch.randn(2, 4, 64)), V, "q"),
+    "attn-q-no-heads": (attn(q=torch.randn(2, 1, 0, 64)), V, "q"),
     "attn-q-head-dim": (attn(q=torch.randn(2, 1, 4, 96)), V, "q"),
     "attn-k_cache-head-dim": (attn(q=torch.randn(2, 1, 4, 128)), V, "k_cache"),
     "attn-gqa-ratio": (attn(q=torch.randn(2, 1, 3, 64)), V, "k_cache"),

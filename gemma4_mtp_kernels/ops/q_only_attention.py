@@ -36,6 +36,8 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
     if block_size < 1:
         C.fail_value(OP, "k_cache", "a block size >= 1 (shape[1])", f"shape {tuple(k_cache.shape)}")
     C.dim(OP, "k_cache", k_cache, 3, D, "head dim D = q.shape[3]")
+    if Hq < 1:
+        C.fail_value(OP, "q", "at least one query head (shape[2])", f"shape {tuple(q.shape)}")
     if Hkv < 1 or Hq % Hkv != 0:
         C.fail_value(OP, "k_cache", f"a KV head count dividing Hq = {Hq} (shape[2])", f"Hkv = {Hkv}")
     C.dim(OP, "block_table", block_table, 0, B, "B = q.shape[0]")

@@ -134,8 +134,8 @@ def _check_logits(target_logits, parents, temperature) -> None:
     bad = (peak == float("inf")) | (peak == float("-inf"))
     if bool(bad.any()):
         j = int(bad.nonzero()[0])
-        C.fail_value(OP, "target_logits", "a finite maximum in every used node of a sampling request (a "
-                     "distribution to sample)", f"maximum {float(peak[j])} at request {int(b[j])}, node {int(i[j])}")
+        C.fail_value(OP, "target_logits", "finite at its maximum in every used node of a sampling request "
+                     "(all -inf or +inf leaves no distribution to sample)", f"maximum {float(peak[j])} at request {int(b[j])}, node {int(i[j])}")
     scaled = (x / temperature[b][:, None]).amax(dim=1)
     if not bool(torch.isfinite(scaled).all()):
         j = int((~torch.isfinite(scaled)).nonzero()[0])
