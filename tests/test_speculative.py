@@ -252,6 +252,9 @@ def test_bad_arguments(random_pair, request):
     with pytest.raises(ValueError, match="prompt_ids"):
         speculative_generate(target, drafter, torch.zeros(0, 3, dtype=torch.long), max_new_tokens=4,
                              num_draft_tokens=2)
+    for bad in (-1, hf_tiny.VOCAB):
+        with pytest.raises(ValueError, match="prompt_ids"):
+            speculative_generate(target, drafter, torch.tensor([3, bad]), max_new_tokens=4, num_draft_tokens=2)
     with pytest.raises(ValueError, match="prompt"):
         speculative_generate(target, drafter, [p, torch.tensor([], dtype=torch.long)], max_new_tokens=4,
                              num_draft_tokens=2)

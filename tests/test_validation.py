@@ -173,6 +173,8 @@ CASES = {
                                                                                 float("-inf"))), V, "target_logits"),
     "tree-target_logits-plus-inf-sampling": (sampling(target_logits=with_value(torch.randn(2, 4, 6), (1, 0, 3),
                                                                                 float("inf"))), V, "target_logits"),
+    "tree-temperature-device-mix": (sampling(temperature=torch.ones(2, device=META)), V, "temperature"),
+    "tree-uniforms-device-mix": (sampling(uniforms=torch.rand(2, 4, 2, device=META)), V, "uniforms"),
     "tree-temperature-fp64": (sampling(temperature=torch.ones(2, dtype=torch.float64)), E, "temperature"),
     "tree-draft_probs-on-tree": (chain_probs(parents=TREE_PARENTS.clone()), V, "draft_probs"),
     "tree-draft_probs-greedy": (chain_probs(temperature=None, uniforms=None), V, "draft_probs"),

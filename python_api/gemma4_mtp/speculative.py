@@ -227,6 +227,10 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
         drafter.check_target(target)
     prompts = _prompts(prompt_ids)
     B = len(prompts)
+    V = target.config.vocab_size
+    for p in prompts:
+        if p.numel() and (int(p.min()) < 0 or int(p.max()) >= V):
+            raise ValueError(f"prompt_ids: token ids must be in [0, {V}), got {p[(p < 0) | (p >= V)][0].item()}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
                              or not -2**63 <= seed <= 2**64 - B):
         # request b seeds a torch.Generator with seed + b, which takes a 64-bit value
