@@ -259,3 +259,27 @@ def test_bad_arguments(random_pair, request):
         speculative_generate(target, drafter, [p, torch.tensor([], dtype=torch.long)], max_new_tokens=4,
                              num_draft_tokens=2)
     assert not target.lengths, "a failed call must release its requests"
+
+
+def test_every_block_is_returned(agreeing_pair):
+    """After a run, and after a run that a streaming callback aborts, both caches hold every block
+    exactly once (sliding-window frees and rejected-branch trims never double-release)."""
+    _, target, drafter = agreeing_pair
+
+    def full():
+        for c in target.caches.values():
+            assert sorted(c.allocator._free) == list(range(c.allocator.num_blocks))
+
+    speculative_generate(target, drafter, prompts(seed=9), max_new_tokens=30, num_draft_tokens=None, tree=(2, 2),
+                         eos_token_id=None)
+    full()
+
+    def abort(b, tokens):
+        if b == 1 and len(tokens) > 1:
+            raise KeyError("stop")
+
+    with pytest.raises(KeyError):
+        speculative_generate(target, drafter, prompts(seed=9), max_new_tokens=30, num_draft_tokens=3,
+                             eos_token_id=None, on_tokens=abort)
+    full()
+    assert not target.lengths
