@@ -81,6 +81,23 @@ def test_split_and_merge_paths(splits):
     run_case([150, 30, 0], 2, 8, 2, 256, splits=splits, window=120)
 
 
+@pytest.mark.parametrize("splits", [None, 1])
+def test_fp32_head_dim_512_tiles(splits):
+    """fp32 takes its own tiles (16 keys, fewer stages): with the bf16 ones a D 512 fp32 launch needs
+    ~200 KB of shared memory and cannot launch on an A100 (tests/test_triton_aot.py checks the fit)."""
+    assert tq.kernel_config(512, 64, 4)["BLOCK_N"] == 16
+    # 64 rows: two row tiles. scale 1/sqrt(D) keeps fp32 summation-order noise under the fixed atol
+    run_case([40, 17], 8, 8, 1, 512, dtype=torch.float32, splits=splits, scale=512**-0.5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["31B", "E2B"])
+def test_fp32_full_layer_launches_on_gpu(name):
+    d = DRAFTERS[name]
+    run_case([3001, 40], 8, d["Hq"], d["Hkv_full"], d["D_full"], dtype=torch.float32, scale=512**-0.5,
+             device="cuda")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(DRAFTERS))
 @pytest.mark.parametrize("layer", ["swa", "full"])

@@ -156,12 +156,17 @@ def _merge_kernel(po_ptr, plse_ptr, out_ptr, lse_ptr, splits, Qn, Hq,
 MIN_TILES_PER_SPLIT = 2
 
 
-def kernel_config(D: int, rows: int) -> dict:
-    """Tiles and warps for one head dim (also used by the AOT compile check). Chosen from the sm_80 /
-    sm_90 compiles: the largest row tile whose fp32 accumulator [BLOCK_M, D] fits without spills
-    (D 512 caps BLOCK_M at 32: 64 rows spill even with 16 warps)."""
+def kernel_config(D: int, rows: int, elem_bytes: int = 2) -> dict:
+    """Tiles and warps for one head dim and element size (also used by the AOT compile check). Chosen
+    from the sm_80 / sm_90 compiles: the largest row tile whose fp32 accumulator [BLOCK_M, D] fits
+    without spills (D 512 caps BLOCK_M at 32: 64 rows spill even with 16 warps). fp32 caches (tests)
+    take 16-key tiles and fewer stages: with the bf16 tiles a D 512 fp32 launch needs ~200 KB of
+    shared memory, more than an A100 block may have, and fails to launch."""
     block_m = min(32 if D == 512 else 64, pow2_at_least(rows, 16))
     warps = 4 if block_m * D <= 16 * 256 else 8
+    if elem_bytes == 4:
+        return dict(BLOCK_M=block_m, BLOCK_N=16, num_warps=8 if D == 512 else warps,
+                    num_stages=1 if block_m * D >= 64 * 128 else 2)
     if D <= 128:
         return dict(BLOCK_M=block_m, BLOCK_N=64, num_warps=warps, num_stages=3)
     if D == 256:
@@ -189,7 +194,7 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
     lse = torch.empty(B, Qn, Hq, dtype=torch.float32, device=q.device) if return_lse else None
     if B == 0 or Qn == 0:
         return (out, lse) if return_lse else out
-    cfg = kernel_config(D, rows)
+    cfg = kernel_config(D, rows, q.element_size())
     row_tiles = triton.cdiv(rows, cfg["BLOCK_M"])
     max_len = block_table.shape[1] * block_size
     if window is not None:
