@@ -17,7 +17,7 @@ BEGIN, END = "<!-- resources:begin -->", "<!-- resources:end -->"
 
 
 def table(rows) -> str:
-    lines = ["| launch (bf16, real drafter shapes) | kernel | arch | warps | stages | registers | shared (B) "
+    lines = ["| launch (real drafter shapes) | kernel | arch | warps | stages | registers | shared (B) "
              "| spills (local + stack B/thread) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
