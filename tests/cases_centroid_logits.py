@@ -110,3 +110,37 @@ def check_all_outputs(args, top_k, what, *, backend="torch", device="cpu", fill_
         assert tok == exp_token or m - exact_tok <= 2 * eps, f"{what} row {t}: {tok} vs {exp_token}"
         assert abs(float(best[t]) - exact_tok) <= eps
     return ids, logits, dense
+
+
+# Cluster scores with three-way ties (5 at clusters 1, 2, 4), M = 2 tokens per cluster, and the
+# clusters each top_k must select, in order: equal scores rank the lower cluster first.
+TIED_SCORES = [3, 5, 5, 1, 5, 2, 0, 4]
+TIED_TOP_K = [(1, [1]), (2, [1, 2]), (3, [1, 2, 4]), (5, [1, 2, 4, 7, 0])]
+
+
+def cluster_ties_case(dtype, M=2):
+    """(args, ordering) of a head with exactly tied cluster scores (TIED_SCORES)."""
+    hidden, centroids, lm_head = one_hot_head(TIED_SCORES, list(range(len(TIED_SCORES) * M)), M)
+    ordering = torch.randperm(len(TIED_SCORES) * M)
+    return (hidden.to(dtype), centroids.to(dtype), ordering, lm_head.to(dtype)), ordering
+
+
+def argmax_ties_case(dtype):
+    """Clusters 0 and 1 are selected at top_k = 2 (cluster 1 first); tokens 3 and 17 tie for the best
+    logit 6 and the higher id 17 comes first in candidate order; token 19 (also 6) is in an
+    unselected cluster. The argmax must be token 3."""
+    C, M = 4, 5
+    ordering = torch.tensor([0, 1, 2, 3, 4, 17, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 19])
+    logits = [0.0] * (C * M)
+    logits[3] = logits[17] = logits[19] = 6.0
+    hidden, centroids, lm_head = one_hot_head([1, 2, 0, -1], logits, M)
+    return hidden.to(dtype), centroids.to(dtype), ordering, lm_head.to(dtype)
+
+
+def check_zero_tokens(backend, device):
+    args = [t.to(device) for t in make(0, 16, 4, 12, torch.float32)]
+    ids, logits = g.centroid_logits(*args, top_k=2, output="sparse", backend=backend)
+    assert ids.shape == (0, 6) and logits.shape == (0, 6)
+    assert g.centroid_logits(*args, top_k=2, output="dense", backend=backend).shape == (0, 12)
+    token, best = g.centroid_logits(*args, top_k=2, backend=backend)
+    assert token.shape == (0,) and best.shape == (0,)

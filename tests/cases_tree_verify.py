@@ -88,3 +88,51 @@ def assert_matches_reference(got, ref, draft_tokens, parents, logits, *, tempera
                     assert cdf_boundary_ok(res / res.sum(), u1, t_got, t_ref), (b, node, t_got, t_ref)
         boundary_cases += 1
     return boundary_cases
+
+
+def sampling_trees_case(V, g):
+    """6 trees of 7 nodes, greedy and sampling rows mixed, drafts mostly equal to samples of the
+    target's own distribution (so sampling rows accept too). Returns (tokens, parents, logits, kw)."""
+    B, N = 6, 7
+    parents = random_tree(B, N, g)
+    logits = logits_for(B, N, V, torch.bfloat16, g) * 0.5
+    temperature = torch.tensor([0.0, 1.0, 0.5, 0.0, 2.0, 1.0])
+    uniforms = torch.rand(B, N, 2, generator=g)
+    ref_samples = torch.stack([torch.stack([
+        torch.multinomial(torch.softmax(logits[b, i].float() / max(float(temperature[b]), 1e-3), 0), 1, generator=g)[0]
+        for i in range(N)]) for b in range(B)])
+    tokens = drafts_following(ref_samples, parents, V, g, hit=0.9)
+    return tokens, parents, logits, dict(temperature=temperature, uniforms=uniforms)
+
+
+def cdf_boundary_case(g):
+    """8 chains of 3 nodes whose uniforms sit exactly on the reference's CDF values (fp32-rounded, so
+    just above or below), where implementations may honestly part. Returns (tokens, parents, logits, kw)."""
+    B, N, V = 8, 3, 800
+    parents = random_tree(B, N, g, chain=True)
+    logits = logits_for(B, N, V, torch.float32, g)
+    temperature = torch.full((B,), 1.0)
+    uniforms = torch.rand(B, N, 2, generator=g)
+    for b in range(B):
+        for i in range(N):
+            cdf = torch.cumsum(torch.softmax(logits[b, i], 0).double(), 0)
+            uniforms[b, i, 0] = float(cdf[int(torch.randint(V // 4, V // 2, (1,), generator=g))])
+    tokens = drafts_following(logits.argmax(-1), parents, V, g, hit=0.0)
+    return tokens, parents, logits, dict(temperature=temperature, uniforms=uniforms)
+
+
+def draft_probs_chains_case(V, g):
+    """6 chains of 5 nodes drafted from q: a row with p == q (empty residual), a q that is 0 on half
+    the vocabulary (those drafts always rejected), a greedy row. Returns (tokens, parents, logits, kw)."""
+    B, N = 6, 5
+    parents = random_tree(B, N, g, chain=True)
+    logits = logits_for(B, N, V, torch.bfloat16, g) * 0.3
+    q = torch.softmax(logits.float() * 0.8 + torch.randn(B, N, V, generator=g) * 0.3, -1)
+    q[1, 0] = torch.softmax(logits[1, 0].float(), 0)  # p == q at T = 1: residual empty, sample from p
+    q[2, 1, :] = 0
+    q[2, 1, :V // 2] = 2.0 / V  # q(x) = 0 for half the vocabulary
+    tokens = torch.stack([torch.stack([torch.multinomial(q[b, max(i - 1, 0)], 1, generator=g)[0] for i in range(N)])
+                          for b in range(B)])
+    temperature = torch.tensor([1.0, 1.0, 0.7, 0.0, 1.3, 1.0])
+    uniforms = torch.rand(B, N, 2, generator=g)
+    return tokens, parents, logits, dict(temperature=temperature, uniforms=uniforms, draft_probs=q.to(torch.bfloat16))

@@ -4,7 +4,8 @@ import torch
 
 import gemma4_mtp_kernels as g
 from gemma4_mtp_kernels import reference
-from cases_centroid_logits import DTYPES, check_all_outputs as check_outputs, make, one_hot_head
+from cases_centroid_logits import (DTYPES, TIED_TOP_K, argmax_ties_case, check_all_outputs as check_outputs,
+                                   check_zero_tokens, cluster_ties_case, make)
 from helpers import DRAFTERS
 
 E2B = DRAFTERS["E2B"]
@@ -37,22 +38,14 @@ def test_small_heads(top_k, index_dtype):
 
 
 def test_zero_tokens():
-    args = make(0, 16, 4, 12, torch.float32)
-    ids, logits = g.centroid_logits(*args, top_k=2, output="sparse", backend="torch")
-    assert ids.shape == (0, 6) and logits.shape == (0, 6)
-    assert g.centroid_logits(*args, top_k=2, output="dense", backend="torch").shape == (0, 12)
-    token, best = g.centroid_logits(*args, top_k=2, backend="torch")
-    assert token.shape == (0,) and best.shape == (0,)
+    check_zero_tokens("torch", "cpu")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_centroid_ties_go_to_lower_cluster(dtype):
-    scores = [3, 5, 5, 1, 5, 2, 0, 4]
     M = 2
-    hidden, centroids, lm_head = one_hot_head(scores, list(range(len(scores) * M)), M)
-    ordering = torch.randperm(len(scores) * M)
-    args = (hidden.to(dtype), centroids.to(dtype), ordering, lm_head.to(dtype))
-    for top_k, want in [(1, [1]), (2, [1, 2]), (3, [1, 2, 4]), (5, [1, 2, 4, 7, 0])]:
+    args, ordering = cluster_ties_case(dtype, M)
+    for top_k, want in TIED_TOP_K:
         ids, _ = reference.centroid_logits(*args, top_k=top_k, output="sparse")
         assert torch.equal(ids[0], torch.cat([ordering[c * M:(c + 1) * M] for c in want])), top_k
         dense = g.centroid_logits(*args, top_k=top_k, output="dense", backend="torch")
@@ -61,15 +54,7 @@ def test_centroid_ties_go_to_lower_cluster(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_argmax_ties_go_to_lowest_vocab_id(dtype):
-    # clusters 0 and 1 are selected (cluster 1 first); tokens 3 and 17 tie for the best logit and the
-    # higher id 17 comes first in candidate order
-    C, M = 4, 5
-    ordering = torch.tensor([0, 1, 2, 3, 4, 17, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 19])
-    logits = [0.0] * (C * M)
-    logits[3] = logits[17] = 6.0
-    logits[19] = 6.0  # in an unselected cluster: must not win
-    hidden, centroids, lm_head = one_hot_head([1, 2, 0, -1], logits, M)
-    args = (hidden.to(dtype), centroids.to(dtype), ordering, lm_head.to(dtype))
+    args = argmax_ties_case(dtype)
     ids, _ = g.centroid_logits(*args, top_k=2, output="sparse", backend="torch")
     assert ids[0].tolist().index(3) > ids[0].tolist().index(17)
     assert 19 not in ids[0].tolist()

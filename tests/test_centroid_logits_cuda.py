@@ -7,7 +7,8 @@ import torch
 
 import gemma4_mtp_kernels as g
 from gemma4_mtp_kernels import cuda as cuda_backend
-from cases_centroid_logits import DTYPES, check_all_outputs, make, one_hot_head, tol
+from cases_centroid_logits import (DTYPES, TIED_TOP_K, argmax_ties_case, check_all_outputs, check_zero_tokens,
+                                   cluster_ties_case, make, tol)
 from helpers import DRAFTERS
 
 pytestmark = pytest.mark.gpu
@@ -47,35 +48,22 @@ def test_too_many_centroids_is_refused():
 
 
 def test_zero_tokens():
-    args = [t.to(DEV) for t in make(0, 16, 4, 12, torch.float32)]
-    ids, logits = g.centroid_logits(*args, top_k=2, output="sparse", backend="cuda")
-    assert ids.shape == (0, 6) and logits.shape == (0, 6)
-    assert g.centroid_logits(*args, top_k=2, output="dense", backend="cuda").shape == (0, 12)
-    token, best = g.centroid_logits(*args, top_k=2, backend="cuda")
-    assert token.shape == (0,) and best.shape == (0,)
+    check_zero_tokens("cuda", DEV)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_centroid_ties_go_to_lower_cluster(dtype):
-    scores = [3, 5, 5, 1, 5, 2, 0, 4]
     M = 2
-    hidden, centroids, lm_head = one_hot_head(scores, list(range(len(scores) * M)), M)
-    ordering = torch.randperm(len(scores) * M)
-    args = [t.to(DEV) for t in (hidden.to(dtype), centroids.to(dtype), ordering, lm_head.to(dtype))]
-    for top_k, want in [(1, [1]), (2, [1, 2]), (3, [1, 2, 4]), (5, [1, 2, 4, 7, 0])]:
+    args, ordering = cluster_ties_case(dtype, M)
+    args = [t.to(DEV) for t in args]
+    for top_k, want in TIED_TOP_K:
         ids, _ = g.centroid_logits(*args, top_k=top_k, output="sparse", backend="cuda")
         assert torch.equal(ids[0].cpu(), torch.cat([ordering[c * M:(c + 1) * M] for c in want])), top_k
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_argmax_ties_go_to_lowest_vocab_id(dtype):
-    C, M = 4, 5
-    ordering = torch.tensor([0, 1, 2, 3, 4, 17, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 19])
-    logits = [0.0] * (C * M)
-    logits[3] = logits[17] = 6.0
-    logits[19] = 6.0  # in an unselected cluster: must not win
-    hidden, centroids, lm_head = one_hot_head([1, 2, 0, -1], logits, M)
-    args = [t.to(DEV) for t in (hidden.to(dtype), centroids.to(dtype), ordering, lm_head.to(dtype))]
+    args = [t.to(DEV) for t in argmax_ties_case(dtype)]
     token, best = g.centroid_logits(*args, top_k=2, backend="cuda")
     assert token.tolist() == [3] and best.tolist() == [6.0]
 

@@ -10,7 +10,8 @@ import torch
 from gemma4_mtp_kernels import _checks as checks
 from gemma4_mtp_kernels import cuda as cuda_backend
 from gemma4_mtp_kernels import tree_verify
-from cases_tree_verify import assert_matches_reference, drafts_following, logits_for, random_tree
+from cases_tree_verify import (assert_matches_reference, cdf_boundary_case, draft_probs_chains_case, drafts_following,
+                               logits_for, random_tree, sampling_trees_case)
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -61,51 +62,20 @@ def test_greedy_ties_lowest_id_and_duplicate_children():
 
 @pytest.mark.parametrize("V", [1500, 262144])
 def test_sampling_trees_mixed_with_greedy(V):
-    g = torch.Generator().manual_seed(3)
-    B, N = 6, 7
-    parents = random_tree(B, N, g)
-    logits = logits_for(B, N, V, torch.bfloat16, g) * 0.5
-    temperature = torch.tensor([0.0, 1.0, 0.5, 0.0, 2.0, 1.0])
-    uniforms = torch.rand(B, N, 2, generator=g)
-    ref_samples = torch.stack([torch.stack([
-        torch.multinomial(torch.softmax(logits[b, i].float() / max(float(temperature[b]), 1e-3), 0), 1, generator=g)[0]
-        for i in range(N)]) for b in range(B)])
-    tokens = drafts_following(ref_samples, parents, V, g, hit=0.9)
-    check(tokens, parents, logits, temperature=temperature, uniforms=uniforms)
+    tokens, parents, logits, kw = sampling_trees_case(V, torch.Generator().manual_seed(3))
+    check(tokens, parents, logits, **kw)
 
 
 def test_sampling_uniforms_on_cdf_boundaries_take_the_exception_path():
-    g = torch.Generator().manual_seed(4)
-    B, N, V = 8, 3, 800
-    parents = random_tree(B, N, g, chain=True)
-    logits = logits_for(B, N, V, torch.float32, g)
-    temperature = torch.full((B,), 1.0)
-    uniforms = torch.rand(B, N, 2, generator=g)
-    for b in range(B):
-        for i in range(N):
-            cdf = torch.cumsum(torch.softmax(logits[b, i], 0).double(), 0)
-            uniforms[b, i, 0] = float(cdf[int(torch.randint(V // 4, V // 2, (1,), generator=g))])
-    tokens = drafts_following(logits.argmax(-1), parents, V, g, hit=0.0)
-    check(tokens, parents, logits, temperature=temperature, uniforms=uniforms)
+    tokens, parents, logits, kw = cdf_boundary_case(torch.Generator().manual_seed(4))
+    check(tokens, parents, logits, **kw)
 
 
 @pytest.mark.parametrize("V", [2100, 262144])
 def test_chains_with_draft_probs(V):
-    g = torch.Generator().manual_seed(5)
-    B, N = 6, 5
-    parents = random_tree(B, N, g, chain=True)
-    logits = logits_for(B, N, V, torch.bfloat16, g) * 0.3
-    q = torch.softmax(logits.float() * 0.8 + torch.randn(B, N, V, generator=g) * 0.3, -1)
-    q[1, 0] = torch.softmax(logits[1, 0].float(), 0)  # p == q: residual empty, sample from p
-    q[2, 1, :] = 0
-    q[2, 1, :V // 2] = 2.0 / V  # q(x) = 0 for half the vocabulary
-    tokens = torch.stack([torch.stack([torch.multinomial(q[b, max(i - 1, 0)], 1, generator=g)[0] for i in range(N)])
-                          for b in range(B)])
-    temperature = torch.tensor([1.0, 1.0, 0.7, 0.0, 1.3, 1.0])
-    uniforms = torch.rand(B, N, 2, generator=g)
-    _, ref, _ = check(tokens, parents, logits, temperature=temperature, uniforms=uniforms,
-                      draft_probs=q.to(torch.bfloat16))
-    assert int(ref.accept_len.sum()) > 0 and bool((ref.accept_len < N - 1).any())
+    tokens, parents, logits, kw = draft_probs_chains_case(V, torch.Generator().manual_seed(5))
+    _, ref, _ = check(tokens, parents, logits, **kw)
+    assert int(ref.accept_len.sum()) > 0 and bool((ref.accept_len < parents.shape[1] - 1).any())
 
 
 def test_temperature_without_uniforms_all_greedy():

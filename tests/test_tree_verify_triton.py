@@ -10,8 +10,8 @@ import triton
 from gemma4_mtp_kernels import tree_verify
 from gemma4_mtp_kernels.triton import tree_verify as triton_tree_verify
 from gemma4_mtp_kernels.triton.tree_verify import BLOCK, chunk_size
-from cases_tree_verify import (assert_matches_reference, cdf_boundary_ok, drafts_following, logits_for,
-                               random_tree)
+from cases_tree_verify import (assert_matches_reference, cdf_boundary_case, cdf_boundary_ok, draft_probs_chains_case,
+                               drafts_following, logits_for, random_tree, sampling_trees_case)
 
 def check_against_reference(draft_tokens, parents, logits, **kw):
     impl_kw = kw.pop("impl_kw", None)  # backend-only knobs (chunk size): call the backend directly
@@ -64,18 +64,7 @@ def test_real_vocab_mixed_batch():
 
 @pytest.mark.parametrize("chunk", [None, 256])
 def test_sampling_trees_mixed_with_greedy(chunk):
-    g = torch.Generator().manual_seed(3)
-    B, N, V = 6, 7, 1500
-    parents = random_tree(B, N, g)
-    logits = logits_for(B, N, V, torch.bfloat16, g) * 0.5
-    temperature = torch.tensor([0.0, 1.0, 0.5, 0.0, 2.0, 1.0])
-    uniforms = torch.rand(B, N, 2, generator=g)
-    # drafts mostly equal to the reference's own samples, so sampling rows accept too
-    ref_samples = torch.stack([torch.stack([
-        torch.multinomial(torch.softmax(logits[b, i].float() / max(float(temperature[b]), 1e-3), 0), 1, generator=g)[0]
-        for i in range(N)]) for b in range(B)])
-    tokens = drafts_following(ref_samples, parents, V, g, hit=0.9)
-    kw = dict(temperature=temperature, uniforms=uniforms)
+    tokens, parents, logits, kw = sampling_trees_case(1500, torch.Generator().manual_seed(3))
     if chunk is not None:
         kw["impl_kw"] = dict(chunk=chunk)
     check_against_reference(tokens, parents, logits, **kw)
@@ -85,47 +74,23 @@ def test_sampling_uniforms_on_cdf_boundaries_take_the_exception_path():
     """Uniforms set exactly to the reference's CDF values: the two implementations may now round to
     either side. Every difference must be an honest boundary case (checked), and identical rows
     still match."""
-    g = torch.Generator().manual_seed(4)
-    B, N, V = 8, 3, 800
-    parents = random_tree(B, N, g, chain=True)
-    logits = logits_for(B, N, V, torch.float32, g)
-    temperature = torch.full((B,), 1.0)
-    uniforms = torch.rand(B, N, 2, generator=g)
-    for b in range(B):
-        for i in range(N):
-            cdf = torch.cumsum(torch.softmax(logits[b, i] / 1.0, 0).double(), 0)
-            k = int(torch.randint(V // 4, V // 2, (1,), generator=g))
-            uniforms[b, i, 0] = float(cdf[k])  # rounds to fp32: just above or below cdf[k]
-    tokens = drafts_following(logits.argmax(-1), parents, V, g, hit=0.0)
-    _, _, boundary_cases = check_against_reference(tokens, parents, logits, temperature=temperature,
-                                                   uniforms=uniforms, impl_kw=dict(chunk=256))
+    tokens, parents, logits, kw = cdf_boundary_case(torch.Generator().manual_seed(4))
+    _, _, boundary_cases = check_against_reference(tokens, parents, logits, impl_kw=dict(chunk=256), **kw)
     assert boundary_cases > 0  # the exception path really ran (its check is not vacuous)
     # ... and the check rejects a choice that is not on a boundary
     p = torch.softmax(logits[0, 0], 0)
-    u = float(uniforms[0, 0, 0])
+    u = float(kw["uniforms"][0, 0, 0])
     t = int((torch.cumsum(p.double(), 0) > u).nonzero()[0])
     assert not cdf_boundary_ok(p, u, t, t + 40)
 
 
 @pytest.mark.parametrize("chunk", [None, 512])
 def test_chains_with_draft_probs(chunk):
-    g = torch.Generator().manual_seed(5)
-    B, N, V = 6, 5, 2100
-    parents = random_tree(B, N, g, chain=True)
-    logits = logits_for(B, N, V, torch.bfloat16, g) * 0.3
-    q = torch.softmax(logits.float() * 0.8 + torch.randn(B, N, V, generator=g) * 0.3, -1)
-    q[1, 0] = torch.softmax(logits[1, 0].float(), 0)  # p == q at T = 1: residual empty, sample from p
-    q[2, 1, :] = 0
-    q[2, 1, :V // 2] = 2.0 / V  # q(x) = 0 for half the vocabulary: those drafts are always rejected
-    tokens = torch.stack([torch.stack([torch.multinomial(q[b, max(i - 1, 0)], 1, generator=g)[0] for i in range(N)])
-                          for b in range(B)])
-    temperature = torch.tensor([1.0, 1.0, 0.7, 0.0, 1.3, 1.0])
-    uniforms = torch.rand(B, N, 2, generator=g)
-    kw = dict(temperature=temperature, uniforms=uniforms, draft_probs=q.to(torch.bfloat16))
+    tokens, parents, logits, kw = draft_probs_chains_case(2100, torch.Generator().manual_seed(5))
     if chunk is not None:
         kw["impl_kw"] = dict(chunk=chunk)
     got, ref, _ = check_against_reference(tokens, parents, logits, **kw)
-    assert int(ref.accept_len.sum()) > 0 and bool((ref.accept_len < N - 1).any())
+    assert int(ref.accept_len.sum()) > 0 and bool((ref.accept_len < parents.shape[1] - 1).any())
 
 
 @pytest.mark.gpu
