@@ -67,12 +67,14 @@ def _chunk_stats(logit_ptr, temp_ptr, max_ptr, sum_ptr, arg_ptr, N, V, chunk, nc
         barg = tl.min(tl.where(x == bm, offs, 2147483647), axis=0)
         arg = tl.where(bm > m, barg, arg)  # strictly greater: ties keep the lower id
         m_new = tl.maximum(m, bm)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), axis=0)
+        if HAS_TEMP:  # only sampling rows read the mass: a greedy-only call skips one exp per logit
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), axis=0)
         m = m_new
     out = row.to(tl.int64) * nch + c
     tl.store(max_ptr + out, m)
-    tl.store(sum_ptr + out, s)
+    if HAS_TEMP:
+        tl.store(sum_ptr + out, s)
     tl.store(arg_ptr + out, arg)
 
 
