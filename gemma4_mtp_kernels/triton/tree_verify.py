@@ -3,8 +3,8 @@
 Design. The cost is reading B * N * V logits (0.5 MiB per node in bf16 at V = 262144); the tree walk
 itself is a few scalar steps. Three short launches, all rows of the batch in parallel:
 1. `_chunk_stats` grid (B * N rows, V / CHUNK chunks): each program streams one chunk of one row
-   (logits / temperature for sampling rows) and writes its max, first argmax and sum of
-   exp(x - max). CHUNK is sized so a small batch still gives >= 4 programs per SM (B = 1, N = 8,
+   (logits / temperature for sampling rows) and writes its max, first argmax and (when any row may
+   sample) sum of exp(x - max). CHUNK is sized so a small batch still gives >= 4 programs per SM (B = 1, N = 8,
    V = 262144 on 132 SMs: 1024 programs of 2 K ids). No V-sized buffer: B * N * V / CHUNK floats
    of statistics.
 2. `_sample` grid (rows, chunks), only when some row samples: every program combines its row's
