@@ -2,13 +2,15 @@
 
 Each test targets one rule whose host-side logic is covered by csrc/tests/test_tree.cpp but whose
 effect only shows when the kernel runs: masked (-inf) logits in sampling rows, NaN logits in greedy
-rows, and an attention `out=` that is contiguous but not 16-byte aligned.
+rows, sampling rows without a distribution, and an attention `out=` that is contiguous but not
+16-byte aligned.
 """
 import pytest
 import torch
 
-from cases_tree_verify import assert_matches_reference, drafts_following, random_tree
+from cases_tree_verify import assert_matches_reference, drafts_following, logits_for, random_tree
 from gemma4_mtp_kernels import q_only_paged_attention, tree_verify
+from gemma4_mtp_kernels.cuda import tree_verify as cuda_tree_verify
 from helpers import assert_tolerance, paged_kv
 
 pytestmark = pytest.mark.gpu
@@ -81,6 +83,41 @@ def test_greedy_rows_with_nan_logits_follow_torch_argmax():
     assert got.accepted_nodes.cpu().tolist() == [[1, -1]] * 3
     assert got.output_tokens.cpu().tolist() == [[int(pick[b, 0]), int(pick[b, 1])] for b in range(3)]
     assert got.last_node.cpu().tolist() == [1, 1, 1]
+
+
+@pytest.mark.parametrize("V", [1000, 20001])  # one chunk with 16-byte loads; several with scalar loads
+@pytest.mark.parametrize("bad", ["-inf", "nan", "one nan", "overflowing temperature"])
+@pytest.mark.parametrize("with_draft_probs", [False, True])
+def test_sampling_row_without_mass_gives_token_minus_one(V, bad, with_draft_probs):
+    """Mirror of the Triton test of the same name: a sampling row with no distribution (all -inf
+    logits, a NaN, or x / temperature overflowing) is refused by the op's value checks, which do not
+    run on the GPU by default. The kernel must then emit the bonus token -1 and stop (never a token
+    sampled from NaN probabilities or an out-of-vocabulary id). Called on the backend directly, as an
+    unchecked CUDA call reaches it."""
+    g = torch.Generator().manual_seed(11)
+    B, N = 3, 3
+    logits = logits_for(B, N, V, torch.float32, g)
+    temperature = torch.ones(B)
+    if bad == "one nan":
+        logits[1, 0, 777] = float("nan")
+    elif bad == "overflowing temperature":
+        logits[1, 0, 123] = 10.0  # 10 / 1e-38 overflows to +inf
+        temperature[1] = 1e-38
+    else:
+        logits[1, 0] = float(bad)
+    parents = random_tree(B, N, g, chain=True)
+    tokens = drafts_following(logits.argmax(-1), parents, V, g, hit=0.0)
+    tokens[1, 1] = -1  # an unchecked, invalid draft token equal to the "no token" answer is not accepted
+    kw = dict(temperature=temperature.to(DEV), uniforms=torch.rand(B, N, 2, generator=g).to(DEV))
+    if with_draft_probs:
+        kw["draft_probs"] = torch.softmax(torch.randn(B, N, V, generator=g), -1).to(DEV)
+    for _ in range(3):  # the workspace counters must come back to zero after such a row
+        got = cuda_tree_verify(tokens.to(DEV), parents.to(DEV), logits.to(DEV), **kw)
+        got = type(got)(*(t.cpu() for t in got))
+        assert got.output_tokens[1].tolist() == [-1] * N and int(got.accept_len[1]) == 0
+        assert int(got.last_node[1]) == 0 and got.accepted_nodes[1].tolist() == [-1] * N
+        healthy = got.output_tokens[[0, 2]]
+        assert bool((healthy[:, 0] >= 0).all()) and bool((healthy < V).all())
 
 
 @pytest.mark.parametrize("splits", ["one", "many"])

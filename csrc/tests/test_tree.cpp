@@ -163,6 +163,46 @@ static void test_inverse_cdf() {
   CHECK_EQ(first_crossing(plain, 4, 0.0, 0.2), 0);
 }
 
+// Statistics of one row of logits / temperature split over `chunks` chunks, merged like the kernel.
+static MaxSum row_stats(const std::vector<float>& x, float temperature, int chunks) {
+  std::vector<MaxSum> parts(chunks, maxsum_identity());
+  const size_t per = (x.size() + chunks - 1) / chunks;
+  for (size_t i = 0; i < x.size(); ++i) parts[i / per] = maxsum_add(parts[i / per], x[i] / temperature);
+  MaxSum all = maxsum_identity();
+  for (const MaxSum& p : parts) all = maxsum_merge(all, p);
+  return all;
+}
+
+// Rows the GPU does not check: no distribution means token -1, never a sample from NaN probabilities.
+static void test_has_distribution() {
+  std::vector<float> x(64);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i)) * 4.f;
+  for (int chunks : {1, 4}) {
+    CHECK(has_distribution(row_stats(x, 1.f, chunks)));
+    CHECK(has_distribution(row_stats(x, 1e30f, chunks)));  // x / T -> 0: uniform, still a distribution
+    std::vector<float> masked(x.size(), -INFINITY);
+    CHECK(!has_distribution(row_stats(masked, 1.f, chunks)));
+    masked[37] = 0.5f;  // one unmasked id is enough
+    CHECK(has_distribution(row_stats(masked, 1.f, chunks)));
+    for (size_t at : {size_t(0), size_t(37), x.size() - 1}) {  // a NaN first, inside, or last in a chunk
+      std::vector<float> nan_row = x;
+      nan_row[at] = NAN;
+      CHECK(!has_distribution(row_stats(nan_row, 1.f, chunks)));
+    }
+    // x / T overflows: to +inf for the logits above 3.4 (several) or for one, to -inf for the others
+    CHECK(!has_distribution(row_stats(x, 1e-38f, chunks)));
+    std::vector<float> one_big(x.size(), -10.f);
+    one_big[5] = 10.f;
+    CHECK(!has_distribution(row_stats(one_big, 1e-38f, chunks)));
+    // ... and when every logit overflows to -inf there is no mass at all
+    std::vector<float> negative(x.size(), -10.f);
+    CHECK(!has_distribution(row_stats(negative, 1e-38f, chunks)));
+  }
+  CHECK(!has_distribution(maxsum_identity()));
+  CHECK(!has_distribution(MaxSum{0.f, INFINITY}));
+  CHECK(!has_distribution(MaxSum{NAN, 1.f}));
+}
+
 struct Walk {
   int n, last;
   std::vector<int> nodes;
@@ -232,6 +272,28 @@ static void test_walk() {
     CHECK_EQ(w.last, 2);
     CHECK(w.tokens == (std::vector<int64_t>{6, 7, 21}));
   }
+  // a row without a distribution (kNoToken) ends the walk with bonus -1, even where an unchecked draft
+  // token is -1 too or the draft-probs decision says accept
+  {
+    const Walk w = run_walk({-1, 0, 1}, {5, 6, 7}, {6, kNoToken, 9}, nullptr);
+    CHECK_EQ(w.n, 1);
+    CHECK_EQ(w.last, 1);
+    CHECK(w.nodes == (std::vector<int>{1, -1, -1}));
+    CHECK(w.tokens == (std::vector<int64_t>{6, -1, -1}));
+  }
+  {
+    const Walk w = run_walk({-1, 0, 0}, {5, -1, 3}, {kNoToken, 1, 2}, nullptr);
+    CHECK_EQ(w.n, 0);
+    CHECK_EQ(w.last, 0);
+    CHECK(w.nodes == (std::vector<int>{-1, -1, -1}));
+    CHECK(w.tokens == (std::vector<int64_t>{-1, -1, -1}));
+  }
+  {
+    const std::vector<int> acc = {1, 1, 0};
+    const Walk w = run_walk({-1, 0, 1}, {5, 6, 7}, {kNoToken, 7, 21}, &acc);
+    CHECK_EQ(w.n, 0);
+    CHECK(w.tokens == (std::vector<int64_t>{-1, -1, -1}));
+  }
   // single node
   {
     const Walk w = run_walk({-1}, {5}, {17}, nullptr);
@@ -243,6 +305,7 @@ static void test_walk() {
 int main() {
   test_argmax_ties();
   test_maxsum();
+  test_has_distribution();
   test_inverse_cdf();
   test_walk();
   return finish("test_tree");

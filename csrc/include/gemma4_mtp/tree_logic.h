@@ -64,6 +64,17 @@ G4_HD MaxSum maxsum_merge(MaxSum a, MaxSum b) {
   return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
 }
 
+// Whether a sampling row's softmax statistics (over logits / temperature) describe a distribution.
+// The public op refuses rows without one only where it checks values (CPU); on the GPU such a row
+// reaches the kernel: all logits -inf leave s = 0, a NaN logit makes s NaN, and a temperature so small
+// that x / T overflows makes m = +inf (or s NaN when two ids overflow). Its probabilities would all be
+// NaN, so the row emits kNoToken and accepts nothing, like the Triton backend.
+G4_HD bool has_distribution(MaxSum ms) {
+  return ms.s > 0.f && ms.s < INFINITY && ms.m > -INFINITY && ms.m < INFINITY;  // false for NaN too
+}
+
+constexpr int kNoToken = -1;
+
 // Inverse CDF over one thread's `n` contiguous probabilities p[0..n) whose cumulative sum starts at
 // `cdf0`: the first local index where the running sum exceeds u, or kNoIndex. A block combines the
 // threads' answers with a minimum (prefix sums computed in parallel are not monotone across threads,
@@ -85,7 +96,8 @@ G4_HD int first_crossing(const float* p, int n, double cdf0, double u) {
 // accept[u] (accept the only child) with tok[u] the bonus on rejection or at the leaf.
 // accept == nullptr selects the token-matching rule. Writes accepted_nodes[0..N) and output_tokens[0..N)
 // (then -1), returns the accepted length and sets *last_node. IntPtr may be a volatile pointer (the
-// kernel reads decisions that other CTAs wrote).
+// kernel reads decisions that other CTAs wrote). A node whose decision is kNoToken (no distribution)
+// ends the walk with bonus -1 even if an (unchecked, invalid) draft token is -1 too.
 template <class TokT, class IntPtr>
 G4_HD int walk_tree(const int* parents, const TokT* draft, IntPtr tok, IntPtr accept, int N,
                     int* accepted_nodes, int64_t* output_tokens, int* last_node) {
@@ -93,17 +105,13 @@ G4_HD int walk_tree(const int* parents, const TokT* draft, IntPtr tok, IntPtr ac
   int64_t bonus = -1;
   for (;;) {
     int child = -1;
-    if (accept != nullptr) {
-      if (accept[u]) {
-        for (int c = u + 1; c < N && child < 0; ++c)
-          if (parents[c] == u) child = c;
-      }
-    } else {
+    const int64_t t = tok[u];
+    if (t != kNoToken) {
       for (int c = u + 1; c < N && child < 0; ++c)
-        if (parents[c] == u && static_cast<int64_t>(draft[c]) == static_cast<int64_t>(tok[u])) child = c;
+        if (parents[c] == u && (accept != nullptr ? accept[u] != 0 : static_cast<int64_t>(draft[c]) == t)) child = c;
     }
     if (child < 0) {
-      bonus = tok[u];
+      bonus = t;
       break;
     }
     accepted_nodes[n] = child;

@@ -226,8 +226,9 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(TreeVerifyParams p, Worksp
     int acc = 0;
     if (!sampling) {
       tok = block_argmax(am, sh).index;
+    } else if (ms = block_maxsum(ms, sh); !has_distribution(ms)) {
+      tok = kNoToken;  // its probabilities would all be NaN (see has_distribution)
     } else {
-      ms = block_maxsum(ms, sh);
       const float m = ms.m, Z = ms.s;
       auto prob = [&](int i) { return expf(to_float(logits[i]) / temp - m) / Z; };
       const float* uni = p.uniforms + static_cast<int64_t>(row) * 2;
