@@ -17,6 +17,12 @@ namespace down_proj {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTokens = 8;  // tokens accumulated per pass over W
+// 16-byte weight loads each thread issues before consuming any: R rows x U = kWeightLoadsInFlight / R
+// vectors per row, so R = 1 and 2 (small Hd) batch like R = 4 already did. Little's law: to stream W at
+// H200's ~4.8 TB/s with ~600 ns of DRAM latency, ~4.8e12 B/s * 600e-9 s ~ 2.9 MB must be in flight,
+// ~22 KB per SM over 132 SMs. A 256-thread CTA with one vector per thread has 4 KB in flight; with 4
+// it has 16 KB, and two resident CTAs (<= 128 registers each) 32 KB.
+constexpr int kWeightLoadsInFlight = 4;
 
 template <class T, int VEC, int R>
 __global__ void __launch_bounds__(kThreads) kernel(DownProjParams p) {
@@ -50,40 +56,52 @@ __global__ void __launch_bounds__(kThreads) kernel(DownProjParams p) {
 #pragma unroll
       for (int j = 0; j < kTokens; ++j) acc[r][j] = 0.f;
 
-    for (int v = threadIdx.x; v < nvec; v += kThreads) {
-      const int k = v * VEC;
-      float w[R][VEC];
+    // kUnroll vectors of each of the R rows per thread: their weight loads are issued together, then
+    // consumed in the thread's ascending v order, so every acc[r][j] sums the same terms in the same
+    // order as a one-vector loop. The thread's last batch may be partial: its missing vectors are
+    // neither loaded nor consumed. Hb % VEC == 0, so a vector never straddles the two halves.
+    constexpr int kUnroll = kWeightLoadsInFlight / R > 1 ? kWeightLoadsInFlight / R : 1;
+    for (int v0 = threadIdx.x; v0 < nvec; v0 += kUnroll * kThreads) {
+      float w[kUnroll][R][VEC];
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (row0 + r < p.Hd) {
-          load_float<VEC>(weight + static_cast<int64_t>(row0 + r) * p.weight_stride + k, w[r]);
-        } else {
+      for (int l = 0; l < kUnroll; ++l)
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) w[r][e] = 0.f;
-        }
-      }
-      const bool embed_half = k < p.Hb;  // Hb % VEC == 0: a vector never straddles the two halves
-#pragma unroll
-      for (int j = 0; j < kTokens; ++j) {
-        if (j >= nt) break;
-        float x[VEC];
-        if (embed_half) {
-          const int64_t id = ids[j];
-          if (id >= 0) {
-            load_float<VEC>(table + id * p.table_stride + k, x);
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) x[e] = to_float(from_float<T>(x[e] * scale));
+        for (int r = 0; r < R; ++r) {
+          const int v = v0 + l * kThreads;
+          if (v < nvec && row0 + r < p.Hd) {
+            load_float<VEC>(weight + static_cast<int64_t>(row0 + r) * p.weight_stride + v * VEC, w[l][r]);
           } else {
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) x[e] = NAN;
+            for (int e = 0; e < VEC; ++e) w[l][r][e] = 0.f;
           }
-        } else {
-          load_float<VEC>(hidden + static_cast<int64_t>(t0 + j) * p.hidden_stride + (k - p.Hb), x);
         }
 #pragma unroll
-        for (int r = 0; r < R; ++r)
+      for (int l = 0; l < kUnroll; ++l) {
+        const int k = (v0 + l * kThreads) * VEC;
+        if (k >= K) break;
+        const bool embed_half = k < p.Hb;
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) acc[r][j] = fmaf(w[r][e], x[e], acc[r][j]);
+        for (int j = 0; j < kTokens; ++j) {
+          if (j >= nt) break;
+          float x[VEC];
+          if (embed_half) {
+            const int64_t id = ids[j];
+            if (id >= 0) {
+              load_float<VEC>(table + id * p.table_stride + k, x);
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) x[e] = to_float(from_float<T>(x[e] * scale));
+            } else {
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) x[e] = NAN;
+            }
+          } else {
+            load_float<VEC>(hidden + static_cast<int64_t>(t0 + j) * p.hidden_stride + (k - p.Hb), x);
+          }
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[r][j] = fmaf(w[l][r][e], x[e], acc[r][j]);
+        }
       }
     }
 
