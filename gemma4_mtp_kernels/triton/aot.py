@@ -40,6 +40,7 @@ class Launch(NamedTuple):
     num_warps: int
     num_stages: int
     dtype: str       # element type of the big operands; fp32 launches (a test dtype) may spill, not fail
+    maxnreg: int | None = None  # register cap the launcher passes (None: ptxas chooses)
 
 
 class Resources(NamedTuple):
@@ -87,8 +88,10 @@ def compile_launch(launch: Launch, arch: int):
     dynamic allocation, which cuobjdump's static count does not see)."""
     signature, constexprs, attrs = _signature(launch.kernel, launch.args)
     src = ASTSource(launch.kernel, signature, constexprs, attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                              options=dict(num_warps=launch.num_warps, num_stages=launch.num_stages))
+    options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages)
+    if launch.maxnreg is not None:
+        options["maxnreg"] = launch.maxnreg
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     res = resource_usage(compiled.asm["cubin"])
     return compiled, res._replace(shared_bytes=res.shared_bytes + compiled.metadata.shared)
 
@@ -103,7 +106,7 @@ QUERIES = (1, 2, 4, 8)
 CONTEXTS = (512, 8192, 131072)
 TREE_NODES = (1, 8, 64)
 # fp16 shares the bf16 tiles; fp32 (a test dtype on the GPU) has its own attention tiles. Kernels whose
-# big operands are fp32 whatever the input dtype (merge, split-K reduce, walk) compile in bf16 only.
+# big operands are fp32 whatever the input dtype (merge, split-K reduce) compile in bf16 only.
 DTYPES = {"bf16": "tf32", "fp16": "tf32", "fp32": "ieee"}
 ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -113,7 +116,7 @@ def _unique(launches):
     seen = {}
     for launch in launches:
         key = (launch.kernel.__name__, tuple(sorted((k, str(v)) for k, v in launch.args.items())),
-               launch.num_warps, launch.num_stages)
+               launch.num_warps, launch.num_stages, launch.maxnreg)
         seen.setdefault(key, launch)
     return list(seen.values())
 
@@ -214,30 +217,17 @@ def _tree_verify_launches():
     out = []
     for dtype, B, N, sms in itertools.product(DTYPES, BATCHES, TREE_NODES, SMS):
         chunk = tv.chunk_size(B * N, V, sms)
-        block = min(tv.BLOCK, chunk)
         block_c = pow2_at_least(triton.cdiv(V, chunk), 2)
-        what = f"{dtype} B={B} N={N} chunk={chunk}"
         logits = "*" + dtype
-        for has_temp in (False, True):
-            args = dict(logit_ptr=logits, temp_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", arg_ptr="*i32",
-                        **{k: ints[k] for k in ("N", "V", "chunk", "nch", "s_b", "s_n")},
-                        HAS_TEMP=has_temp, BLOCK=block)
-            out.append(Launch(f"tree_verify chunk stats {what}{' (temperature)' if has_temp else ''}",
-                              tv._chunk_stats, args, *tv.LAUNCH["chunk_stats"], dtype))
-        for has_draft in (False, True):
-            args = dict(logit_ptr=logits, q_ptr=logits, temp_ptr="*fp32", unif_ptr="*fp32", max_ptr="*fp32",
-                        sum_ptr="*fp32", sample_ptr="*i32", res_ptr="*fp32", **ints,
-                        HAS_DRAFT=has_draft, BLOCK_C=block_c, BLOCK=block)
-            out.append(Launch(f"tree_verify sample {what}{' + residual' if has_draft else ''}", tv._sample, args,
-                              *tv.LAUNCH["sample"], dtype))
-        for has_temp, has_draft in ((False, False), (True, False), (True, True)) if dtype == "bf16" else ():
+        for has_temp, has_draft in ((False, False), (True, False), (True, True)):
             args = dict(tok_ptr="*i64", par_ptr="*i32", logit_ptr=logits, q_ptr=logits, temp_ptr="*fp32",
-                        unif_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", arg_ptr="*i32", sample_ptr="*i32",
-                        res_ptr="*fp32", len_ptr="*i32", acc_ptr="*i32", out_ptr="*i64", last_ptr="*i32", **ints,
+                        unif_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", arg_ptr="*i32", dec_ptr="*i32",
+                        cnt_ptr="*i32", len_ptr="*i32", acc_ptr="*i32", out_ptr="*i64", last_ptr="*i32", **ints,
                         HAS_TEMP=has_temp, HAS_DRAFT=has_draft, BLOCK_NODES=pow2_at_least(N, 2), BLOCK_C=block_c,
-                        BLOCK=block)
+                        BLOCK=min(tv.BLOCK, chunk))
             kind = "greedy" if not has_temp else ("sampling, draft_probs" if has_draft else "sampling")
-            out.append(Launch(f"tree_verify walk {what} ({kind})", tv._walk, args, *tv.LAUNCH["walk"], dtype))
+            out.append(Launch(f"tree_verify {dtype} B={B} N={N} chunk={chunk} ({kind})", tv._verify, args,
+                              *tv.LAUNCH, dtype, tv.SAMPLING_MAXNREG if has_temp else None))
     return _unique(out)
 
 
