@@ -3,6 +3,8 @@
 Greedy decisions must match exactly; sampling decisions may part only at honest floating-point
 boundaries (cases_tree_verify.assert_matches_reference).
 """
+import importlib
+
 import pytest
 import torch
 import triton
@@ -10,6 +12,9 @@ import triton
 from gemma4_mtp_kernels import tree_verify
 from gemma4_mtp_kernels.triton import tree_verify as triton_tree_verify
 from gemma4_mtp_kernels.triton.tree_verify import BLOCK, chunk_size
+
+# the package re-exports the op function under the module's name
+tv = importlib.import_module("gemma4_mtp_kernels.triton.tree_verify")
 from cases_tree_verify import (assert_matches_reference, cdf_boundary_case, cdf_boundary_ok, draft_probs_chains_case,
                                drafts_following, logits_for, random_tree, sampling_trees_case)
 
@@ -149,3 +154,55 @@ def test_sampling_row_without_mass_gives_token_minus_one(chunk, bad):
         assert got.output_tokens[1].tolist() == [-1] * N and int(got.accept_len[1]) == 0
         assert int(got.last_node[1]) == 0 and got.accepted_nodes[1].tolist() == [-1] * N
         assert bool((got.output_tokens[[0, 2], 0] >= 0).all())
+
+
+def counters_left(dev):
+    return int(tv._COUNTERS[torch.device(dev)].count_nonzero())
+
+
+@pytest.mark.parametrize("chunk", [None, 128])
+def test_counters_are_reset_so_calls_replay(chunk):
+    """The single launch elects each row's and each request's last program with counters that the
+    kernel itself resets (no memset between calls, so a CUDA graph can replay it): after a call
+    every counter is 0 again, and a second call gives the same, correct result."""
+    tokens, parents, logits, kw = sampling_trees_case(1500, torch.Generator().manual_seed(12))
+    kw["impl_kw"] = {} if chunk is None else dict(chunk=chunk)
+    first, _, _ = check_against_reference(tokens, parents, logits, **kw)
+    assert counters_left("cpu") == 0
+    second, _, _ = check_against_reference(tokens, parents, logits, **kw)
+    assert counters_left("cpu") == 0
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case", ["greedy", "sampling", "draft_probs"])
+def test_many_programs_per_row(case):
+    """64-id chunks: 16-33 programs share each row, so the row decision (made by the row's last
+    program from the others' published statistics: argmax across chunks, the crossing chunk of the
+    CDF, the per-chunk residual masses) and the walk (by the request's last decided row) read
+    values other programs wrote. Mixed greedy and sampling rows; draft_probs chains."""
+    g = torch.Generator().manual_seed(13)
+    if case == "greedy":
+        B, N, V = 3, 6, 1000
+        parents = random_tree(B, N, g)
+        logits = logits_for(B, N, V, torch.float32, g)
+        tokens = drafts_following(logits.argmax(-1), parents, V, g, hit=0.9)
+        kw = {}
+    elif case == "sampling":
+        tokens, parents, logits, kw = sampling_trees_case(1200, g)
+    else:
+        tokens, parents, logits, kw = draft_probs_chains_case(2100, g)
+    _, ref, _ = check_against_reference(tokens, parents, logits, impl_kw=dict(chunk=64), **kw)
+    assert int(ref.accept_len.sum()) > 0  # the walks go past the root somewhere
+    assert counters_left("cpu") == 0
+
+
+def test_counter_workspace_grows_and_keeps_outgrown_buffers():
+    """A call needing more counters than cached gets a larger zeroed buffer; the smaller one stays
+    alive (a captured graph may still address it)."""
+    dev = torch.device("cpu")
+    small = tv._counters(dev, 1)
+    assert tv._counters(dev, small.numel()) is small
+    big = tv._counters(dev, small.numel() + 1)
+    assert big.numel() > small.numel() and int(big.count_nonzero()) == 0
+    assert tv._counters(dev, 1) is big and any(t is small for t in tv._OUTGROWN)
