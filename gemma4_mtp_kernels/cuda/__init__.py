@@ -126,9 +126,6 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
 
 def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, uniforms=None, draft_probs=None):
     B, N, _ = target_logits.shape
-    if uniforms is None:
-        # the public op admits a temperature without uniforms only when every row is greedy
-        temperature, draft_probs = None, None
     if draft_probs is not None and draft_probs.dtype != torch.float32:
         draft_probs = draft_probs.float()  # exact for bf16/fp16; the kernel reads fp32 probabilities
     dev = target_logits.device

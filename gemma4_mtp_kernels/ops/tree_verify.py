@@ -81,6 +81,10 @@ def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, unifo
         if uniforms is not None and uniforms.numel():
             if bool(((uniforms < 0) | (uniforms >= 1) | torch.isnan(uniforms)).any()):
                 C.fail_value(OP, "uniforms", "in [0, 1)", f"min {float(uniforms.min())}, max {float(uniforms.max())}")
+    if uniforms is None:
+        # the checks above admit no uniforms only when every row is greedy: hand the backends the
+        # plain greedy call rather than a temperature they would have to prove all zero
+        temperature = draft_probs = None
     impl = resolve(OP, backend, dev, target_logits.dtype)
     return impl(draft_tokens, parents, target_logits, temperature=temperature, uniforms=uniforms,
                 draft_probs=draft_probs)
