@@ -118,8 +118,7 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
         logits = torch.empty((T, K), dtype=torch.float32, device=dev)
     else:
         ids = torch.empty((0,), dtype=torch.int64, device=dev)
-        fill = float("-inf") if fill_value is None else float(fill_value)
-        logits = torch.full((T, V), fill, dtype=torch.float32, device=dev)
+        logits = torch.full((T, V), fill_value, dtype=torch.float32, device=dev)
     _ops().centroid_logits(hidden, centroids, token_ordering, lm_head, int(top_k), output, ids, logits)
     return logits if output == "dense" else (ids, logits)
 

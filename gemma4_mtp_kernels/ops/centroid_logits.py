@@ -56,4 +56,11 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
             C.fail_value(OP, "token_ordering", f"a permutation of [0, {V})", "repeated ids")
     impl = resolve(OP, backend, hidden.device, hidden.dtype)
     return impl(hidden, centroids, token_ordering, lm_head, top_k=top_k, output=output,
-                fill_value=None if fill_value is None else float(fill_value))
+                fill_value=_dense_fill(output, fill_value))
+
+
+def _dense_fill(output, fill_value):
+    """The one place the default fill (-inf) is decided: backends receive a float for "dense"."""
+    if output != "dense":
+        return None
+    return float("-inf") if fill_value is None else float(fill_value)

@@ -19,8 +19,7 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
     if output == "sparse":
         return ids, logits
     if output == "dense":
-        fill = float("-inf") if fill_value is None else fill_value
-        dense = torch.full((T, V), fill, dtype=torch.float32, device=hidden.device)
+        dense = torch.full((T, V), fill_value, dtype=torch.float32, device=hidden.device)
         return dense.scatter_(1, ids, logits)
     # argmax, ties to the lowest vocabulary id
     best = logits.max(dim=1, keepdim=True).values

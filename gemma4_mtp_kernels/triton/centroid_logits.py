@@ -164,8 +164,7 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
         ids = torch.empty(T, K, dtype=torch.int64, device=dev)
         logits = torch.empty(T, K, dtype=torch.float32, device=dev)
     else:
-        dense = torch.full((T, V), float("-inf") if fill_value is None else fill_value, dtype=torch.float32,
-                           device=dev)
+        dense = torch.full((T, V), fill_value, dtype=torch.float32, device=dev)
     if T > 0:
         cfg = candidate_config(C, CS, Hd)
         _candidates[(T, top_k)](hidden, scores, token_ordering, lm_head, best, best_id, ids, logits, dense,
