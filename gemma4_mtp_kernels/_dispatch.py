@@ -8,16 +8,27 @@ public signature minus `backend=` and receiving arguments that the public op alr
 """
 from __future__ import annotations
 
-import importlib
 import os
 from typing import Callable, NamedTuple
 
 import torch
 
+from . import cuda as _cuda_backend
+from . import reference as _torch_backend
 from . import verified
 
+# Every backend module is imported here, once, so that resolving a call is plain attribute lookup:
+# torch.compile traces the public ops through `resolve`, and dynamo refuses import machinery
+# (importlib on torch 2.11). The cuda module loads its extension lazily; triton costs ~0.1 s.
+try:
+    from . import triton as _triton_backend
+    _TRITON_IMPORT_ERROR = None
+except Exception as e:  # pragma: no cover - depends on the machine
+    _triton_backend = None
+    _TRITON_IMPORT_ERROR = f"{type(e).__name__}: {e}"
+
 BACKENDS = ("torch", "triton", "cuda")
-_MODULES = {"torch": "gemma4_mtp_kernels.reference", "triton": "gemma4_mtp_kernels.triton", "cuda": "gemma4_mtp_kernels.cuda"}
+_MODULES = {"torch": _torch_backend, "triton": _triton_backend, "cuda": _cuda_backend}
 
 
 class BackendUnavailableError(RuntimeError):
@@ -34,11 +45,9 @@ def _triton_interpret() -> bool:
 
 
 def _triton_status(device: torch.device | None = None) -> BackendStatus:
-    try:
-        import triton  # noqa: F401
-    except Exception as e:  # pragma: no cover - depends on the machine
-        return BackendStatus(False, f"triton is not importable ({type(e).__name__}: {e})")
-    version = triton.__version__
+    if _triton_backend is None:
+        return BackendStatus(False, f"triton is not importable ({_TRITON_IMPORT_ERROR})")
+    version = _triton_backend.TRITON_VERSION
     if device is not None and device.type == "cpu":
         if _triton_interpret():
             return BackendStatus(True, f"triton {version}, interpreter on CPU tensors (TRITON_INTERPRET=1)")
@@ -51,9 +60,7 @@ def _triton_status(device: torch.device | None = None) -> BackendStatus:
 
 
 def _cuda_status(device: torch.device | None = None) -> BackendStatus:
-    from . import cuda as cuda_backend
-
-    ok, reason = cuda_backend.extension_status()
+    ok, reason = _cuda_backend.extension_status()
     if not ok:
         return BackendStatus(False, reason)
     if device is not None and device.type != "cuda":
@@ -73,8 +80,7 @@ def available_backends() -> dict[str, BackendStatus]:
 
 
 def _impl(backend: str, op: str) -> Callable:
-    module = importlib.import_module(_MODULES[backend])
-    fn = getattr(module, op, None)
+    fn = getattr(_MODULES[backend], op, None)
     if fn is None:
         raise BackendUnavailableError(f"{op}: backend {backend!r} does not implement this op yet")
     return fn
