@@ -214,15 +214,19 @@ def _verify(tok_ptr, par_ptr, logit_ptr, q_ptr, temp_ptr, unif_ptr, max_ptr, sum
             kids = (tl.load(par_ptr + b * N + idx, mask=idx < N, other=-2) == u) & (idx > 0)
             tokens = tl.load(tok_ptr + b.to(tl.int64) * N + idx, mask=idx < N, other=-1).to(tl.int32)
             nxt = BLOCK_NODES
+            t = -1  # a sampling row with no distribution (all -inf or some NaN logits): bonus -1, stop
             if temp == 0:  # greedy: first maximum over the chunks
                 cc = tl.arange(0, BLOCK_C)
                 cm = tl.load(max_ptr + stat + cc, mask=cc < nch, other=float("-inf"), cache_modifier=".cg")
                 ca = tl.load(arg_ptr + stat + cc, mask=cc < nch, other=NO_ID, cache_modifier=".cg")
                 t = tl.min(tl.where(cm == tl.max(cm, axis=0), ca, NO_ID), axis=0)
                 nxt = tl.min(tl.where(kids & (tokens == t), idx, BLOCK_NODES), axis=0)
-            else:
+            elif HAS_TEMP:
+                # Only a launch with temperatures has sampling rows. Without them temp is the constant 0
+                # and uniforms/draft_probs are None (constexpr): this branch must not be generated then,
+                # since `temp == 0` is a runtime test and the compiler would still build the loads
+                # through a None pointer (the first GPU run: the greedy launch did not compile).
                 M, mass, Z = _row_total(max_ptr, sum_ptr, stat, nch, BLOCK_C)
-                t = -1  # no distribution (all -inf or some NaN logits): bonus -1, stop
                 if Z > 0:
                     from_p = True
                     q_off = b.to(tl.int64) * sq_b + u.to(tl.int64) * sq_n
