@@ -1,21 +1,18 @@
 #!/usr/bin/env bash
-# One call on a bare GPU machine: build the CUDA extension, run the GPU tests of both GPU backends,
-# run the benchmarks, and write everything under $OUT. The summary table is printed last.
+# One call on a bare GPU machine: build the CUDA extension, run the whole GPU test suite (one pytest
+# process per test file, so a crash is reported for its file and hides nothing else), run the main
+# command on the GPU with every backend, run the op tests under compute-sanitizer memcheck, run the
+# benchmarks, and write everything under $OUT. The summary is printed last.
 #
 #   OUT=/some/empty/dir bash benchmarks/gpu_check.sh
 #
-# Stages are time-boxed (one hang must not eat the device budget; whole run < 8 min on an H200):
-#   build 200 s, GPU tests 150 s, benchmarks what is left of 420 s (>= 100 s, + 30 s grace), plot 20 s.
+# Every stage is time-boxed so that one hang cannot eat the device budget (a device command may run
+# 10 minutes; the whole script stays under ~8.5): build 90 s, GPU suite 170 s (each file at most 90 s),
+# main command 75 s, memcheck 90 s, benchmarks what is left of 480 s (>= 60 s, + 20 s grace), plot 20 s.
 # Exit status: 2 = no GPU; otherwise 0 only if every stage passed.
 set -u
 cd "$(dirname "$0")/.."
-OUT="${OUT:-$(pwd)/benchmarks/results/gpu_check_$(date -u +%Y%m%dT%H%M%SZ)}"
-mkdir -p "$OUT"
 PY="${PYTHON:-$(command -v python || command -v python3)}"
-LOG="$OUT/gpu_check.log"
-: > "$LOG"
-say() { echo "[gpu_check $(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
-
 probe=$("$PY" - 2>&1 <<'PYEOF'
 try:
     import torch
@@ -28,25 +25,39 @@ if not torch.cuda.is_available():
 PYEOF
 )
 if [ $? -ne 0 ]; then
-    say "no GPU: ${probe:-the python probe failed}. This script needs a CUDA device; nothing was run."
+    echo "[gpu_check] no GPU: ${probe:-the python probe failed}. This script needs a CUDA device; nothing was run."
     exit 2
 fi
+OUT="${OUT:-$(pwd)/benchmarks/results/gpu_check_$(date -u +%Y%m%dT%H%M%SZ)}"
+mkdir -p "$OUT"
+LOG="$OUT/gpu_check.log"
+: > "$LOG"
+say() { echo "[gpu_check $(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
 export PYTHONPATH="$(pwd):$(pwd)/python_api${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c "import torch; print('device:', torch.cuda.get_device_name(), '| torch', torch.__version__, '| CUDA', torch.version.cuda)" | tee -a "$LOG"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$LOG"
+git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || echo unknown > "$OUT/commit.txt"
+git status --porcelain > "$OUT/dirty.txt" 2>/dev/null
 
 status=0
+describe_rc() {  # how a command ended, from its exit status
+    case $1 in
+        0) echo "ok" ;;
+        124|137) echo "TIMED OUT" ;;
+        139) echo "CRASHED (segmentation fault)" ;;
+        134) echo "CRASHED (abort)" ;;
+        5) echo "no tests selected" ;;
+        *) echo "FAILED rc=$1" ;;
+    esac
+}
 stage() {  # stage NAME SECONDS LOGFILE CMD...
     local name=$1 limit=$2 logf=$3; shift 3
     local t0=$SECONDS
     say "stage $name (limit ${limit}s): $*"
     timeout --kill-after=10 "$limit" "$@" > "$logf" 2>&1
     local rc=$?
-    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-        say "stage $name TIMED OUT after ${limit}s (log: $logf)"
-        status=1
-    elif [ $rc -ne 0 ]; then
-        say "stage $name FAILED rc=$rc after $((SECONDS - t0))s (log: $logf); last lines:"
+    if [ $rc -ne 0 ]; then
+        say "stage $name $(describe_rc $rc) after $((SECONDS - t0))s (log: $logf); last lines:"
         tail -n 15 "$logf" | tee -a "$LOG"
         status=1
     else
@@ -55,25 +66,76 @@ stage() {  # stage NAME SECONDS LOGFILE CMD...
     return $rc
 }
 
-# Build: Hopper only saves half the nvcc time on an H200; override GEMMA4_MTP_CUDA_ARCHS elsewhere.
+# Build: Hopper only halves the nvcc time on an H200; override GEMMA4_MTP_CUDA_ARCHS elsewhere.
 export MAX_JOBS="${MAX_JOBS:-16}" GEMMA4_MTP_CUDA_ARCHS="${GEMMA4_MTP_CUDA_ARCHS:-90a}"
-stage build 200 "$OUT/build.log" "$PY" setup.py build_ext --inplace
+stage build 90 "$OUT/build.log" "$PY" setup.py build_ext --inplace
 "$PY" -c "import gemma4_mtp_kernels as g; [print(f'{k:7s} {v.available!s:5s} {v.detail}') for k, v in g.available_backends().items()]" 2>&1 | tee -a "$LOG"
 
-tests=$(ls tests/*_cuda.py tests/*_triton.py 2>/dev/null | tr '\n' ' ')
-if [ -n "$tests" ]; then
-    stage gpu-tests 150 "$OUT/pytest_gpu.log" "$PY" -m pytest -q -m gpu -p no:cacheprovider \
-        --junitxml="$OUT/pytest_gpu.xml" $tests
-    tail -n 3 "$OUT/pytest_gpu.log" | tee -a "$LOG"
+# The GPU suite: every test file's GPU-marked tests, one pytest process per file. A fatal error (a
+# segmentation fault, an illegal address that poisons the context) ends only its own file.
+mkdir -p "$OUT/pytest"
+suite_t0=$SECONDS
+: > "$OUT/gpu_suite.txt"
+for f in $(grep -l "mark.gpu" tests/test_*.py); do
+    name=$(basename "$f" .py)
+    left=$(( 170 - (SECONDS - suite_t0) ))
+    if [ $left -lt 10 ]; then
+        echo "$name not run (suite time box spent)" >> "$OUT/gpu_suite.txt"
+        status=1
+        continue
+    fi
+    [ $left -gt 90 ] && left=90
+    timeout --kill-after=5 $left "$PY" -m pytest -q -m gpu -p no:cacheprovider -o faulthandler_timeout=60 \
+        --junitxml="$OUT/pytest/$name.xml" "$f" > "$OUT/pytest/$name.log" 2>&1
+    rc=$?
+    summary=$(tail -n 1 "$OUT/pytest/$name.log")
+    echo "$name $(describe_rc $rc): $summary" >> "$OUT/gpu_suite.txt"
+    [ $rc -ne 0 ] && status=1
+done
+say "GPU suite done in $((SECONDS - suite_t0))s:"
+tee -a "$LOG" < "$OUT/gpu_suite.txt"
+
+# The main command on the GPU with each backend: chain and tree, greedy (must print "matches") and
+# sampling.
+main_t0=$SECONDS
+: > "$OUT/main_command.log"
+for backend in auto triton cuda; do
+    for shape in "--draft-tokens 4" "--tree 2,2,1"; do
+        for temp in 0 0.8; do
+            left=$(( 75 - (SECONDS - main_t0) ))
+            if [ $left -lt 5 ]; then
+                say "main command $backend $shape temperature $temp: not run (time box spent)"
+                status=1
+                continue
+            fi
+            echo "=== python -m gemma4_mtp generate --backend $backend $shape --temperature $temp" >> "$OUT/main_command.log"
+            timeout --kill-after=5 $left "$PY" -m gemma4_mtp generate --backend $backend $shape --temperature $temp \
+                --max-new-tokens 64 >> "$OUT/main_command.log" 2>&1
+            rc=$?
+            exact=$(tail -n 1 "$OUT/main_command.log")
+            say "main command --backend $backend $shape --temperature $temp: $(describe_rc $rc) | $exact"
+            [ $rc -ne 0 ] && status=1
+        done
+    done
+done
+
+# The op tests once under compute-sanitizer memcheck (out-of-bounds and misaligned accesses, errors of
+# the kernels we launch); time-boxed, what finished is in the log.
+if command -v compute-sanitizer > /dev/null; then
+    stage memcheck 90 "$OUT/memcheck.log" compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+        "$PY" -m pytest -q -m gpu -p no:cacheprovider -x tests/test_q_only_attention_cuda.py \
+        tests/test_fused_concat_down_proj_cuda.py tests/test_centroid_logits_cuda.py tests/test_tree_verify_cuda.py \
+        tests/test_q_only_attention_triton.py tests/test_tree_verify_triton.py
 else
-    say "no tests/*_cuda.py or tests/*_triton.py files: GPU tests skipped"
+    say "compute-sanitizer not found: memcheck stage skipped"
+    status=1
 fi
 
-# The benchmarks get what the build and tests left of ~7 min (at least 100 s). run_all stops starting
+# The benchmarks get what the stages above left of 480 s (at least 60 s). run_all stops starting
 # new cases after its budget (an equal share per op) and records the rest as "not run"; the JSON is
 # rewritten after every case, so even a kill leaves the finished cases.
-budget=$(( 420 - SECONDS )); [ $budget -lt 100 ] && budget=100
-stage benchmarks $(( budget + 30 )) "$OUT/benchmarks.log" "$PY" -m benchmarks.run_all --out "$OUT/results.json" \
+budget=$(( 480 - SECONDS )); [ $budget -lt 60 ] && budget=60
+stage benchmarks $(( budget + 20 )) "$OUT/benchmarks.log" "$PY" -m benchmarks.run_all --out "$OUT/results.json" \
     --time-budget $budget
 if [ -f "$OUT/results.json" ]; then
     if "$PY" -c "import matplotlib" 2>/dev/null; then
@@ -84,5 +146,6 @@ if [ -f "$OUT/results.json" ]; then
     "$PY" -m benchmarks.run_all --table "$OUT/results.json" > "$OUT/summary.txt" 2>&1
 fi
 say "done in ${SECONDS}s, status $status; files in $OUT"
+{ echo "GPU suite (per file):"; cat "$OUT/gpu_suite.txt"; } >> "$OUT/summary.txt" 2>/dev/null
 [ -f "$OUT/summary.txt" ] && cat "$OUT/summary.txt"
 exit $status

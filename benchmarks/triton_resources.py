@@ -17,13 +17,30 @@ BEGIN, END = "<!-- resources:begin -->", "<!-- resources:end -->"
 
 
 def table(rows) -> str:
-    lines = ["| launch (real drafter shapes) | kernel | arch | warps | stages | registers | shared (B) "
-             "| spills (local + stack B/thread) |",
-             "|---|---|---|---|---|---|---|---|"]
+    """One line per kernel, dtype and launch shape (warps, stages): the recorded launches that share
+    them differ in constexpr tiles and in the integer / pointer specialisations the JIT applies, so
+    the line gives their count and the range of registers and shared memory per arch."""
+    groups: dict[tuple, dict] = {}
     for r in rows:
-        spill = r["local_bytes"] + r["stack_bytes"]
-        lines.append(f"| {r['name']} | `{r['kernel']}` | {r['arch']} | {r['num_warps']} | {r['num_stages']} "
-                     f"| {r['registers']} | {r['shared_bytes']} | {spill if spill else 'none'} |")
+        key = (r["kernel"], r["dtype"], r["num_warps"], r["num_stages"])
+        gr = groups.setdefault(key, {"example": r["name"], "names": set(), "sm_80": [], "sm_90": []})
+        gr["names"].add(r["name"].rsplit(" (", 1)[0])
+        gr[r["arch"]].append(r)
+
+    def span(values):
+        lo, hi = min(values), max(values)
+        return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+    lines = ["| kernel | dtype | warps | stages | launches | registers sm_80 | registers sm_90 | shared (B) "
+             "| spills (local + stack B/thread) | e.g. |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for (kernel, dtype, warps, stages), gr in sorted(groups.items()):
+        arch_rows = gr["sm_80"] + gr["sm_90"]
+        spill = max(r["local_bytes"] + r["stack_bytes"] for r in arch_rows)
+        lines.append(f"| `{kernel}` | {dtype} | {warps} | {stages} | {len(gr['sm_90'])} "
+                     f"| {span([r['registers'] for r in gr['sm_80']])} | {span([r['registers'] for r in gr['sm_90']])} "
+                     f"| {span([r['shared_bytes'] for r in arch_rows])} | {spill if spill else 'none'} "
+                     f"| {gr['example']} |")
     return "\n".join(lines)
 
 

@@ -10,6 +10,9 @@ import triton.language as tl
 # On CPU (the interpreter) there is no SM count; a small fixed one keeps the split heuristics
 # deterministic and makes ordinary test shapes take the split paths.
 INTERPRETER_SMS = 4
+# Set by `record.recording(sms)`: launchers then size their grids for a GPU with that many SMs, on
+# meta tensors (meta tensors reach a launcher only there).
+recording_sms: int | None = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -18,9 +21,14 @@ def _cuda_sms(index: int) -> int:
 
 
 def num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return INTERPRETER_SMS
-    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+    if device.type == "cuda":
+        return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+    if device.type == "meta":
+        if recording_sms is None:
+            raise RuntimeError("meta tensors reach a Triton launcher only while recording launches "
+                               "(gemma4_mtp_kernels.triton.record.recording)")
+        return recording_sms
+    return INTERPRETER_SMS
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -29,7 +37,9 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 def interpreting(device: torch.device) -> bool:
-    return device.type != "cuda"
+    """CPU tensors run under the interpreter; CUDA tensors (and meta tensors, which stand for them
+    while launches are recorded) take the compiled kernels."""
+    return device.type == "cpu"
 
 
 def device_helper(fn):

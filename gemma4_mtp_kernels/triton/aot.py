@@ -1,46 +1,43 @@
-"""Ahead-of-time compile of the Triton kernels for sm_80 / sm_90 without a GPU, and their resource use.
+"""Ahead-of-time compile of every Triton launch for sm_80 / sm_90 without a GPU, and its resource use.
 
-`launches()` lists every distinct compile the launchers pick for the real drafter shapes, derived
-from the launchers' own config functions over the dispatch-time parameters below (SM counts, T, B,
-queries per request, context lengths, tree sizes) in bf16, fp16 and fp32. `compile_launch` builds one for a `GPUTarget` and reads registers, shared memory and
-local memory (spills) from `cuobjdump -res-usage` of the cubin. Used by tests/test_triton_aot.py and
-benchmarks/triton_resources.py.
+`launches()` runs the public ops (backend="triton") over the real drafter shapes and the awkward
+cases (greedy / sampling / draft_probs verifies, None pointers, every dtype, split and unsplit paths,
+A100 and H100/H200 SM counts) on meta tensors, with `record.recording` in place of the kernel launch:
+what it collects is what the launchers really launch, as Triton's JIT would specialise it on a GPU.
+`compile_launch` builds one for a `GPUTarget` and reads registers, shared memory and local memory
+(spills) from `cuobjdump -res-usage` of the cubin. Used by tests/test_triton_aot.py (under Triton 3.8
+and the Triton 3.6 of `.ci/setup`'s second environment) and benchmarks/triton_resources.py.
 """
 from __future__ import annotations
 
 import functools
-import importlib
 import itertools
 import os
 import re
 import subprocess
 import tempfile
-from typing import NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-# the package re-exports the op functions under the module names, so import the modules by path
-cl = importlib.import_module("gemma4_mtp_kernels.triton.centroid_logits")
-fc = importlib.import_module("gemma4_mtp_kernels.triton.fused_concat_down_proj")
-qa = importlib.import_module("gemma4_mtp_kernels.triton.q_only_attention")
-tv = importlib.import_module("gemma4_mtp_kernels.triton.tree_verify")
-from ._common import pow2_at_least  # noqa: E402
-from ..drafter_shapes import DRAFTERS  # noqa: E402
+import gemma4_mtp_kernels as g
+from ..drafter_shapes import DRAFTERS
+from .record import RecordedLaunch, recording
 
 ARCHS = (80, 90)
-DIV16 = "div16"  # an int argument that is a multiple of 16 (the JIT specialises those the same way)
 
 
 class Launch(NamedTuple):
-    name: str        # what the configuration is for
-    kernel: object   # the @triton.jit function
-    args: dict       # arg name -> "*bf16"-style pointer type, "i32", "fp32", DIV16, or a constexpr value
-    num_warps: int
-    num_stages: int
-    dtype: str       # element type of the big operands; fp32 launches (a test dtype) may spill, not fail
-    maxnreg: int | None = None  # register cap the launcher passes (None: ptxas chooses)
+    name: str               # the first scenario that made this launch
+    launch: RecordedLaunch  # what the launcher launched, as Triton's JIT specialised it
+    dtype: str              # element type of the scenario's big operands; fp32 (a test dtype) may spill
+
+    @property
+    def kernel(self):
+        return self.launch.kernel
 
 
 class Resources(NamedTuple):
@@ -48,24 +45,6 @@ class Resources(NamedTuple):
     shared_bytes: int
     local_bytes: int   # local memory per thread: register spills (none of the kernels uses local arrays)
     stack_bytes: int
-
-
-def _signature(kernel, args):
-    signature, constexprs, attrs = {}, {}, {}
-    for i, name in enumerate(kernel.arg_names):
-        spec = args[name]
-        if isinstance(spec, str) and spec.startswith("*"):
-            signature[name] = spec
-            attrs[(i,)] = [["tt.divisibility", 16]]  # torch allocations are 16-byte aligned
-        elif spec == DIV16:
-            signature[name] = "i32"
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif spec in ("i32", "i64", "fp32"):
-            signature[name] = spec
-        else:
-            signature[name] = "constexpr"
-            constexprs[name] = spec
-    return signature, constexprs, attrs
 
 
 @functools.lru_cache(maxsize=None)
@@ -86,180 +65,176 @@ def resource_usage(cubin: bytes) -> Resources:
 def compile_launch(launch: Launch, arch: int):
     """The compiled kernel for one target and its resource use (shared memory includes Triton's
     dynamic allocation, which cuobjdump's static count does not see)."""
-    signature, constexprs, attrs = _signature(launch.kernel, launch.args)
-    src = ASTSource(launch.kernel, signature, constexprs, attrs)
-    options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages)
-    if launch.maxnreg is not None:
-        options["maxnreg"] = launch.maxnreg
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    rec = launch.launch
+    src = ASTSource(rec.kernel, rec.signature, rec.constexprs, rec.attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(rec.options))
     res = resource_usage(compiled.asm["cubin"])
     return compiled, res._replace(shared_bytes=res.shared_bytes + compiled.metadata.shared)
 
 
-# The dispatch-time parameters the launchers see for the real drafters: SM counts (A100, H100/H200),
+# The dispatch-time parameters the launchers meet for the real drafters: SM counts (A100, H100/H200),
 # tokens per draft step, requests per batch, queries per request (a chain step, tree levels of up to 8
-# branches), attended lengths (block table width x block size) and draft tree sizes.
+# branches), attended lengths, draft tree sizes, and the awkward options (None pointers, an unaligned
+# `out`, sampling kinds). Each scenario is a public op call with backend="triton" on meta tensors.
 SMS = (108, 132)
-TOKENS = (1, 8, 64)
-BATCHES = (1, 8, 64)  # 64: enough programs that attention needs no key split (the single-launch path)
+TOKENS = (1, 8, 64, 256)  # 256: a large batch of one-token steps
+BATCHES = (1, 8, 64)      # 64: enough programs that attention needs no key split
 QUERIES = (1, 2, 4, 8)
 CONTEXTS = (512, 8192, 131072)
-TREE_NODES = (1, 8, 64)
-# fp16 shares the bf16 tiles; fp32 (a test dtype on the GPU) has its own attention tiles. Kernels whose
-# big operands are fp32 whatever the input dtype (merge, split-K reduce) compile in bf16 only.
-DTYPES = {"bf16": "tf32", "fp16": "tf32", "fp32": "ieee"}
-ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+TREE_NODES = (1, 5, 8, 64)
+VOCAB = 262144
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def _unique(launches):
-    """One launch per distinct compile (kernel, argument types and constexprs, warps, stages)."""
-    seen = {}
-    for launch in launches:
-        key = (launch.kernel.__name__, tuple(sorted((k, str(v)) for k, v in launch.args.items())),
-               launch.num_warps, launch.num_stages, launch.maxnreg)
-        seen.setdefault(key, launch)
+class Scenario(NamedTuple):
+    name: str
+    dtype: str
+    call: Callable[[], object]
+
+
+def _meta(shape, dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _attention_scenarios() -> Iterator[Scenario]:
+    def call(dtype, B, Q, Hq, Hkv, D, ctx, block_size=16, window=None, **kw):
+        blocks = triton.cdiv(ctx, block_size)
+        k = _meta((B * blocks, block_size, Hkv, D), dtype)
+        return lambda: g.q_only_paged_attention(_meta((B, Q, Hq, D), dtype), k, torch.empty_like(k),
+                                                _meta((B, blocks), torch.int32), _meta((B,), torch.int32),
+                                                scale=D ** -0.5, window=window, backend="triton", **kw)
+
+    for (dname, dtype), (name, d), layer in itertools.product(DTYPES.items(), DRAFTERS.items(), ("swa", "full")):
+        D, Hkv = d[f"D_{layer}"], d[f"Hkv_{layer}"]
+        # the decode loop attends window + 1 entries for HF's bidirectional sliding mask
+        windows = (d["window"], d["window"] + 1) if layer == "swa" else (None,)
+        for Q, B, ctx, window in itertools.product(QUERIES, BATCHES, CONTEXTS, windows):
+            what = f"attention {dname} {name} {layer} D={D} Q={Q} B={B} ctx={ctx} window={window}"
+            shape = dict(B=B, Q=Q, Hq=d["Hq"], Hkv=Hkv, D=D, ctx=ctx, window=window)
+            yield Scenario(what, dname, call(dtype, **shape))
+            if dname == "bf16" and Q in (1, 4) and ctx == 8192:
+                yield Scenario(what + ", softcap", dname, call(dtype, softcap=30.0, **shape))
+                yield Scenario(what + ", lse", dname, call(dtype, return_lse=True, **shape))
+                yield Scenario(what + ", block size 37", dname, call(dtype, block_size=37, **shape))
+                out = _meta((B * Q * d["Hq"] * D + 1,), dtype)[1:].view(B, Q, d["Hq"], D)
+                yield Scenario(what + ", out at an unaligned offset", dname, call(dtype, out=out, **shape))
+
+
+def _down_proj_scenarios() -> Iterator[Scenario]:
+    def call(dtype, T, Hb, Hd, ids=torch.int64, out=False):
+        o = _meta((T, Hd), dtype) if out else None
+        return lambda: g.fused_concat_down_proj(_meta((T,), ids), _meta((VOCAB, Hb), dtype), _meta((T, Hb), dtype),
+                                                _meta((Hd, 2 * Hb), dtype), embed_scale=Hb ** 0.5, out=o,
+                                                backend="triton")
+
+    for (dname, dtype), (name, d), T in itertools.product(DTYPES.items(), DRAFTERS.items(), TOKENS):
+        what = f"down_proj {dname} {name} T={T}"
+        yield Scenario(what, dname, call(dtype, T, d["Hb"], d["Hd"]))
+        if dname == "bf16":
+            yield Scenario(what + ", int32 ids, out given", dname, call(dtype, T, d["Hb"], d["Hd"], torch.int32, True))
+
+
+def _centroid_scenarios() -> Iterator[Scenario]:
+    def call(dtype, T, d, output, order=torch.int64):
+        C, V, Hd = d["centroids"], d["vocab"], d["Hd"]
+        fill = -1e30 if output == "dense" else None
+        return lambda: g.centroid_logits(_meta((T, Hd), dtype), _meta((C, Hd), dtype), _meta((V,), order),
+                                         _meta((V, Hd), dtype), top_k=d["top_k"], output=output, fill_value=fill,
+                                         backend="triton")
+
+    for (dname, dtype), (name, d), T, output in itertools.product(DTYPES.items(), DRAFTERS.items(), TOKENS[:3],
+                                                                  ("argmax", "sparse", "dense")):
+        if d["centroids"] is None:
+            continue
+        what = f"centroid {dname} {name} T={T} {output}"
+        yield Scenario(what, dname, call(dtype, T, d, output))
+        if dname == "bf16":
+            yield Scenario(what + ", int32 ordering", dname, call(dtype, T, d, output, torch.int32))
+
+
+def _tree_verify_scenarios() -> Iterator[Scenario]:
+    def call(dtype, B, N, kind):
+        logits = _meta((B, N, VOCAB), dtype)
+        kw = {}
+        if kind == "temperature 0":  # all greedy, said with a float: the public op makes it a greedy call
+            kw = dict(temperature=0.0)
+        elif kind == "sampling":
+            kw = dict(temperature=0.8, uniforms=_meta((B, N, 2), torch.float32))
+        elif kind == "mixed rows":
+            kw = dict(temperature=_meta((B,), torch.float32), uniforms=_meta((B, N, 2), torch.float32))
+        elif kind.startswith("draft_probs"):
+            q = torch.float32 if kind.endswith("fp32") else dtype
+            kw = dict(temperature=1.0, uniforms=_meta((B, N, 2), torch.float32), draft_probs=_meta((B, N, VOCAB), q))
+        return lambda: g.tree_verify(_meta((B, N), torch.int64), _meta((B, N), torch.int32), logits,
+                                     backend="triton", **kw)
+
+    kinds = ("greedy", "temperature 0", "sampling", "mixed rows", "draft_probs", "draft_probs fp32")
+    for (dname, dtype), B, N, kind in itertools.product(DTYPES.items(), BATCHES, TREE_NODES, kinds):
+        yield Scenario(f"tree_verify {dname} B={B} N={N} {kind}", dname, call(dtype, B, N, kind))
+
+
+def scenarios() -> Iterator[Scenario]:
+    yield from _down_proj_scenarios()
+    yield from _attention_scenarios()
+    yield from _centroid_scenarios()
+    yield from _tree_verify_scenarios()
+
+
+def launches(sms_counts=SMS) -> list[Launch]:
+    """Every distinct launch (one per compile) the scenarios make, on GPUs with each SM count."""
+    seen: dict[tuple, Launch] = {}
+    for sms in sms_counts:
+        for sc in scenarios():
+            with recording(sms) as recorded:
+                sc.call()
+            if not recorded:
+                raise AssertionError(f"scenario {sc.name!r} launched no Triton kernel")
+            for rec in recorded:
+                seen.setdefault(rec.key, Launch(f"{sc.name} ({sms} SMs)", rec, sc.dtype))
     return list(seen.values())
-
-
-def _attention_launches():
-    out = []
-    for dtype, prec in DTYPES.items():
-        kv = "*" + dtype
-        for name, d in DRAFTERS.items():
-            for layer in ("swa", "full"):
-                D, G = d[f"D_{layer}"], d["Hq"] // d[f"Hkv_{layer}"]
-                for Qn, B, ctx, sms in itertools.product(QUERIES, BATCHES, CONTEXTS, SMS):
-                    cfg = qa.kernel_config(D, Qn * G, ELEM_BYTES[dtype])
-                    max_len = min(ctx, d["window"]) if layer == "swa" else ctx
-                    row_tiles = triton.cdiv(Qn * G, cfg["BLOCK_M"])
-                    splits = qa.num_splits(B, d[f"Hkv_{layer}"], row_tiles, max_len, cfg["BLOCK_N"], sms)
-                    partial = splits > 1
-                    args = {n: "i32" for n in qa._attn_kernel.arg_names}
-                    args.update(q_ptr=kv, k_ptr=kv, v_ptr=kv, table_ptr="*i32", lens_ptr="*i32",
-                                out_ptr="*fp32" if partial else kv, lse_ptr="*fp32", scale_log2="fp32",
-                                softcap="fp32", D=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                                MIN_CHUNK=qa.MIN_TILES_PER_SPLIT * cfg["BLOCK_N"], HAS_WINDOW=layer == "swa",
-                                HAS_SOFTCAP=False, WRITE_LSE=partial, PARTIAL=partial, PREC=prec, INTERP=False)
-                    for n in ("sq_b", "sq_q", "sq_h", "sk_b", "sk_s", "sk_h", "sv_b", "sv_s", "sv_h",
-                              "so_b", "so_q", "so_h"):
-                        args[n] = DIV16
-                    what = f"attention {dtype} {name} {layer} D={D} Q={Qn} rows={Qn * G}"
-                    out.append(Launch(f"{what}{' split' if partial else ''}", qa._attn_kernel, args,
-                                      cfg["num_warps"], cfg["num_stages"], dtype))
-                    if partial and dtype == "bf16":
-                        merge = {n: "i32" for n in qa._merge_kernel.arg_names}
-                        merge.update(po_ptr="*fp32", plse_ptr="*fp32", out_ptr=kv, lse_ptr="*fp32", D=D,
-                                     BLOCK_S=pow2_at_least(splits, 2), WRITE_LSE=False, INTERP=False)
-                        out.append(Launch(f"attention merge {dtype} D={D} splits={splits}", qa._merge_kernel,
-                                          merge, 4, 1, dtype))
-    # the optional features on the bf16 tile shapes: softcap, and lse from a single-split launch
-    extra = []
-    for launch in out:
-        if launch.kernel is qa._attn_kernel and launch.dtype == "bf16":
-            extra.append(launch._replace(name=launch.name + ", softcap", args=dict(launch.args, HAS_SOFTCAP=True)))
-            extra.append(launch._replace(name=launch.name + ", lse", args=dict(launch.args, WRITE_LSE=True)))
-        elif launch.kernel is qa._merge_kernel and launch.dtype == "bf16":
-            extra.append(launch._replace(name=launch.name + ", lse", args=dict(launch.args, WRITE_LSE=True)))
-    return _unique(out + extra)
-
-
-def _down_proj_launches():
-    out = []
-    for dtype, prec in DTYPES.items():
-        # T = 256 (a large batch of one-token steps): enough row tiles for the direct, unsplit store
-        for (name, d), T, sms in itertools.product(DRAFTERS.items(), TOKENS + (256,), SMS):
-            cfg = fc.launch_config(T, d["Hb"], d["Hd"], sms)
-            partial = cfg["split_k"] > 1
-            args = {n: "i32" for n in fc._down_proj_kernel.arg_names}
-            args.update(tok_ptr="*i64", emb_ptr="*" + dtype, hid_ptr="*" + dtype, w_ptr="*" + dtype,
-                        dst_ptr="*fp32" if partial else "*" + dtype, scale="fp32",
-                        stride_emb=DIV16, stride_hid=DIV16, stride_w=DIV16, stride_t=DIV16,
-                        BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"], PREC=prec,
-                        INTERP=False)
-            out.append(Launch(f"down_proj {dtype} {name} T={T}{' split-K' if partial else ''}",
-                              fc._down_proj_kernel, args, cfg["num_warps"], cfg["num_stages"], dtype))
-    red = dict(part_ptr="*fp32", out_ptr="*bf16", numel="i32", split_k="i32", BLOCK=fc.REDUCE_BLOCK, INTERP=False)
-    out.append(Launch("down_proj split-K reduce", fc._split_k_reduce_kernel, red, 4, 1, "bf16"))
-    return _unique(out)
-
-
-def _centroid_launches():
-    out = []
-    for dtype, prec in DTYPES.items():
-        for name, d in DRAFTERS.items():
-            if d["centroids"] is None:
-                continue
-            C, Hd, top_k = d["centroids"], d["Hd"], d["top_k"]
-            for T in TOKENS:
-                sc = cl.score_config(T)
-                scores = dict(h_ptr="*" + dtype, c_ptr="*" + dtype, s_ptr="*fp32", T="i32", C=DIV16, Hd=DIV16,
-                              s_h=DIV16, s_c=DIV16, BLOCK_C=sc["BLOCK_C"], BLOCK_T=sc["BLOCK_T"],
-                              BLOCK_K=sc["BLOCK_K"], PREC=prec, INTERP=False)
-                out.append(Launch(f"centroid scores {dtype} {name} T={T}", cl._scores, scores, sc["num_warps"],
-                                  sc["num_stages"], dtype))
-            cfg = cl.candidate_config(C, d["vocab"] // C, Hd)
-            for output in ("argmax", "sparse", "dense"):
-                args = dict(h_ptr="*" + dtype, s_ptr="*fp32", order_ptr="*i64", lm_ptr="*" + dtype, best_ptr="*fp32",
-                            best_id_ptr="*i32", ids_ptr="*i64", logit_ptr="*fp32", dense_ptr="*fp32",
-                            C=DIV16, V=DIV16, Hd=DIV16, CS=DIV16, top_k=DIV16, s_h=DIV16, s_lm=DIV16, s_dense=DIV16,
-                            **{k: v for k, v in cfg.items() if not k.startswith("num_")}, OUTPUT=output)
-                out.append(Launch(f"centroid candidates {dtype} {name} {output}", cl._candidates, args,
-                                  cfg["num_warps"], cfg["num_stages"], dtype))
-            red = dict(best_ptr="*fp32", best_id_ptr="*i32", token_ptr="*i64", logit_ptr="*fp32", top_k=DIV16,
-                       BLOCK_K=pow2_at_least(top_k, 2))
-            out.append(Launch(f"centroid argmax top_k={top_k}", cl._argmax, red, 4, 1, "fp32"))
-    return _unique(out)
-
-
-def _tree_verify_launches():
-    V = 262144
-    ints = dict(N="i32", V=DIV16, chunk=DIV16, nch="i32", s_b=DIV16, s_n=DIV16, sq_b=DIV16, sq_n=DIV16)
-    out = []
-    for dtype, B, N, sms in itertools.product(DTYPES, BATCHES, TREE_NODES, SMS):
-        chunk = tv.chunk_size(B * N, V, sms)
-        block_c = pow2_at_least(triton.cdiv(V, chunk), 2)
-        logits = "*" + dtype
-        for has_temp, has_draft in ((False, False), (True, False), (True, True)):
-            args = dict(tok_ptr="*i64", par_ptr="*i32", logit_ptr=logits, q_ptr=logits, temp_ptr="*fp32",
-                        unif_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", arg_ptr="*i32", dec_ptr="*i32",
-                        cnt_ptr="*i32", len_ptr="*i32", acc_ptr="*i32", out_ptr="*i64", last_ptr="*i32", **ints,
-                        HAS_TEMP=has_temp, HAS_DRAFT=has_draft, BLOCK_NODES=pow2_at_least(N, 2), BLOCK_C=block_c,
-                        BLOCK=min(tv.BLOCK, chunk))
-            kind = "greedy" if not has_temp else ("sampling, draft_probs" if has_draft else "sampling")
-            out.append(Launch(f"tree_verify {dtype} B={B} N={N} chunk={chunk} ({kind})", tv._verify, args,
-                              *tv.LAUNCH, dtype, tv.SAMPLING_MAXNREG if has_temp else None))
-    return _unique(out)
-
-
-def launches() -> list[Launch]:
-    return _down_proj_launches() + _attention_launches() + _centroid_launches() + _tree_verify_launches()
-
 
 # Largest shared memory one block may use (opt-in), per architecture.
 SHARED_LIMIT = {80: 166912, 90: 232448}
 
 
+def _compile_row(launch: Launch, arch: int) -> dict:
+    rec = launch.launch
+    names = [p.name for p in rec.kernel.params]
+    constexprs = {names[path[0]]: v if isinstance(v, (bool, int, float, str)) else str(v)
+                  for path, v in rec.constexprs.items() if v is not None}
+    row = dict(name=launch.name, kernel=launch.kernel.__name__, arch=f"sm_{arch}", dtype=launch.dtype,
+               num_warps=rec.options.get("num_warps", 4), num_stages=rec.options.get("num_stages", 3),
+               signature={k: v for k, v in rec.signature.items() if v != "constexpr"}, constexprs=constexprs,
+               none_args=[names[path[0]] for path, v in rec.constexprs.items() if v is None],
+               registers=0, shared_bytes=0, local_bytes=0, stack_bytes=0, problems=[])
+    try:
+        _, res = compile_launch(launch, arch)
+    except Exception as e:  # a launch that does not compile fails on the first GPU: report, keep going
+        detail = " ".join(str(e).split())
+        row["problems"].append(f"does not compile ({type(e).__name__}): {detail[:600]}")
+        return row
+    row.update(res._asdict())
+    if (res.local_bytes or res.stack_bytes) and launch.dtype != "fp32":
+        row["problems"].append(f"spills: {res.local_bytes} B local, {res.stack_bytes} B stack per thread")
+    if res.shared_bytes > SHARED_LIMIT[arch]:
+        row["problems"].append(f"shared memory {res.shared_bytes} B > {SHARED_LIMIT[arch]} B")
+    return row
+
+
 def report(archs=ARCHS) -> list[dict]:
-    """Every launch compiled for every arch: resources and whether it fits without spilling."""
-    rows = []
-    for launch in launches():
-        for arch in archs:
-            _, res = compile_launch(launch, arch)
-            problems = []
-            if (res.local_bytes or res.stack_bytes) and launch.dtype != "fp32":
-                problems.append(f"spills: {res.local_bytes} B local, {res.stack_bytes} B stack per thread")
-            if res.shared_bytes > SHARED_LIMIT[arch]:
-                problems.append(f"shared memory {res.shared_bytes} B > {SHARED_LIMIT[arch]} B")
-            rows.append(dict(name=launch.name, kernel=launch.kernel.__name__, arch=f"sm_{arch}", dtype=launch.dtype,
-                             num_warps=launch.num_warps, num_stages=launch.num_stages, **res._asdict(),
-                             problems=problems))
-    return rows
+    """Every recorded launch compiled for every arch: resources, and what is wrong (does not compile,
+    spills in bf16/fp16, more shared memory than a block may have)."""
+    return [_compile_row(launch, arch) for launch in launches() for arch in archs]
 
 
 if __name__ == "__main__":
+    import argparse
     import json
     import sys
 
     if triton.knobs.runtime.interpret:
         sys.exit("unset TRITON_INTERPRET: the AOT compile needs the real @triton.jit kernels")
-    json.dump(report(), sys.stdout, indent=1)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, action="append", choices=ARCHS,
+                        help="compile for this SM architecture only (repeatable; default: all)")
+    json.dump(report(tuple(parser.parse_args().arch or ARCHS)), sys.stdout, indent=1)
