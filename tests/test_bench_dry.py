@@ -189,19 +189,29 @@ def test_vllm_anchor_missing_or_refused_says_why(tmp_path, monkeypatch):
         case.baselines["vllm_unified_splitk"](inputs)
 
 
+def _interpreter_runs_vllm() -> bool:
+    import triton
+    return tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 8)
+
+
 @pytest.mark.skipif(not os.environ.get("GEMMA4_MTP_VLLM_UNIFIED_ATTENTION"),
                     reason="needs a stubbed copy of vLLM's kernel (python -m benchmarks.vllm_anchor --make-copy DIR)")
-def test_real_vllm_copy_computes_what_we_expect_under_the_interpreter():
-    """vLLM's own kernel (the copy named by the environment), under the Triton interpreter on CPU: its
-    split-K path runs and agrees with our reference at Q = 1, and with Q > 1 it computes the
-    functions the benchmark says it does (causal verify; per-position window)."""
+def test_real_vllm_copy_computes_what_we_expect():
+    """vLLM's own kernel (the copy named by the environment), on the GPU when there is one, else under
+    the Triton interpreter on CPU: its split-K path runs and agrees with our reference at Q = 1, and
+    with Q > 1 it computes the functions the benchmark says it does (causal verify; per-position window)."""
     import gemma4_mtp_kernels as gk
     from benchmarks import bench_q_only_attention as bq, vllm_anchor
 
+    cuda = torch.cuda.is_available()
+    if not cuda and not _interpreter_runs_vllm():
+        pytest.skip("Triton < 3.8's interpreter cannot run vLLM's kernel (it compiles and runs on a GPU with 3.6)")
+    device, dtype, tol = ((torch.device("cuda"), torch.bfloat16, 2e-2) if cuda else
+                          (torch.device("cpu"), torch.float32, 1e-5))
     mod, _ = vllm_anchor.load()
     for B, Q, Hq, Hkv, D, ctx, window in ((2, 1, 4, 1, 128, 40, None), (1, 1, 8, 2, 64, 33, 24), (2, 3, 4, 1, 64, 40, None),
                                           (1, 3, 4, 2, 64, 40, 24)):
-        i = bq._inputs(B, Q, Hq, Hkv, D, ctx, 16)(torch.device("cpu"), torch.float32, 0)
+        i = bq._inputs(B, Q, Hq, Hkv, D, ctx, 16)(device, dtype, 0)
         args = (i["q"], i["k_cache"], i["v_cache"], i["block_table"], i["seq_lens"])
         for split_k in (True, False):
             run, how = bq.vllm_call(mod, *args, ctx=ctx, window=window, split_k=split_k)
@@ -215,7 +225,7 @@ def test_real_vllm_copy_computes_what_we_expect_under_the_interpreter():
                     lens, win = i["seq_lens"], (ctx - (pos - window + 1)) if window else None
                 ref = gk.q_only_paged_attention(i["q"][:, qi:qi + 1].contiguous(), i["k_cache"], i["v_cache"],
                                                 i["block_table"], lens, scale=1.0, window=win, backend="torch")
-                torch.testing.assert_close(out[:, qi:qi + 1], ref, rtol=1e-4, atol=1e-5)
+                torch.testing.assert_close(out[:, qi:qi + 1], ref, rtol=tol, atol=tol)
 
 
 def test_dry_run_table_and_plot(dry, tmp_path):
