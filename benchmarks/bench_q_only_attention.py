@@ -1,9 +1,9 @@
 """q_only_paged_attention vs gather + SDPA (the PyTorch composition), its torch.compile, and the
 external paged decode kernels when they can be had: vLLM's Triton unified attention called as vLLM's
-Triton backend calls it for decode (split-K scratch; `vllm_unified_splitk`) and, labelled apart, with
-no scratch (its 2D path; `vllm_unified_2d`), from a stubbed copy of vLLM's kernel file
-(benchmarks/vllm_anchor.py) or an installed vLLM; FlashInfer's batch decode; flash-attn's kvcache
-kernel (head dim <= 256).
+Triton backend calls it for decode (split-K scratch; `vllm_unified_splitk`) and, labelled apart for
+Q > 1, non-causal with no scratch (its 2D path; `vllm_unified_2d`), from a stubbed copy of vLLM's
+kernel file (benchmarks/vllm_anchor.py) or an installed vLLM; FlashInfer's batch decode; flash-attn's
+kvcache kernel (head dim <= 256).
 
 Floor: each request's attended K/V read once (roofline.attention). Every case uses one seq_len for
 all requests so the composition needs no host sync.
@@ -79,10 +79,11 @@ def cases(dry: bool) -> list[Case]:
 
         baselines = {"torch_gather_sdpa": composition(gather_sdpa), "torch_gather_sdpa_compile": composition(gather_c),
                      "triton": ours(OP, "triton", call), "cuda": ours(OP, "cuda", call),
-                     "vllm_unified_splitk": _vllm(window, ctx, split_k=True),
-                     "vllm_unified_2d": _vllm(window, ctx, split_k=False),
-                     "flashinfer_decode": _flashinfer(window, ctx, block_size),
-                     "flash_attn_kvcache": _flash_attn(window, ctx, block_size)}
+                     "vllm_unified_splitk": _vllm(window, ctx, split_k=True)}
+        if Q > 1:  # there vLLM's only call computing this op's function (no window): its 2D path
+            baselines["vllm_unified_2d"] = _vllm(window, ctx, split_k=False)
+        baselines.update(flashinfer_decode=_flashinfer(window, ctx, block_size),
+                         flash_attn_kvcache=_flash_attn(window, ctx, block_size))
         kind = "sliding" if window else "full"
         out.append(Case(
             op=OP, label=f"{name} {kind} D={D} B={B} Q={Q} ctx={ctx}",
