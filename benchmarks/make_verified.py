@@ -84,6 +84,8 @@ def load_runs(results_dir: str = RESULTS) -> list[Run]:
     runs = []
     for path in sorted(glob.glob(os.path.join(results_dir, "*", "results.json"))):
         d = os.path.dirname(path)
+        if os.path.basename(d).startswith("gpu_check_"):  # gpu_check.sh's default $OUT: a run not committed yet
+            continue
         with open(path) as f:
             results = json.load(f)
         if results.get("dry_run"):

@@ -85,7 +85,8 @@ def test_no_suite_or_nothing_passing_gives_no_entry(tmp_path):
     _write_run(tmp_path / "b", "r", [_down(1, triton=9.0, cuda=3.0)],
                passed={(OP, "cuda"): False, (OP, "triton"): False})
     _write_run(tmp_path / "c", "r", [_down(1, triton=9.0, cuda=3.0)], passed=ALL_PASS, dry=True)  # dry runs ignored
-    for sub in "abc":
+    _write_run(tmp_path / "d", "gpu_check_20261201T000000Z", [_down(1, triton=9.0, cuda=3.0)], passed=ALL_PASS)
+    for sub in "abcd":  # d: gpu_check.sh's default output directory, not a committed run
         assert _table(tmp_path / sub) == {}
 
 
