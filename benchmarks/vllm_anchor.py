@@ -4,7 +4,8 @@ The GPU image has no vLLM and cannot install one. vLLM's kernel file
 (`vllm/v1/attention/ops/triton_unified_attention.py`) runs on its own once its few vLLM imports are
 replaced by small stubs (logger, platform queries, env defaults, the KV-quant enum) and its Triton
 helper module is inlined. This module writes such a copy from a vLLM wheel or source tree, into a
-directory OUTSIDE this repository (vLLM's code is not ours to commit), and loads it for
+directory outside this repository or under a git-ignored one such as build/ (vLLM's code is not ours
+to commit; an ignored directory can be carried to a GPU machine), and loads it for
 `bench_q_only_attention`:
 
     pip download vllm==0.33.0 --no-deps -d /tmp/vllm              # on a machine with network
@@ -203,10 +204,29 @@ def stubbed_copy(src: Source) -> str:
     return "".join(out)
 
 
+def repo_problem(path: str) -> str | None:
+    """Why `path` may not hold vLLM's code, or None: a path in this repository's work tree is allowed
+    only where git ignores it (e.g. build/, which a GPU session can carry), so the copy can never be
+    committed."""
+    path = os.path.abspath(path)
+    if os.path.commonpath([path, ROOT]) != ROOT:
+        return None
+    try:
+        ignored = subprocess.run(["git", "check-ignore", "-q", os.path.relpath(path, ROOT)], cwd=ROOT,
+                                 capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ignored = False
+    if ignored:
+        return None
+    return (f"{path} is inside this repository and not ignored by git; vLLM's code must never be committed: "
+            "keep the copy outside the repository or under an ignored directory such as build/")
+
+
 def make_copy(out_dir: str, src: Source) -> str:
     out_dir = os.path.abspath(out_dir)
-    if os.path.commonpath([out_dir, ROOT]) == ROOT:
-        raise SystemExit(f"vllm_anchor: {out_dir} is inside this repository; vLLM's code must stay outside it")
+    problem = repo_problem(out_dir)
+    if problem:
+        raise SystemExit(f"vllm_anchor: {problem}")
     text = stubbed_copy(src)
     ast.parse(text)  # the copy must at least be valid Python
     os.makedirs(out_dir, exist_ok=True)
@@ -231,14 +251,15 @@ _LOADED: dict[str, object] = {}
 def load(path: str | None = None):
     """(module, provenance) of vLLM's unified attention: the stubbed copy named by
     $GEMMA4_MTP_VLLM_UNIFIED_ATTENTION (or `path`), else an installed vLLM's. Raises LookupError with
-    the reason when there is neither; a copy inside this repository is refused (vLLM's code is never
-    taken from here)."""
+    the reason when there is neither; a copy in a committable place of this repository is refused
+    (vLLM's code is never taken from the repository)."""
     path = path or os.environ.get(ENV)
     if not path:
         return _installed()
     path = os.path.abspath(path)
-    if os.path.commonpath([path, ROOT]) == ROOT:
-        raise LookupError(f"{ENV}={path} is inside this repository; the vLLM copy must live outside it")
+    problem = repo_problem(path)
+    if problem:
+        raise LookupError(f"{ENV}: {problem}")
     if not os.path.isfile(path):
         raise LookupError(f"{ENV}={path} is not a file")
     with open(path, "rb") as f:
@@ -277,7 +298,8 @@ def _installed():
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--make-copy", metavar="DIR", required=True, help=f"write DIR/{COPY_NAME} (outside this repository)")
+    p.add_argument("--make-copy", metavar="DIR", required=True,
+                   help=f"write DIR/{COPY_NAME} (outside this repository, or under an ignored directory such as build/)")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--wheel", help="a downloaded vLLM wheel")
     g.add_argument("--source-dir", help="a directory holding vllm/ (site-packages or a source checkout)")

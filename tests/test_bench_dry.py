@@ -183,10 +183,13 @@ def test_vllm_anchor_missing_or_refused_says_why(tmp_path, monkeypatch):
         case.baselines["vllm_unified_splitk"](inputs)
     inside = os.path.join(ROOT, "benchmarks", "triton_unified_attention.py")
     monkeypatch.setenv(vllm_anchor.ENV, inside)
-    with pytest.raises(common.Missing, match="inside this repository"):
+    with pytest.raises(common.Missing, match="inside this repository and not ignored"):
         case.baselines["vllm_unified_splitk"](inputs)
-    with pytest.raises(SystemExit, match="inside this repository"):
+    with pytest.raises(SystemExit, match="inside this repository and not ignored"):
         vllm_anchor.make_copy(os.path.join(ROOT, "anchor"), None)
+    # a git-ignored directory of the work tree is fine: a GPU session can carry it, git never commits it
+    assert vllm_anchor.repo_problem(os.path.join(ROOT, "build", "vllm_anchor", "triton_unified_attention.py")) is None
+    assert vllm_anchor.repo_problem(str(tmp_path / "x.py")) is None
     monkeypatch.setenv(vllm_anchor.ENV, str(tmp_path / "nope.py"))
     with pytest.raises(common.Missing, match="not a file"):
         case.baselines["vllm_unified_splitk"](inputs)
