@@ -1,6 +1,9 @@
 """q_only_paged_attention vs gather + SDPA (the PyTorch composition), its torch.compile, and the
-external paged decode kernels when importable: vLLM's Triton unified attention, FlashInfer's batch
-decode, flash-attn's kvcache kernel (head dim <= 256).
+external paged decode kernels when they can be had: vLLM's Triton unified attention called as vLLM's
+Triton backend calls it for decode (split-K scratch; `vllm_unified_splitk`) and, labelled apart for
+Q > 1, non-causal with no scratch (its 2D path; `vllm_unified_2d`), from a stubbed copy of vLLM's
+kernel file (benchmarks/vllm_anchor.py) or an installed vLLM; FlashInfer's batch decode; flash-attn's
+kvcache kernel (head dim <= 256).
 
 Floor: each request's attended K/V read once (roofline.attention). Every case uses one seq_len for
 all requests so the composition needs no host sync.
@@ -14,7 +17,7 @@ import torch.nn.functional as F
 
 import gemma4_mtp_kernels as gk
 
-from . import roofline
+from . import roofline, vllm_anchor
 from .common import Case, Missing, close, compiled, external, needs_cuda, ours
 
 OP = "q_only_paged_attention"
@@ -76,8 +79,11 @@ def cases(dry: bool) -> list[Case]:
 
         baselines = {"torch_gather_sdpa": composition(gather_sdpa), "torch_gather_sdpa_compile": composition(gather_c),
                      "triton": ours(OP, "triton", call), "cuda": ours(OP, "cuda", call),
-                     "vllm_triton_unified": _vllm(window, ctx), "flashinfer_decode": _flashinfer(window, ctx, block_size),
-                     "flash_attn_kvcache": _flash_attn(window, ctx, block_size)}
+                     "vllm_unified_splitk": _vllm(window, ctx, split_k=True)}
+        if Q > 1:  # there vLLM's only call computing this op's function (no window): its 2D path
+            baselines["vllm_unified_2d"] = _vllm(window, ctx, split_k=False)
+        baselines.update(flashinfer_decode=_flashinfer(window, ctx, block_size),
+                         flash_attn_kvcache=_flash_attn(window, ctx, block_size))
         kind = "sliding" if window else "full"
         out.append(Case(
             op=OP, label=f"{name} {kind} D={D} B={B} Q={Q} ctx={ctx}",
@@ -85,35 +91,101 @@ def cases(dry: bool) -> list[Case]:
             cost=roofline.attention(B, Q, Hq, Hkv, D, ctx, window=window, block_size=block_size),
             make_inputs=_inputs(B, Q, Hq, Hkv, D, ctx, block_size),
             reference=lambda i, call=call: call(gk.q_only_paged_attention, i, "torch"),
-            baselines=baselines, default_compare=close))
+            baselines=baselines, default_compare=close, compare=_vllm_compare(Q, window)))
     return out
 
 
-def _vllm(window, ctx):
-    def factory(i):
-        needs_cuda(i, "vLLM's unified attention")
-        fn = None
-        for mod in ("vllm.v1.attention.ops.triton_unified_attention", "vllm.attention.ops.triton_unified_attention"):
-            try:
-                fn = external(mod, "unified_attention")
-                break
-            except Missing as e:
-                reason = str(e)
-        if fn is None:
-            raise Missing(reason)
-        q = i["q"]
-        B, Q, Hq, D = q.shape
-        q2 = q.reshape(B * Q, Hq, D)
-        out = torch.empty_like(q2)
-        cu_q = torch.arange(0, B * Q + 1, Q, dtype=torch.int32, device=q.device)
-        win = (window - 1, 0) if window else (-1, -1)
-        # every query of a request attends the same keys: non-causal
+def _vllm_compare(Q: int, window) -> dict:
+    """With Q > 1 vLLM computes another function than this op (checked against shifted references under
+    the Triton interpreter when the anchor was written); its time is still the anchor's."""
+    def differs(why):
+        return lambda out, ref: {"ok": None, "detail": f"a different function: {why}"}
+    if Q == 1:
+        return {}
+    cmp = {"vllm_unified_splitk": differs("causal over the Q queries, query i sees keys up to ctx - Q + i "
+                                          "(vLLM's verify semantics)")}
+    if window:
+        cmp["vllm_unified_2d"] = differs("vLLM's window follows each query's position, query i sees keys from "
+                                         "ctx - Q + i - window + 1")
+    return cmp
 
-        def run():
-            fn(q=q2, k=i["k_cache"], v=i["v_cache"], out=out, cu_seqlens_q=cu_q, max_seqlen_q=Q,
-               seqused_k=i["seq_lens"], max_seqlen_k=ctx, softmax_scale=1.0, causal=False, window_size=win,
-               block_table=i["block_table"], softcap=0, q_descale=None, k_descale=None, v_descale=None)
-            return out.view(B, Q, Hq, D)
+
+# How vLLM's TritonAttention backend (vllm/v1/attention/backends/triton_attn.py) sets up decode: below
+# seq_threshold_3D = MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads requests, `unified_attention` runs its split-K
+# ("3D") kernel over NUM_PAR_SOFTMAX_SEGMENTS segments of the key range plus a reduction, in fp32 scratch
+# the metadata builder allocates once for min(threshold, max_num_seqs) requests of up to
+# 1 + num_speculative_tokens (at most MAX_3D_QUERY_LEN) queries each. Without the scratch it runs the 2D
+# kernel, one program per (query block, KV head) over the whole key range: 10-25x slower at B = 1.
+VLLM_MIN_LAUNCH_GRID_SIZE_2D = 128
+VLLM_NUM_PAR_SOFTMAX_SEGMENTS = 16
+VLLM_MAX_3D_QUERY_LEN = 8  # triton_unified_attention.MAX_3D_QUERY_LEN in vLLM 0.33 (read from the module if it has it)
+
+
+def vllm_call(mod, q, k_cache, v_cache, block_table, seq_lens, *, ctx: int, window, split_k: bool, probe: bool = True):
+    """(run, how) for vLLM's `unified_attention` on our inputs, called as vLLM's Triton backend calls
+    it for a decode / verify batch (split_k=True) or with no split-K scratch (split_k=False: its 2D
+    path, which vLLM runs for prefill and for batches above the threshold, not for small decode).
+
+    split_k: causal=True as vLLM's decode metadata has it. With Q = 1 that is this op's function;
+    with Q > 1 query i of a request sees keys up to ctx - Q + i (vLLM's verify semantics, a different
+    function from this op's, whose Q queries all see the same keys). split_k=False: causal=False, which
+    is this op's function for every Q (and forces the 2D path for Q > 1).
+
+    probe: run once with the scratch poisoned to record which path vLLM took ("path" in `how`)."""
+    B, Q, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    q2 = q.reshape(B * Q, Hq, D)
+    out = torch.empty_like(q2)
+    cu_q = torch.arange(0, B * Q + 1, Q, dtype=torch.int32, device=q.device)
+    win = (window - 1, 0) if window else (-1, -1)
+    how = {"function": "unified_attention", "causal": split_k, "window_size": list(win), "block_size": k_cache.shape[1],
+           "softcap": 0, "descales": None}
+    kw = {}
+    if split_k:
+        threshold = VLLM_MIN_LAUNCH_GRID_SIZE_2D // Hkv
+        max_q_3d = min(Q, getattr(mod, "MAX_3D_QUERY_LEN", VLLM_MAX_3D_QUERY_LEN))
+        rows = threshold * max_q_3d  # vLLM's max_num_seqs (256 by default) is above every threshold here
+        segs = VLLM_NUM_PAR_SOFTMAX_SEGMENTS
+        d_pad = 1 << (D - 1).bit_length()
+        kw = dict(seq_threshold_3D=threshold, num_par_softmax_segments=segs,
+                  softmax_segm_output=torch.empty(rows, Hq, segs, d_pad, dtype=torch.float32, device=q.device),
+                  softmax_segm_max=torch.empty(rows, Hq, segs, dtype=torch.float32, device=q.device),
+                  softmax_segm_expsum=torch.empty(rows, Hq, segs, dtype=torch.float32, device=q.device))
+        how.update(seq_threshold_3D=threshold, num_par_softmax_segments=segs, scratch_rows=rows,
+                   scratch="softmax_segm_output [rows, Hq, 16, next_pow2(D)], softmax_segm_max / softmax_segm_expsum "
+                           "[rows, Hq, 16], fp32, as TritonAttentionMetadataBuilder allocates them",
+                   note="vLLM snaps seq_threshold_3D to the nearest CUDA-graph capture size; 128 // Hkv is one "
+                        "of its default sizes for Hkv = 1, 2, 4, 8, 16")
+
+    def run():
+        mod.unified_attention(q=q2, k=k_cache, v=v_cache, out=out, cu_seqlens_q=cu_q, max_seqlen_q=Q,
+                              seqused_k=seq_lens, max_seqlen_k=ctx, softmax_scale=1.0, causal=split_k,
+                              window_size=win, block_table=block_table, softcap=0, q_descale=None,
+                              k_descale=None, v_descale=None, **kw)
+        return out.view(B, Q, Hq, D)
+
+    if split_k and probe:
+        # which kernel vLLM chose, seen rather than inferred: only the 3D path writes the scratch
+        kw["softmax_segm_max"].fill_(float("nan"))
+        run()
+        how["path"] = "2d" if bool(torch.isnan(kw["softmax_segm_max"][: B * Q]).all()) else "3d (split-K)"
+    elif not split_k:
+        how["path"] = "2d"
+    return run, how
+
+
+def _vllm(window, ctx, split_k: bool):
+    probed = {}
+
+    def factory(i):
+        try:
+            mod, prov = vllm_anchor.load()
+        except LookupError as e:
+            raise Missing(str(e)) from None
+        run, how = vllm_call(mod, i["q"], i["k_cache"], i["v_cache"], i["block_table"], i["seq_lens"], ctx=ctx,
+                             window=window, split_k=split_k, probe=not probed)  # one probe per case
+        probed.update(how if not probed else {})
+        run.provenance = {**prov, "call": dict(probed)}
         return run
     return factory
 

@@ -8,6 +8,7 @@ public signature minus `backend=` and receiving arguments that the public op alr
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Callable, NamedTuple
 
@@ -86,12 +87,39 @@ def _impl(backend: str, op: str) -> Callable:
     return fn
 
 
-def resolve(op: str, backend: str, device: torch.device, dtype: torch.dtype, head_dim: int | None = None) -> Callable:
-    """The implementation of `op` that serves a call on `device` for `backend`."""
+_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+
+
+# torch.compile takes the answer at trace time: the device of a traced call is fixed by its guards.
+@torch.compiler.assume_constant_result
+def device_class(index: int) -> str:
+    """The class of CUDA device `index` that the evidence in verified.py is keyed by: its name."""
+    return _device_name(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def evidence_backend(device: str, op: str, dtype: torch.dtype, shape: dict) -> str | None:
+    """The backend verified.py names for this call, or None. Plain lookups and comparisons of shape
+    integers (guards under torch.compile), nothing that reads a tensor."""
+    for exact, (name, lo, hi), backend, _ in verified.EVIDENCE.get((device, op, _DTYPE_NAMES.get(dtype)), ()):
+        if lo <= shape[name] <= hi and all(shape[k] == v for k, v in exact):
+            return backend
+    return None
+
+
+def resolve(op: str, backend: str, device: torch.device, dtype: torch.dtype, shape: dict | None = None) -> Callable:
+    """The implementation of `op` that serves a call on `device` for `backend`. `shape`: the call's
+    shape parameters (benchmarks.make_verified.SHAPES names them), which `auto` matches against the
+    evidence of verified.py."""
     if backend == "auto":
         if device.type != "cuda":
             return _impl("torch", op)
-        if _cuda_status(device).available and verified.is_verified(op, device, dtype, head_dim):
+        chosen = None if shape is None else evidence_backend(device_class(device.index or 0), op, dtype, shape)
+        if chosen == "cuda" and _cuda_status(device).available:
             return _impl("cuda", op)
         if _triton_status(device).available:
             return _impl("triton", op)

@@ -1,9 +1,11 @@
 """The benchmark harness on CPU: the dry run exercises every code path except device timing, and the
 GPU entry points refuse cleanly without a GPU."""
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -22,15 +24,73 @@ COMPOSITIONS = {  # the PyTorch baselines that run anywhere: each must run and a
 def _env():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    env.pop("GEMMA4_MTP_VLLM_UNIFIED_ATTENTION", None)
     return env
 
 
+# A stand-in for the stubbed copy of vLLM's kernel file (benchmarks/vllm_anchor.py): it records every
+# call and computes what vLLM's unified_attention computes (query i of a request at position
+# seq_len - q_len + i; causal: keys up to it; sliding window: keys from position - window_size[0]),
+# and, like vLLM's split-K path, writes the softmax scratch when it is given some. What it tests is our
+# harness: the arguments it builds and what it records about the call.
+FAKE_VLLM = """
+    import json
+    import torch
+    GEMMA4_MTP_ANCHOR = {{"vllm_version": "0.0-fake", "source": "test_bench_dry.py"}}
+    MAX_3D_QUERY_LEN = 8
+
+    def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, softmax_scale, causal,
+                          window_size, block_table, softcap, q_descale, k_descale, v_descale, seq_threshold_3D=None,
+                          num_par_softmax_segments=None, softmax_segm_output=None, softmax_segm_max=None,
+                          softmax_segm_expsum=None):
+        scratch = softmax_segm_output is not None
+        with open({log!r}, "a") as f:
+            f.write(json.dumps(dict(
+                q=list(q.shape), k=list(k.shape), out=list(out.shape), cu_seqlens_q=cu_seqlens_q.tolist(),
+                max_seqlen_q=max_seqlen_q, seqused_k=seqused_k.tolist(), max_seqlen_k=max_seqlen_k,
+                softmax_scale=softmax_scale, causal=causal, window_size=list(window_size),
+                block_table=list(block_table.shape), softcap=softcap, seq_threshold_3D=seq_threshold_3D,
+                num_par_softmax_segments=num_par_softmax_segments,
+                scratch=[[list(t.shape), str(t.dtype)] for t in (softmax_segm_output, softmax_segm_max,
+                                                                 softmax_segm_expsum)] if scratch else None)) + "\\n")
+        bs, Hkv = k.shape[1], k.shape[2]
+        for b in range(len(seqused_k)):
+            lo, hi, n = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1]), int(seqused_k[b])
+            keys = torch.cat([k[block_table[b, j // bs], j % bs][None] for j in range(n)])
+            vals = torch.cat([v[block_table[b, j // bs], j % bs][None] for j in range(n)])
+            for i in range(hi - lo):
+                pos = n - (hi - lo) + i
+                ok = torch.ones(n, dtype=torch.bool)
+                if causal:
+                    ok &= torch.arange(n) <= pos
+                if window_size[0] >= 0:
+                    ok &= torch.arange(n) >= pos - window_size[0]
+                for h in range(q.shape[1]):
+                    g = h // (q.shape[1] // Hkv)
+                    s = (keys[:, g].double() @ q[lo + i, h].double()) * softmax_scale
+                    p = torch.softmax(s.masked_fill(~ok, float("-inf")), 0)
+                    out[lo + i, h] = (p @ vals[:, g].double()).to(out.dtype)
+        if scratch:
+            softmax_segm_max.zero_()
+"""
+
+
 @pytest.fixture(scope="module")
-def dry(tmp_path_factory):
+def fake_vllm(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fake_vllm")
+    log = d / "calls.jsonl"
+    path = d / "triton_unified_attention.py"
+    path.write_text(textwrap.dedent(FAKE_VLLM.format(log=str(log))))
+    return path, log
+
+
+@pytest.fixture(scope="module")
+def dry(tmp_path_factory, fake_vllm):
     d = tmp_path_factory.mktemp("dry")
     out, png = d / "dry.json", d / "dry.png"
+    env = dict(_env(), GEMMA4_MTP_VLLM_UNIFIED_ATTENTION=str(fake_vllm[0]))
     p = subprocess.run([sys.executable, "-m", "benchmarks.run_all", "--dry-run", "--out", str(out), "--plot", str(png)],
-                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(out.read_text()), p.stdout, png
 
@@ -61,9 +121,117 @@ def test_missing_baselines_say_why(dry):
     by_name = {(c["case"], r["baseline"]): r for c in results["cases"] for r in c["results"]}
     cuda = [r for (case, b), r in by_name.items() if b == "cuda"]
     assert cuda and all(r["status"] == "missing" for r in cuda)
-    ext = [r for (case, b), r in by_name.items() if b in ("vllm_triton_unified", "flashinfer_decode", "flash_attn_kvcache")]
-    assert len(ext) == 3 * sum(1 for c in results["cases"] if c["op"] == "q_only_paged_attention")
+    ext = [r for (case, b), r in by_name.items() if b in ("flashinfer_decode", "flash_attn_kvcache")]
+    assert len(ext) == 2 * sum(1 for c in results["cases"] if c["op"] == "q_only_paged_attention")
     assert all(r["status"] == "missing" and "CUDA" in r["reason"] for r in ext)
+
+
+def test_vllm_anchor_is_called_as_vllms_triton_backend_calls_it_for_decode(dry, fake_vllm):
+    """Split-K: seq_threshold_3D = 128 // Hkv, 16 segments, fp32 scratch [rows, Hq, 16, next_pow2(D)] for
+    every query token, causal as vLLM's decode metadata; the 2D baseline: no scratch, non-causal. The
+    results say where the kernel file came from (path, sha256, version) and how it was called."""
+    results, _, _ = dry
+    path, log = fake_vllm
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    cases = [c for c in results["cases"] if c["op"] == "q_only_paged_attention"]
+    assert len(calls) >= len(cases)
+    for c in cases:
+        p = c["params"]
+        B, Q, Hq, Hkv, D = p["B"], p["Q"], p["Hq"], p["Hkv"], p["D"]
+        mine = [x for x in calls if x["q"] == [B * Q, Hq, D] and x["k"][2] == Hkv and x["max_seqlen_k"] == p["ctx"]]
+        split = [x for x in mine if x["scratch"]]
+        flat = [x for x in mine if not x["scratch"]]
+        assert split and bool(flat) == (Q > 1), c["case"]  # the 2D call only where Q > 1
+        for x in mine:
+            assert x["cu_seqlens_q"] == list(range(0, B * Q + 1, Q)) and x["max_seqlen_q"] == Q
+            assert x["seqused_k"] == [p["ctx"]] * B and x["softmax_scale"] == 1.0 and x["softcap"] == 0
+            assert x["window_size"] == ([p["window"] - 1, 0] if p["window"] else [-1, -1])
+            assert x["out"] == x["q"] and x["block_table"][0] == B
+        d_pad = 1 << (D - 1).bit_length()
+        for x in split:
+            assert x["causal"] is True and x["seq_threshold_3D"] == 128 // Hkv and x["num_par_softmax_segments"] == 16
+            (out_shape, out_dt), (max_shape, max_dt), (sum_shape, sum_dt) = x["scratch"]
+            rows = out_shape[0]
+            assert rows >= B * Q and out_shape == [rows, Hq, 16, d_pad] and max_shape == sum_shape == [rows, Hq, 16]
+            assert out_dt == max_dt == sum_dt == "torch.float32"
+        assert all(x["causal"] is False and x["seq_threshold_3D"] is None for x in flat)
+        res = {r["baseline"]: r for r in c["results"]}
+        assert ("vllm_unified_2d" in res) == (Q > 1)
+        for name, path_taken in (("vllm_unified_splitk", "3d (split-K)"), ("vllm_unified_2d", "2d")):
+            if name not in res:
+                continue
+            r = res[name]
+            assert r["status"] == "ok", r
+            prov = r["provenance"]
+            assert prov["path"] == str(path) and prov["sha256"] == digest and prov["vllm_version"] == "0.0-fake"
+            assert prov["call"]["path"] == path_taken and prov["call"]["causal"] is (name == "vllm_unified_splitk")
+            if Q == 1 or (name == "vllm_unified_2d" and not p["window"]):
+                assert r["check"]["ok"] is True, (c["case"], name, r["check"])
+            else:  # vLLM's semantics differ from this op's there: reported, not compared
+                assert r["check"]["ok"] is None and "different function" in r["check"]["detail"]
+        assert res["vllm_unified_splitk"]["provenance"]["call"]["seq_threshold_3D"] == 128 // Hkv
+
+
+def test_vllm_anchor_missing_or_refused_says_why(tmp_path, monkeypatch):
+    from benchmarks import bench_q_only_attention, common, vllm_anchor
+
+    case = bench_q_only_attention.cases(dry=True)[0]
+    inputs = case.make_inputs(torch.device("cpu"), torch.float32, 0)
+    monkeypatch.delenv(vllm_anchor.ENV, raising=False)
+    with pytest.raises(common.Missing, match=vllm_anchor.ENV):
+        case.baselines["vllm_unified_splitk"](inputs)
+    inside = os.path.join(ROOT, "benchmarks", "triton_unified_attention.py")
+    monkeypatch.setenv(vllm_anchor.ENV, inside)
+    with pytest.raises(common.Missing, match="inside this repository and not ignored"):
+        case.baselines["vllm_unified_splitk"](inputs)
+    with pytest.raises(SystemExit, match="inside this repository and not ignored"):
+        vllm_anchor.make_copy(os.path.join(ROOT, "anchor"), None)
+    # a git-ignored directory of the work tree is fine: a GPU session can carry it, git never commits it
+    assert vllm_anchor.repo_problem(os.path.join(ROOT, "build", "vllm_anchor", "triton_unified_attention.py")) is None
+    assert vllm_anchor.repo_problem(str(tmp_path / "x.py")) is None
+    monkeypatch.setenv(vllm_anchor.ENV, str(tmp_path / "nope.py"))
+    with pytest.raises(common.Missing, match="not a file"):
+        case.baselines["vllm_unified_splitk"](inputs)
+
+
+def _interpreter_runs_vllm() -> bool:
+    import triton
+    return tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 8)
+
+
+@pytest.mark.skipif(not os.environ.get("GEMMA4_MTP_VLLM_UNIFIED_ATTENTION"),
+                    reason="needs a stubbed copy of vLLM's kernel (python -m benchmarks.vllm_anchor --make-copy DIR)")
+def test_real_vllm_copy_computes_what_we_expect():
+    """vLLM's own kernel (the copy named by the environment), on the GPU when there is one, else under
+    the Triton interpreter on CPU: its split-K path runs and agrees with our reference at Q = 1, and
+    with Q > 1 it computes the functions the benchmark says it does (causal verify; per-position window)."""
+    import gemma4_mtp_kernels as gk
+    from benchmarks import bench_q_only_attention as bq, vllm_anchor
+
+    cuda = torch.cuda.is_available()
+    if not cuda and not _interpreter_runs_vllm():
+        pytest.skip("Triton < 3.8's interpreter cannot run vLLM's kernel (it compiles and runs on a GPU with 3.6)")
+    device, dtype, tol = ((torch.device("cuda"), torch.bfloat16, 2e-2) if cuda else
+                          (torch.device("cpu"), torch.float32, 1e-5))
+    mod, _ = vllm_anchor.load()
+    for B, Q, Hq, Hkv, D, ctx, window in ((2, 1, 4, 1, 128, 40, None), (1, 1, 8, 2, 64, 33, 24), (2, 3, 4, 1, 64, 40, None),
+                                          (1, 3, 4, 2, 64, 40, 24)):
+        i = bq._inputs(B, Q, Hq, Hkv, D, ctx, 16)(device, dtype, 0)
+        args = (i["q"], i["k_cache"], i["v_cache"], i["block_table"], i["seq_lens"])
+        for split_k in (True, False):
+            run, how = bq.vllm_call(mod, *args, ctx=ctx, window=window, split_k=split_k)
+            assert how["path"] == ("3d (split-K)" if split_k else "2d")
+            out = run()
+            for qi in range(Q):
+                pos = ctx - Q + qi
+                if split_k:  # causal: keys up to pos, then the window back from pos
+                    lens, win = i["seq_lens"] - (Q - 1 - qi), window
+                else:  # non-causal: keys to the end, the window back from pos
+                    lens, win = i["seq_lens"], (ctx - (pos - window + 1)) if window else None
+                ref = gk.q_only_paged_attention(i["q"][:, qi:qi + 1].contiguous(), i["k_cache"], i["v_cache"],
+                                                i["block_table"], lens, scale=1.0, window=win, backend="torch")
+                torch.testing.assert_close(out[:, qi:qi + 1], ref, rtol=tol, atol=tol)
 
 
 def test_dry_run_table_and_plot(dry, tmp_path):

@@ -54,7 +54,8 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
         C.index_range(OP, "token_ordering", token_ordering, 0, V, "vocabulary ids")
         if V and int(torch.bincount(token_ordering.long(), minlength=V).max()) != 1:
             C.fail_value(OP, "token_ordering", f"a permutation of [0, {V})", "repeated ids")
-    impl = resolve(OP, backend, hidden.device, hidden.dtype)
+    impl = resolve(OP, backend, hidden.device, hidden.dtype,
+                   {"T": T, "Hd": Hd, "C": Cn, "V": V, "top_k": top_k, "output": output})
     return impl(hidden, centroids, token_ordering, lm_head, top_k=top_k, output=output,
                 fill_value=_dense_fill(output, fill_value))
 

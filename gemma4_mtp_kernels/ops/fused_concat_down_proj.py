@@ -38,5 +38,5 @@ def fused_concat_down_proj(token_ids, embed_table, hidden, weight, *, embed_scal
                                       ("weight", weight)])
     if C.values_checkable(token_ids):
         C.index_range(OP, "token_ids", token_ids, 0, V, "rows of embed_table")
-    impl = resolve(OP, backend, hidden.device, hidden.dtype)
+    impl = resolve(OP, backend, hidden.device, hidden.dtype, {"T": T, "Hb": Hb, "Hd": Hd})
     return impl(token_ids, embed_table, hidden, weight, embed_scale=float(embed_scale), out=out)

@@ -58,7 +58,8 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
                                       ("block_table", block_table), ("seq_lens", seq_lens)])
     if C.values_checkable(seq_lens):
         _check_cache_indices(block_table, seq_lens, num_blocks, block_size, window)
-    impl = resolve(OP, backend, q.device, q.dtype, head_dim=D)
+    impl = resolve(OP, backend, q.device, q.dtype,
+                   {"B": B, "Q": Qn, "Hq": Hq, "Hkv": Hkv, "D": D, "sliding": window is not None})
     return impl(q, k_cache, v_cache, block_table, seq_lens, scale=float(scale), window=window,
                 softcap=None if softcap is None else float(softcap), out=out, return_lse=return_lse)
 

@@ -85,7 +85,8 @@ def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, unifo
         # the checks above admit no uniforms only when every row is greedy: hand the backends the
         # plain greedy call rather than a temperature they would have to prove all zero
         temperature = draft_probs = None
-    impl = resolve(OP, backend, dev, target_logits.dtype)
+    impl = resolve(OP, backend, dev, target_logits.dtype,
+                   {"B": B, "N": N, "V": V, "sampling": uniforms is not None, "draft_probs": draft_probs is not None})
     return impl(draft_tokens, parents, target_logits, temperature=temperature, uniforms=uniforms,
                 draft_probs=draft_probs)
 

@@ -1,0 +1,168 @@
+"""The GPU suite's verdict per (op, backend), from pytest's junit XML of a per-file run.
+
+gpu_check.sh runs each GPU test file on its own (a crash then costs one file, not the suite), leaving
+in one directory, per file `tests/<stem>.py`: `<stem>.rc` (pytest's exit status, written whatever
+happened) and `<stem>.xml` (--junitxml; absent when pytest died). This module turns that directory
+into `gpu_suite.json`, which `benchmarks.make_verified` reads next to the run's results.json:
+
+    python -m benchmarks.gpu_suite DIR --out gpu_suite.json
+
+    {"schema": 1, "complete": bool,           # no file crashed or timed out
+     "files": {stem: {rc, status: passed|failed|no tests|timed out|crashed, tests, failures, errors, skipped}},
+     "ops": {op: {backend: {passed, tests, failures, errors, skipped, files: [stem...], why}}}}
+
+A file `test_<op module>_<backend>.py` (e.g. test_q_only_attention_cuda.py) counts for that op and
+backend. A file for one backend and several ops (e.g. test_cuda_review.py) counts each test for the op
+its name mentions, and for every op of the backend when it mentions none; a file that died counts
+against every op it covers (a file with no GPU test, exit 5, counts for nothing). (op, backend) passed only if at least one of its tests ran (not skipped),
+none failed or errored, and every file covering it ran to its end.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import pkgutil
+import xml.etree.ElementTree as ET
+
+BACKENDS = ("cuda", "triton")
+
+
+def op_modules() -> dict[str, str]:
+    """Public op module name -> op name (gemma4_mtp_kernels/ops/<module>.py defines OP)."""
+    import importlib
+
+    from gemma4_mtp_kernels import ops
+    return {m.name: importlib.import_module(f"gemma4_mtp_kernels.ops.{m.name}").OP
+            for m in pkgutil.iter_modules(ops.__path__)}
+
+
+def _keywords(modules: dict[str, str]) -> list[tuple[str, str]]:
+    """Words that name an op in a test name, longest first: the op, its module, and the short words
+    the cross-op test files use."""
+    words = {}
+    for mod, op in modules.items():
+        words[op] = op
+        words[mod] = op
+    short = {"attention": "q_only_paged_attention", "centroid": "centroid_logits", "down_proj": "fused_concat_down_proj",
+             "concat": "fused_concat_down_proj", "verify": "tree_verify", "tree": "tree_verify"}
+    words.update({w: op for w, op in short.items() if op in modules.values()})
+    return sorted(words.items(), key=lambda kv: -len(kv[0]))
+
+
+def file_scope(stem: str, modules: dict[str, str]) -> tuple[str | None, str | None]:
+    """(backend, op or None for a cross-op file) that a test file covers; (None, None) if neither."""
+    name = stem.removeprefix("test_")
+    for backend in BACKENDS:
+        if name.endswith("_" + backend):
+            op = modules.get(name[: -len(backend) - 1])
+            if op:
+                return backend, op
+    tokens = name.split("_")
+    backend = next((b for b in BACKENDS if b in tokens), None)
+    return backend, None
+
+
+def _testcases(xml_path: str):
+    """(name, outcome) per testcase: passed | failed | error | skipped."""
+    for tc in ET.parse(xml_path).getroot().iter("testcase"):
+        tags = {child.tag for child in tc}
+        outcome = "failed" if "failure" in tags else "error" if "error" in tags else "skipped" if "skipped" in tags else "passed"
+        yield tc.get("name", ""), outcome
+
+
+def _status(rc: int | None, has_xml: bool) -> str:
+    if rc in (124, 137):
+        return "timed out"
+    if rc == 5:
+        return "no tests"
+    if rc in (0, 1) and has_xml:
+        return "passed" if rc == 0 else "failed"
+    return "crashed"
+
+
+def convert(directory: str, modules: dict[str, str] | None = None) -> dict:
+    modules = modules if modules is not None else op_modules()
+    words = _keywords(modules)
+    ops: dict[str, dict[str, dict]] = {}
+    files = {}
+
+    def slot(op, backend):
+        return ops.setdefault(op, {}).setdefault(backend, {"tests": 0, "failures": 0, "errors": 0, "skipped": 0,
+                                                           "files": [], "unfinished": []})
+
+    stems = sorted({os.path.splitext(os.path.basename(p))[0]
+                    for p in glob.glob(os.path.join(directory, "*.rc")) + glob.glob(os.path.join(directory, "*.xml"))})
+    for stem in stems:
+        rc_path, xml_path = os.path.join(directory, stem + ".rc"), os.path.join(directory, stem + ".xml")
+        try:
+            with open(rc_path) as f:
+                rc = int(f.read().strip())
+        except (OSError, ValueError):
+            rc = None
+        cases = []
+        if os.path.exists(xml_path):
+            try:
+                cases = list(_testcases(xml_path))
+            except ET.ParseError:
+                xml_path = None
+        has_xml = bool(xml_path) and os.path.exists(xml_path)
+        status = _status(rc, has_xml)
+        counts = {k: sum(1 for _, o in cases if o == v) for k, v in
+                  (("failures", "failed"), ("errors", "error"), ("skipped", "skipped"))}
+        files[stem] = {"rc": rc, "status": status, "tests": len(cases), **counts}
+        backend, file_op = file_scope(stem, modules)
+        if backend is None:
+            continue
+        covered = [file_op] if file_op else sorted(set(modules.values()))
+        for op in covered:
+            s = slot(op, backend)
+            s["files"].append(stem)
+            if status in ("crashed", "timed out"):
+                s["unfinished"].append(f"{stem}: {status}" + (f" (exit {rc})" if rc is not None else " (no exit status)"))
+        for name, outcome in cases:
+            if file_op:
+                targets = [file_op]
+            else:
+                hit = next((op for w, op in words if w in name), None)
+                targets = [hit] if hit else covered
+            for op in targets:
+                s = slot(op, backend)
+                s["tests"] += 1
+                s["failures"] += outcome == "failed"
+                s["errors"] += outcome == "error"
+                s["skipped"] += outcome == "skipped"
+    for per_backend in ops.values():
+        for s in per_backend.values():
+            ran = s["tests"] - s["skipped"]
+            why = []
+            if s["unfinished"]:
+                why.append("; ".join(s["unfinished"]))
+            if s["failures"] or s["errors"]:
+                why.append(f"{s['failures']} failed, {s['errors']} errors")
+            if ran == 0:
+                why.append("no test ran")
+            s["passed"] = not why
+            s["why"] = "; ".join(why) if why else f"{ran} tests passed"
+            del s["unfinished"]
+    complete = bool(files) and all(f["status"] not in ("crashed", "timed out") for f in files.values())
+    return {"schema": 1, "complete": complete, "files": files, "ops": ops}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="per-(op, backend) verdict of a per-file GPU test run")
+    p.add_argument("directory", help="holds <stem>.rc and <stem>.xml per test file")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    suite = convert(args.directory)
+    with open(args.out, "w") as f:
+        json.dump(suite, f, indent=1)
+    for op, per in sorted(suite["ops"].items()):
+        for backend, s in sorted(per.items()):
+            print(f"{op:24s} {backend:7s} {'PASSED' if s['passed'] else 'not passed'}: {s['why']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

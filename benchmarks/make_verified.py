@@ -1,0 +1,218 @@
+"""Generate gemma4_mtp_kernels/verified.py, the table `backend="auto"` follows, from the committed GPU
+runs under benchmarks/results/<run>/ (results.json from run_all, gpu_suite.json from gpu_suite).
+
+    python -m benchmarks.make_verified            # rewrite verified.py
+    python -m benchmarks.make_verified --check    # exit 1 if verified.py is not what the results give
+
+Rules, per device (the CUDA device name the run recorded) and op:
+- only the newest run on that device that timed the op counts (a later run supersedes an earlier one,
+  also where a backend that passed before now fails);
+- a backend is a candidate for a case only if the GPU suite passed for (op, backend) in that run, and
+  the case's result is ok, timed, and agreed with the reference;
+- the case's choice is the fastest candidate; cases without one give no entry;
+- cases with the same dtype and the same exact shape parameters (SHAPES) are ordered by the range
+  parameter, and neighbours with the same choice merge into one range [lo, hi]. A call between two
+  measured sizes with different choices, or outside every measured size, has no entry: `auto` sends
+  it to Triton.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+TARGET = os.path.join(ROOT, "gemma4_mtp_kernels", "verified.py")
+CANDIDATES = ("triton", "cuda")  # the backends `auto` chooses between on CUDA tensors
+
+# op -> (parameters a call must match exactly, the parameter that ranges). The public ops pass these
+# names to resolve(); shape_of() reads them from a benchmark case's params.
+SHAPES = {
+    "q_only_paged_attention": (("Q", "Hq", "Hkv", "D", "sliding"), "B"),
+    "fused_concat_down_proj": (("Hb", "Hd"), "T"),
+    "centroid_logits": (("Hd", "C", "V", "top_k", "output"), "T"),
+    "tree_verify": (("N", "V", "sampling", "draft_probs"), "B"),
+}
+
+
+def shape_of(op: str, params: dict) -> dict:
+    """The shape dict the public op passes to resolve() for the call a benchmark case makes."""
+    p = dict(params)
+    if op == "q_only_paged_attention":
+        p["sliding"] = p.get("window") is not None
+    elif op == "centroid_logits":
+        p.setdefault("output", "argmax")  # the centroid benchmark times output="argmax", the decode loop's call
+    elif op == "tree_verify":
+        p.setdefault("draft_probs", p["sampling"])  # its sampling cases are chains with draft probabilities
+    exact, rng = SHAPES[op]
+    return {k: p[k] for k in (*exact, rng)}
+
+
+@dataclass
+class Run:
+    name: str  # the directory under benchmarks/results/
+    results: dict
+    suite: dict | None
+
+    @property
+    def device(self) -> str:
+        return self.results["env"]["device"]
+
+    @property
+    def date(self) -> str:
+        return self.results["env"].get("date") or self.name
+
+    def passed(self, op: str, backend: str) -> bool:
+        return bool(self.suite and self.suite.get("ops", {}).get(op, {}).get(backend, {}).get("passed"))
+
+    def suite_summary(self) -> str:
+        if self.suite is None:
+            return "no gpu_suite.json: nothing verified"
+        if self.suite.get("note"):
+            return self.suite["note"]
+        passed = sorted(f"{op}/{b}" for op, per in self.suite.get("ops", {}).items() for b, s in per.items()
+                        if s.get("passed"))
+        done = "complete" if self.suite.get("complete") else "incomplete"
+        return f"{done}; passed: {', '.join(passed) if passed else 'none'}"
+
+
+def load_runs(results_dir: str = RESULTS) -> list[Run]:
+    runs = []
+    for path in sorted(glob.glob(os.path.join(results_dir, "*", "results.json"))):
+        d = os.path.dirname(path)
+        if os.path.basename(d).startswith("gpu_check_"):  # gpu_check.sh's default $OUT: a run not committed yet
+            continue
+        with open(path) as f:
+            results = json.load(f)
+        if results.get("dry_run"):
+            continue
+        suite = None
+        if os.path.exists(os.path.join(d, "gpu_suite.json")):
+            with open(os.path.join(d, "gpu_suite.json")) as f:
+                suite = json.load(f)
+        runs.append(Run(os.path.basename(d), results, suite))
+    return runs
+
+
+def _timed(case: dict, backend: str) -> dict | None:
+    r = next((r for r in case["results"] if r["baseline"] == backend), None)
+    return r if r and r.get("status") == "ok" and r.get("time_s") else None
+
+
+def _choice(run: Run, case: dict):
+    """(backend, note) of the fastest candidate of one case, or None."""
+    cands = []
+    for b in CANDIDATES:
+        r = _timed(case, b)
+        if r and (r.get("check") or {}).get("ok") is True and run.passed(case["op"], b):
+            cands.append((r["time_s"], b))
+    if not cands:
+        return None
+    cands.sort()
+    times = ", ".join(f"{b} {t * 1e6:.1f} us" for t, b in cands)
+    return cands[0][1], f"{case['case']}: {times}"
+
+
+def evidence(runs: list[Run]) -> dict:
+    """(device, op, dtype) -> tuple of (exact pairs, (range name, lo, hi), backend, evidence)."""
+    newest: dict[tuple[str, str], Run] = {}
+    for run in runs:
+        for case in run.results["cases"]:
+            if case["op"] in SHAPES and any(_timed(case, b) for b in CANDIDATES):
+                key = (run.device, case["op"])
+                if key not in newest or run.date > newest[key].date:
+                    newest[key] = run
+    table = {}
+    for (device, op), run in sorted(newest.items()):
+        exact_keys, rng = SHAPES[op]
+        dtype = run.results["dtype"]
+        groups: dict[tuple, dict[int, list]] = {}
+        for case in run.results["cases"]:
+            if case["op"] != op:
+                continue
+            shape = shape_of(op, case["params"])
+            exact = tuple((k, shape[k]) for k in exact_keys)
+            groups.setdefault(exact, {}).setdefault(shape[rng], []).append(_choice(run, case))
+        entries = []
+        for exact, by_size in sorted(groups.items(), key=lambda kv: repr(kv[0])):
+            runs_of_same = []  # [backend, lo, hi, notes]
+            for size in sorted(by_size):
+                picks = by_size[size]
+                backends = {p[0] for p in picks if p}
+                if len(backends) != 1 or None in picks:
+                    runs_of_same.append(None)  # no choice here, or cases at this size disagree
+                    continue
+                (b,) = backends
+                last = runs_of_same[-1] if runs_of_same else None
+                if last and last[0] == b:
+                    last[2] = size
+                    last[3] += [p[1] for p in picks]
+                else:
+                    runs_of_same.append([b, size, size, [p[1] for p in picks]])
+            for seg in runs_of_same:
+                if seg:
+                    b, lo, hi, notes = seg
+                    entries.append((exact, (rng, lo, hi), b, f"{run.name}: " + "; ".join(notes)))
+        if entries:
+            table[(device, op, dtype)] = tuple(entries)
+    return table
+
+
+HEADER = '''"""GENERATED by `python -m benchmarks.make_verified` from the GPU runs committed under
+benchmarks/results/ (results.json + gpu_suite.json): do not edit; commit a GPU run's directory and
+rerun the generator.
+
+For a call on CUDA tensors, `backend="auto"` looks up (device name, op, dtype) in EVIDENCE and takes
+the backend of the first entry whose exact shape parameters equal the call's and whose range holds
+the call's range parameter: the backend that passed the GPU suite on that device and was the fastest
+of those that passed, in the newest run there that timed the op. Every other CUDA call goes to Triton.
+"""
+'''
+
+
+def render(runs: list[Run], table: dict) -> str:
+    lines = [HEADER, "# results directories read: (directory, device, date, commit, the GPU suite there)", "SOURCES = ("]
+    for run in sorted(runs, key=lambda r: r.name):
+        env = run.results["env"]
+        lines.append(f"    {(run.name, run.device, run.date, str(env.get('commit'))[:10], run.suite_summary())!r},")
+    lines += [")", "",
+              "# (device, op, dtype) -> ((exact (name, value) pairs), (range name, lo, hi), backend, evidence), ...",
+              "EVIDENCE = {"]
+    for key, entries in sorted(table.items()):
+        lines.append(f"    {key!r}: (")
+        lines += [f"        {e!r}," for e in entries]
+        lines.append("    ),")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def generate(results_dir: str = RESULTS) -> str:
+    runs = load_runs(results_dir)
+    return render(runs, evidence(runs))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="generate gemma4_mtp_kernels/verified.py from benchmarks/results/")
+    p.add_argument("--results", default=RESULTS)
+    p.add_argument("--out", default=TARGET)
+    p.add_argument("--check", action="store_true", help="exit 1 if --out differs from what the results give")
+    args = p.parse_args(argv)
+    text = generate(args.results)
+    if args.check:
+        with open(args.out) as f:
+            same = f.read() == text
+        if not same:
+            print(f"{args.out} is stale: run python -m benchmarks.make_verified", file=sys.stderr)
+        return 0 if same else 1
+    with open(args.out, "w") as f:
+        f.write(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
