@@ -88,12 +88,15 @@ for f in $(grep -l "mark.gpu" tests/test_*.py); do
     timeout --kill-after=5 $left "$PY" -m pytest -q -m gpu -p no:cacheprovider -o faulthandler_timeout=60 \
         --junitxml="$OUT/pytest/$name.xml" "$f" > "$OUT/pytest/$name.log" 2>&1
     rc=$?
+    echo $rc > "$OUT/pytest/$name.rc"
     summary=$(tail -n 1 "$OUT/pytest/$name.log")
     echo "$name $(describe_rc $rc): $summary" >> "$OUT/gpu_suite.txt"
     [ $rc -ne 0 ] && status=1
 done
 say "GPU suite done in $((SECONDS - suite_t0))s:"
 tee -a "$LOG" < "$OUT/gpu_suite.txt"
+# the verdict per (op, backend) that benchmarks.make_verified reads next to results.json
+"$PY" -m benchmarks.gpu_suite "$OUT/pytest" --out "$OUT/gpu_suite.json" >> "$LOG" 2>&1 || status=1
 
 # The main command on the GPU with each backend: chain and tree, greedy (must print "matches") and
 # sampling.
@@ -131,7 +134,8 @@ else
     status=1
 fi
 
-# The benchmarks get what the stages above left of 480 s (at least 60 s). run_all stops starting
+# The benchmarks get what the stages above left of 480 s (at least 60 s). The vLLM anchor runs when
+# GEMMA4_MTP_VLLM_UNIFIED_ATTENTION names a copy of its kernel (benchmarks/vllm_anchor.py). run_all stops starting
 # new cases after its budget (an equal share per op) and records the rest as "not run"; the JSON is
 # rewritten after every case, so even a kill leaves the finished cases.
 budget=$(( 480 - SECONDS )); [ $budget -lt 60 ] && budget=60
