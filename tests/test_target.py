@@ -6,7 +6,7 @@ import torch
 
 import hf_tiny
 from gemma4_mtp import OutOfBlocksError, UnsupportedModelError, load_target
-from gemma4_mtp.config import parse_target_config
+from gemma4_mtp.config import parse_drafter_config, parse_target_config
 
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.usefixtures("one_thread")]
 
@@ -170,24 +170,55 @@ BASE = {
     "layer_types": ["sliding_attention", "full_attention"]}
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("hidden_size_per_layer_input", 256, "per-layer embeddings"),
-    ("enable_moe_block", True, "MoE"),
-    ("num_kv_shared_layers", 1, "KV-shared"),
-    ("use_bidirectional_attention", "all", "use_bidirectional_attention"),
-    ("rope_parameters", {"sliding_attention": {"rope_type": "yarn"}, "full_attention": {}}, "rope_type"),
-])
-def test_unsupported_targets_are_rejected(field, value, match):
+MOE = {"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 8}
+
+
+@pytest.mark.parametrize("fields,match", [
+    ({"use_bidirectional_attention": "all"}, "'use_bidirectional_attention'"),
+    ({"rope_parameters": {"sliding_attention": {"rope_type": "yarn"}, "full_attention": {}}}, "rope_type"),
+    ({"num_kv_shared_layers": 2}, "'num_kv_shared_layers'"),  # every layer shared: nothing computes K/V
+    ({"num_kv_shared_layers": 1}, "'num_kv_shared_layers'"),  # the shared full layer has no full layer to read
+    ({"hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": 100, "vocab_size": 128},
+     "'vocab_size_per_layer_input'"),
+    ({**MOE, "num_experts": None}, "'num_experts'"),
+    ({**MOE, "top_k_experts": 5}, "'top_k_experts'"),
+    ({**MOE, "top_k_experts": 0}, "'top_k_experts'"),
+    ({**MOE, "moe_intermediate_size": None}, "'moe_intermediate_size'"),
+], ids=["bidirectional", "rope_type", "all_shared", "shared_without_source", "ple_vocab", "num_experts",
+        "top_k_above", "top_k_zero", "moe_intermediate"])
+def test_unsupported_targets_are_rejected(fields, match):
     with pytest.raises(UnsupportedModelError, match=match):
-        parse_target_config({**BASE, field: value})
+        parse_target_config({**BASE, **fields})
+
+
+def test_every_family_config_parses():
+    """PLE, KV sharing, double-wide MLPs and MoE are read (no longer rejected)."""
+    cfg, _ = parse_target_config({**BASE, "num_hidden_layers": 4, **MOE, "hidden_size_per_layer_input": 16,
+                                  "vocab_size_per_layer_input": 262_144, "num_kv_shared_layers": 2,
+                                  "use_double_wide_mlp": True, "intermediate_size": 32,
+                                  "layer_types": ["sliding_attention", "full_attention"] * 2})
+    assert (cfg.hidden_size_per_layer_input, cfg.num_kv_shared_layers, cfg.num_experts, cfg.top_k_experts,
+            cfg.moe_intermediate_size) == (16, 2, 4, 2, 8)
+    assert [cfg.kv_source(i) for i in range(4)] == [0, 1, 0, 1]
+    assert [cfg.mlp_intermediate_size(i) for i in range(4)] == [32, 32, 64, 64]
+    assert (cfg.kv_layer_of("sliding_attention"), cfg.kv_layer_of("full_attention")) == (0, 1)
+
+
+@pytest.mark.parametrize("field,value", [("hidden_size_per_layer_input", 16), ("enable_moe_block", True),
+                                         ("use_double_wide_mlp", True), ("num_kv_shared_layers", 1)])
+def test_drafter_configs_keep_the_assistant_rules(field, value):
+    text = {**BASE, "hidden_size_per_layer_input": 0, field: value}
+    with pytest.raises(UnsupportedModelError, match=f"'{field}'"):
+        parse_drafter_config({"model_type": "gemma4_assistant", "text_config": text})
 
 
 def test_unsupported_checkpoint_rejected_by_loader(tmp_path):
     hf_tiny.build_target(tmp_path, seed=0)
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg["hidden_size_per_layer_input"] = 16
+    cfg["vocab_size_per_layer_input"] = 8
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UnsupportedModelError, match="hidden_size_per_layer_input"):
+    with pytest.raises(UnsupportedModelError, match="vocab_size_per_layer_input"):
         load_target(tmp_path)
 
 

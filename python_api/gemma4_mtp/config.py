@@ -1,13 +1,14 @@
 """Configs of the Gemma 4 text target and its MTP drafter, read from Hugging Face config.json dicts.
 
-Only what the reference loop runs is parsed; anything it would silently get wrong (per-layer
-embeddings, MoE, KV-shared target layers, other RoPE types, bidirectional attention) is rejected
-with a message that names the field.
+Every Gemma 4 text family is parsed: dense (31B), per-layer embeddings with KV-shared layers and
+double-wide MLPs (E2B, E4B), MoE (26B-A4B). Anything the reference loop would silently get wrong
+(other RoPE types, bidirectional attention, attention biases, other activations, inconsistent
+PLE / KV-sharing / MoE fields) is rejected with a message that names the field.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
@@ -47,6 +48,17 @@ class TextConfig:
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
     pad_token_id: int | None
+    # per-layer embeddings (PLE): 0 = none
+    hidden_size_per_layer_input: int = 0
+    vocab_size_per_layer_input: int = 0
+    # the last num_kv_shared_layers layers compute no K/V: they attend the last non-shared layer of their type
+    num_kv_shared_layers: int = 0
+    use_double_wide_mlp: bool = False  # KV-shared layers of a target get 2 * intermediate_size
+    # MoE: every layer runs a dense MLP and a routed expert block side by side
+    enable_moe_block: bool = False
+    num_experts: int = 0
+    top_k_experts: int = 0
+    moe_intermediate_size: int = 0
 
     @property
     def embed_scale(self) -> float:
@@ -55,9 +67,27 @@ class TextConfig:
     def spec(self, layer: int) -> AttentionSpec:
         return self.attention[self.layer_types[layer]]
 
-    def last_layer_of(self, layer_type: str) -> int | None:
-        idx = [i for i, t in enumerate(self.layer_types) if t == layer_type]
+    @property
+    def first_kv_shared_layer(self) -> int:
+        return self.num_layers - self.num_kv_shared_layers
+
+    def is_kv_shared(self, layer: int) -> bool:
+        return layer >= self.first_kv_shared_layer
+
+    def kv_layer_of(self, layer_type: str) -> int | None:
+        """The layer whose K/V the layers of this type publish: the last non-KV-shared one (None if none).
+        KV-shared layers of the type and a drafter's layers of the type attend its cache."""
+        idx = [i for i, t in enumerate(self.layer_types[:self.first_kv_shared_layer]) if t == layer_type]
         return idx[-1] if idx else None
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose cached K/V `layer` attends: itself, or for a KV-shared layer kv_layer_of its type."""
+        return self.kv_layer_of(self.layer_types[layer]) if self.is_kv_shared(layer) else layer
+
+    def mlp_intermediate_size(self, layer: int) -> int:
+        # as transformers 5.17: double width only on the KV-shared layers of a model that has non-shared ones
+        wide = self.use_double_wide_mlp and 0 < self.first_kv_shared_layer <= layer
+        return self.intermediate_size * (2 if wide else 1)
 
 
 @dataclass(frozen=True)
@@ -104,11 +134,6 @@ def parse_text_config(d: dict, *, drafter: bool = False) -> TextConfig:
 
     if get("model_type", "gemma4_text") != "gemma4_text":
         _fail("model_type", "'gemma4_text'", get("model_type"))
-    if get("hidden_size_per_layer_input", 256):
-        _fail("hidden_size_per_layer_input", "0 (per-layer embeddings (PLE) are not supported)",
-              get("hidden_size_per_layer_input", 256))
-    if get("enable_moe_block", False):
-        _fail("enable_moe_block", "false (MoE targets are not supported)", get("enable_moe_block"))
     if get("use_bidirectional_attention") is not None:
         _fail("use_bidirectional_attention", "null (causal text attention)", get("use_bidirectional_attention"))
     if get("attention_bias", False):
@@ -116,12 +141,33 @@ def parse_text_config(d: dict, *, drafter: bool = False) -> TextConfig:
     if get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
         _fail("hidden_activation", "'gelu_pytorch_tanh'", get("hidden_activation"))
     num_layers = int(get("num_hidden_layers", 30))
+    vocab = int(get("vocab_size", 262_144))
+    ple = int(get("hidden_size_per_layer_input", 256) or 0)
+    ple_vocab = int(get("vocab_size_per_layer_input", 262_144) or 0)
+    moe = bool(get("enable_moe_block", False))
+    double_wide = bool(get("use_double_wide_mlp", False))
     shared = int(get("num_kv_shared_layers", 0) or 0)
     if drafter:
+        # the assistant's own rules (Gemma4AssistantConfig.validate_architecture)
+        if ple:
+            _fail("hidden_size_per_layer_input", "0 in a drafter", ple)
+        if moe:
+            _fail("enable_moe_block", "false in a drafter", moe)
+        if double_wide:
+            _fail("use_double_wide_mlp", "false in a drafter", double_wide)
         if shared not in (0, num_layers):
             _fail("num_kv_shared_layers", f"{num_layers} (every drafter layer reads the target's K/V)", shared)
-    elif shared:
-        _fail("num_kv_shared_layers", "0 (KV-shared target layers are not supported)", shared)
+        shared = num_layers
+    else:
+        if not 0 <= shared < num_layers:
+            _fail("num_kv_shared_layers", f"an int in [0, {num_layers}) (a target computes K/V in its first layers)",
+                  shared)
+        if ple < 0:
+            _fail("hidden_size_per_layer_input", "an int >= 0", ple)
+        if ple and ple_vocab < vocab:
+            # Hugging Face looks every token id up in the per-layer table: ids past it have no embedding
+            _fail("vocab_size_per_layer_input", f">= vocab_size {vocab} (every token needs a per-layer embedding)",
+                  ple_vocab)
 
     layer_types = get("layer_types")
     if layer_types is None:
@@ -134,6 +180,22 @@ def parse_text_config(d: dict, *, drafter: bool = False) -> TextConfig:
             _fail("layer_types", f"entries in {LAYER_TYPES}", t)
     # transformers forces the last layer to full attention; do the same so both agree
     layer_types[-1] = FULL
+    if not drafter:
+        for t in set(layer_types[num_layers - shared:]):
+            if t not in layer_types[:num_layers - shared]:
+                _fail("num_kv_shared_layers", f"a value leaving a non-shared {t} layer for the shared ones to read",
+                      shared)
+    num_experts = top_k = moe_inter = 0
+    if moe:
+        num_experts = int(get("num_experts") or 0)
+        top_k = int(get("top_k_experts") or 0)
+        moe_inter = int(get("moe_intermediate_size") or 0)
+        if num_experts < 1:
+            _fail("num_experts", "an int >= 1 with enable_moe_block", get("num_experts"))
+        if not 1 <= top_k <= num_experts:
+            _fail("top_k_experts", f"an int in [1, num_experts={num_experts}]", get("top_k_experts"))
+        if moe_inter < 1:
+            _fail("moe_intermediate_size", "an int >= 1 with enable_moe_block", get("moe_intermediate_size"))
 
     k_eq_v = bool(get("attention_k_eq_v", False))
     head_dim = int(get("head_dim", 256))
@@ -168,7 +230,7 @@ def parse_text_config(d: dict, *, drafter: bool = False) -> TextConfig:
     eos = () if eos is None else (tuple(int(e) for e in eos) if isinstance(eos, (list, tuple)) else (int(eos),))
     softcap = get("final_logit_softcapping")
     return TextConfig(
-        vocab_size=int(get("vocab_size", 262_144)),
+        vocab_size=vocab,
         hidden_size=int(get("hidden_size", 2304)),
         intermediate_size=int(get("intermediate_size", 9216)),
         num_layers=num_layers,
@@ -181,6 +243,14 @@ def parse_text_config(d: dict, *, drafter: bool = False) -> TextConfig:
         tie_word_embeddings=bool(get("tie_word_embeddings", True)),
         eos_token_ids=eos,
         pad_token_id=get("pad_token_id", 0),
+        hidden_size_per_layer_input=ple,
+        vocab_size_per_layer_input=ple_vocab if ple else 0,
+        num_kv_shared_layers=shared,
+        use_double_wide_mlp=double_wide,
+        enable_moe_block=moe,
+        num_experts=num_experts,
+        top_k_experts=top_k,
+        moe_intermediate_size=moe_inter,
     )
 
 
@@ -191,7 +261,9 @@ def parse_target_config(d: dict) -> tuple[TextConfig, str]:
         text = d.get("text_config")
         if not isinstance(text, dict):
             _fail("text_config", "a dict", text)
-        return parse_text_config(text), "model.language_model."
+        # the multimodal model ties its LM head by its own (top-level) flag, not the text config's
+        tie = bool(d.get("tie_word_embeddings", True))
+        return replace(parse_text_config(text), tie_word_embeddings=tie), "model.language_model."
     if model_type not in (None, "gemma4_text"):
         _fail("model_type", "'gemma4_text' or 'gemma4'", model_type)
     return parse_text_config(d), "model."

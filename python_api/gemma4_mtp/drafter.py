@@ -89,7 +89,8 @@ class Gemma4MTPDrafter(nn.Module):
         if dc.vocab_size != tc.vocab_size:
             raise ValueError(f"drafter vocab_size {dc.vocab_size} != target vocab_size {tc.vocab_size}")
         for lt in set(dc.layer_types):
-            if lt not in tc.attention:
+            # what target.kv_cache(lt) returns: the last non-KV-shared layer of the type
+            if tc.kv_layer_of(lt) is None:
                 raise ValueError(f"the drafter has {lt} layers but the target has none to read")
             d, s = dc.attention[lt], tc.attention[lt]
             if d.head_dim != s.head_dim or dc.num_heads % s.num_kv_heads:

@@ -62,7 +62,8 @@ def _finish(module, dtype, device):
 
 def load_target(path, *, dtype: torch.dtype | None = None, device="cpu", num_blocks: int = 1024,
                 block_size: int = 16) -> Gemma4Target:
-    """A dense Gemma 4 text target from a Gemma4ForCausalLM (or Gemma4ForConditionalGeneration) directory.
+    """A Gemma 4 text target (any family) from a Gemma4ForCausalLM or Gemma4ForConditionalGeneration
+    directory (the text tower; vision and audio weights are skipped).
 
     dtype None keeps the checkpoint's dtype. The paged caches hold num_blocks blocks of block_size
     positions per attention type."""
@@ -70,9 +71,14 @@ def load_target(path, *, dtype: torch.dtype | None = None, device="cpu", num_blo
     config, prefix = parse_target_config(_read_config(path))
     model = Gemma4Target(config, num_blocks=num_blocks, block_size=block_size)
 
+    # checkpoints may carry K/V weights for KV-shared layers; those layers never use them (as in HF)
+    unused = {f"layers.{i}.self_attn.{name}." for i in range(config.first_kv_shared_layer, config.num_layers)
+              for name in ("k_proj", "v_proj", "k_norm", "v_norm")}
+
     def keep(key):
         if key.startswith(prefix):
-            return key[len(prefix):]
+            key = key[len(prefix):]
+            return None if key[:key.rfind(".") + 1] in unused else key
         if key == "lm_head.weight":
             return None if config.tie_word_embeddings else key
         return None  # vision / audio towers of multimodal checkpoints

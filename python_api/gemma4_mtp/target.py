@@ -1,4 +1,4 @@
-"""Gemma 4 dense text target with a paged K/V cache and tree verification (SPEC §5).
+"""Gemma 4 text target of every family, with a paged K/V cache and tree verification (SPEC §5).
 
 Requests are identified by integers. For each request the target holds `length` committed
 positions in its caches (one paged cache per attention type, each with its own allocator and block
@@ -8,19 +8,26 @@ its K/V is written to the scratch slot length + i, and it attends the committed 
 ancestors (plus itself), limited to the sliding window on sliding layers. `commit` then moves the
 accepted path's K/V to contiguous positions and releases what is no longer needed.
 
+Families (numerically as transformers 5.17's Gemma4TextModel): dense (31B); per-layer embeddings
+(PLE) and KV-shared layers, whose K/V is the last non-shared layer's of their type, so the caches
+hold the non-shared layers only (E2B, E4B; E2B also doubles the MLP of its KV-shared layers); a
+routed expert block beside the dense MLP of every layer (26B-A4B).
+
 The attention itself is plain torch (this is the reference loop); the cache is paged like an
 engine's, so the drafter reads it through `q_only_paged_attention` exactly as it would read vLLM's.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .config import FULL, TextConfig
 from .kv_cache import PagedKVCache
-from .layers import DecoderLayer, RMSNorm, apply_rope, rms_norm, rope_inv_freq
+from .layers import MLP, RMSNorm, apply_rope, rms_norm, rope_inv_freq
 
 
 class TargetAttention(nn.Module):
@@ -29,14 +36,103 @@ class TargetAttention(nn.Module):
         spec = config.spec(layer)
         H, Hq, D = config.hidden_size, config.num_heads, spec.head_dim
         self.head_dim, self.num_heads, self.num_kv_heads = D, Hq, spec.num_kv_heads
+        # a KV-shared layer has no K/V weights: it attends the K/V of config.kv_source(layer)
+        self.kv_shared = config.is_kv_shared(layer)
         self.q_proj = nn.Linear(H, Hq * D, bias=False)
-        self.k_proj = nn.Linear(H, spec.num_kv_heads * D, bias=False)
-        # attention_k_eq_v: full layers take V from the (unnormalised) K projection
-        k_eq_v = config.attention_k_eq_v and config.layer_types[layer] == FULL
-        self.v_proj = None if k_eq_v else nn.Linear(H, spec.num_kv_heads * D, bias=False)
         self.o_proj = nn.Linear(Hq * D, H, bias=False)
         self.q_norm = RMSNorm(D, config.rms_norm_eps)
-        self.k_norm = RMSNorm(D, config.rms_norm_eps)
+        if not self.kv_shared:
+            self.k_proj = nn.Linear(H, spec.num_kv_heads * D, bias=False)
+            # attention_k_eq_v: full layers take V from the (unnormalised) K projection
+            k_eq_v = config.attention_k_eq_v and config.layer_types[layer] == FULL
+            self.v_proj = None if k_eq_v else nn.Linear(H, spec.num_kv_heads * D, bias=False)
+            self.k_norm = RMSNorm(D, config.rms_norm_eps)
+
+
+class Router(nn.Module):
+    """The MoE router: the top_k_experts experts of each token and their weights, as Hugging Face
+    routes: softmax in fp32 over all experts, top-k, renormalised to sum 1, times per_expert_scale."""
+
+    def __init__(self, config: TextConfig):
+        super().__init__()
+        H, E = config.hidden_size, config.num_experts
+        self.eps, self.top_k, self.root_scale = config.rms_norm_eps, config.top_k_experts, H ** -0.5
+        self.proj = nn.Linear(H, E, bias=False)
+        self.scale = nn.Parameter(torch.ones(H))
+        self.per_expert_scale = nn.Parameter(torch.ones(E))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] -> (weights [T, k] fp32 (or wider), expert ids [T, k] int64)."""
+        h = rms_norm(x, None, self.eps) * self.scale * self.root_scale
+        probs = torch.softmax(self.proj(h), dim=-1, dtype=torch.float32)
+        weights, experts = torch.topk(probs, k=self.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights * self.per_expert_scale[experts], experts
+
+
+class Experts(nn.Module):
+    """num_experts gated MLPs stored as 3-D tensors (Hugging Face's layout: gate rows, then up rows)."""
+
+    def __init__(self, config: TextConfig):
+        super().__init__()
+        E, H, inter = config.num_experts, config.hidden_size, config.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * inter, H))
+        self.down_proj = nn.Parameter(torch.empty(E, H, inter))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """x [T, H]; each expert runs once over all the tokens routed to it; a token's outputs are
+        summed in ascending expert order."""
+        out = torch.zeros_like(x)
+        for e in experts.unique().tolist():
+            tok, slot = (experts == e).nonzero(as_tuple=True)
+            gate, up = F.linear(x[tok], self.gate_up_proj[e]).chunk(2, dim=-1)
+            y = F.linear(F.gelu(gate, approximate="tanh") * up, self.down_proj[e])
+            out.index_add_(0, tok, (y * weights[tok, slot, None]).to(out.dtype))
+        return out
+
+
+class TargetDecoderLayer(nn.Module):
+    """A Gemma 4 text decoder layer of any family; the owner decides how `attention` attends.
+
+    forward(x, attention, per_layer_input): attention(normed x) returns the attention output after
+    o_proj; per_layer_input [T, hidden_size_per_layer_input] is this layer's slice of the PLE."""
+
+    def __init__(self, config: TextConfig, layer: int):
+        super().__init__()
+        H, eps = config.hidden_size, config.rms_norm_eps
+        self.self_attn = TargetAttention(config, layer)
+        self.mlp = MLP(H, config.mlp_intermediate_size(layer))
+        self.input_layernorm = RMSNorm(H, eps)
+        self.post_attention_layernorm = RMSNorm(H, eps)
+        self.pre_feedforward_layernorm = RMSNorm(H, eps)
+        self.post_feedforward_layernorm = RMSNorm(H, eps)
+        self.register_buffer("layer_scalar", torch.ones(1))
+        self.moe = config.enable_moe_block
+        if self.moe:
+            self.router = Router(config)
+            self.experts = Experts(config)
+            self.post_feedforward_layernorm_1 = RMSNorm(H, eps)
+            self.post_feedforward_layernorm_2 = RMSNorm(H, eps)
+            self.pre_feedforward_layernorm_2 = RMSNorm(H, eps)
+        self.ple = config.hidden_size_per_layer_input > 0
+        if self.ple:
+            P = config.hidden_size_per_layer_input
+            self.per_layer_input_gate = nn.Linear(H, P, bias=False)
+            self.per_layer_projection = nn.Linear(P, H, bias=False)
+            self.post_per_layer_input_norm = RMSNorm(H, eps)
+
+    def forward(self, x, attention, per_layer_input=None):
+        x = x + self.post_attention_layernorm(attention(self.input_layernorm(x)))
+        h = self.mlp(self.pre_feedforward_layernorm(x))
+        if self.moe:
+            # the experts see the same residual stream as the dense MLP (and the router), not its output
+            routed = self.experts(self.pre_feedforward_layernorm_2(x), *self.router(x))
+            h = self.post_feedforward_layernorm_1(h) + self.post_feedforward_layernorm_2(routed)
+        x = x + self.post_feedforward_layernorm(h)
+        if self.ple:
+            g = F.gelu(self.per_layer_input_gate(x), approximate="tanh") * per_layer_input
+            x = x + self.post_per_layer_input_norm(self.per_layer_projection(g))
+        return x * self.layer_scalar
 
 
 @dataclass
@@ -67,24 +163,34 @@ def _tree_structure(parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Gemma4Target(nn.Module):
-    """A dense Gemma 4 text model (Gemma4ForCausalLM weights) with paged caches and tree verification."""
+    """A Gemma 4 text model (Gemma4ForCausalLM weights) with paged caches and tree verification."""
 
     def __init__(self, config: TextConfig, *, num_blocks: int = 1024, block_size: int = 16):
         super().__init__()
         self.config = config
         H, V = config.hidden_size, config.vocab_size
         self.embed_tokens = nn.Embedding(V, H)
-        self.layers = nn.ModuleList(DecoderLayer(config, TargetAttention(config, i)) for i in range(config.num_layers))
+        P = config.hidden_size_per_layer_input
+        if P:
+            # per-layer embeddings, all layers packed side by side: [V_ple, num_layers * P]
+            self.embed_tokens_per_layer = nn.Embedding(config.vocab_size_per_layer_input, config.num_layers * P)
+            self.per_layer_model_projection = nn.Linear(H, config.num_layers * P, bias=False)
+            self.per_layer_projection_norm = RMSNorm(P, config.rms_norm_eps)
+        self.layers = nn.ModuleList(TargetDecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(H, config.rms_norm_eps)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(H, V, bias=False)
         for t, spec in config.attention.items():
             self.register_buffer(f"{t}_inv_freq", rope_inv_freq(spec), persistent=False)
         self.num_blocks, self.block_size = num_blocks, block_size
-        # layer -> index among the layers of its type (its slot in that type's cache)
+        # layer -> its slot in its type's cache: the caches hold the non-KV-shared layers, in order;
+        # a KV-shared layer reads the slot of its source layer
         self._slot = {}
+        own = range(config.first_kv_shared_layer)
         for t in config.attention:
-            for j, i in enumerate(i for i, lt in enumerate(config.layer_types) if lt == t):
+            for j, i in enumerate(i for i in own if config.layer_types[i] == t):
                 self._slot[i] = j
+        for i in range(config.first_kv_shared_layer, config.num_layers):
+            self._slot[i] = self._slot[config.kv_source(i)]
         self.caches: dict[str, PagedKVCache] = {}
         self.lengths: dict[int, int] = {}
         self._next_request = 0
@@ -108,13 +214,25 @@ class Gemma4Target(nn.Module):
         # the scale is rounded to the table dtype first, as Gemma's scaled embedding does
         return w[token_ids.long()] * torch.tensor(self.config.embed_scale, dtype=w.dtype, device=w.device)
 
+    def per_layer_inputs(self, token_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """PLE [T, num_layers, P] of tokens [T] whose scaled embeddings are embeds [T, H]: (context +
+        identity) / sqrt(2), identity being the per-layer table row scaled by sqrt(P), context the
+        embedding projected, scaled by 1/sqrt(H) and RMS-normed per layer; rounded as Hugging Face does."""
+        cfg = self.config
+        T, L, P = token_ids.shape[0], cfg.num_layers, cfg.hidden_size_per_layer_input
+        w = self.embed_tokens_per_layer.weight
+        identity = w[token_ids.long()] * torch.tensor(math.sqrt(P), dtype=w.dtype, device=w.device)
+        context = self.per_layer_model_projection(embeds) * cfg.hidden_size ** -0.5
+        context = self.per_layer_projection_norm(context.view(T, L, P))
+        return (context + identity.view(T, L, P)) * 2.0 ** -0.5
+
     # ---- requests and cache ------------------------------------------------------------------
 
     def _ensure_caches(self) -> None:
         if self.caches:
             return
         for t, spec in self.config.attention.items():
-            n = sum(lt == t for lt in self.config.layer_types)
+            n = sum(lt == t for lt in self.config.layer_types[:self.config.first_kv_shared_layer])
             self.caches[t] = PagedKVCache(n, self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim,
                                           dtype=self.dtype, device=self.device, window=spec.window)
 
@@ -133,10 +251,10 @@ class Gemma4Target(nn.Module):
         del self.lengths[req]
 
     def kv_cache(self, layer_type: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(k_cache, v_cache) [num_blocks, block_size, Hkv, D] of the last layer of this type: what a
-        drafter layer of that type attends."""
+        """(k_cache, v_cache) [num_blocks, block_size, Hkv, D] of the last non-KV-shared layer of this type
+        (the K/V the KV-shared layers of the type attend too): what a drafter layer of that type attends."""
         self._ensure_caches()
-        layer = self.config.last_layer_of(layer_type)
+        layer = self.config.kv_layer_of(layer_type)
         if layer is None:
             raise ValueError(f"the target has no {layer_type} layer")
         c = self.caches[layer_type]
@@ -174,8 +292,10 @@ class Gemma4Target(nn.Module):
         pos = torch.cat(positions)
         counts = [len(t) for t in tokens]
         x = self.embed(ids)
+        ple = self.per_layer_inputs(ids, x) if cfg.hidden_size_per_layer_input else None
         for i, layer in enumerate(self.layers):
-            x = layer(x, lambda h, i=i: self._attention(i, h, pos, reqs, counts, trees))
+            x = layer(x, lambda h, i=i: self._attention(i, h, pos, reqs, counts, trees),
+                      None if ple is None else ple[:, i])
         hidden = self.norm(x)
         if last_only:
             ends = torch.tensor(counts, device=dev).cumsum(0) - 1
@@ -201,17 +321,22 @@ class Gemma4Target(nn.Module):
         inv_freq = getattr(self, f"{layer_type}_inv_freq")
         T, D = h.shape[0], attn.head_dim
         q = apply_rope(attn.q_norm(attn.q_proj(h).view(T, -1, D)), pos, inv_freq)
-        k_raw = attn.k_proj(h).view(T, -1, D)
-        v_raw = k_raw if attn.v_proj is None else attn.v_proj(h).view(T, -1, D)
-        k = apply_rope(attn.k_norm(k_raw), pos, inv_freq)
-        v = rms_norm(v_raw, None, cfg.rms_norm_eps)
+        if attn.kv_shared:
+            # the source layer (an earlier one) already wrote this forward's K/V to the shared slot
+            kv = [(None, None)] * len(reqs)
+        else:
+            k_raw = attn.k_proj(h).view(T, -1, D)
+            v_raw = k_raw if attn.v_proj is None else attn.v_proj(h).view(T, -1, D)
+            k = apply_rope(attn.k_norm(k_raw), pos, inv_freq)
+            v = rms_norm(v_raw, None, cfg.rms_norm_eps)
+            kv = list(zip(k.split(counts), v.split(counts)))
         group = attn.num_heads // attn.num_kv_heads
         outs = []
-        for b, (r, qb, kb, vb, pb) in enumerate(zip(reqs, q.split(counts), k.split(counts), v.split(counts),
-                                                    pos.split(counts))):
+        for b, (r, qb, (kb, vb), pb) in enumerate(zip(reqs, q.split(counts), kv, pos.split(counts))):
             L, n = self.lengths[r], counts[b]
             depth, anc = trees[b]
-            cache.write(slot, r, torch.arange(L, L + n, device=h.device), kb, vb)
+            if kb is not None:
+                cache.write(slot, r, torch.arange(L, L + n, device=h.device), kb, vb)
             lo = 0 if spec.window is None else max(0, L - spec.window + 1)
             keys_k, keys_v = cache.read(slot, r, torch.arange(lo, L + n, device=h.device))
             key_pos = torch.cat([torch.arange(lo, L, device=h.device), pb])
