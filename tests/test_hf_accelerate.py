@@ -63,10 +63,15 @@ def _counter(model, box):
     return model.register_forward_hook(lambda *a: box.__setitem__(0, box[0] + 1))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("family", ["centroid", "dense", "random_centroid"])
+@pytest.mark.parametrize("family, backend", [
+    (f, b) if (f, b) != ("random_centroid", "triton") else pytest.param(f, b, marks=pytest.mark.slow)
+    for f in ("centroid", "dense", "random_centroid") for b in BACKENDS])
 def test_generate_token_for_token(pairs, family, backend, one_thread):
     target, plain = pairs[family]
+    plain = copy.deepcopy(plain)
+    # 4 drafts a round, always (HF's default schedule starts at 20 and adapts): the interpreter's time
+    plain.generation_config.num_assistant_tokens = 4
+    plain.generation_config.num_assistant_tokens_schedule = "constant"
     fast = accelerate(copy.deepcopy(plain), backend=backend)
     g = torch.Generator().manual_seed(5)
     prompt = torch.randint(3, hf_tiny.VOCAB, (PROMPT_LEN,), generator=g)

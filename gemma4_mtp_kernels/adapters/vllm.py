@@ -234,7 +234,7 @@ def verify(draft_token_ids: torch.Tensor, num_draft_tokens: Sequence[int], logit
     parents = torch.arange(-1, N - 1, dtype=torch.int32, device=dev).expand(B, N).clone()
     root = torch.zeros(B, 1, dtype=draft_token_ids.dtype, device=dev)  # node 0's token is never read
     if all(n == N - 1 for n in counts):
-        target = logits.view(B, N, -1)
+        target = logits.reshape(B, N, -1)  # a view of vLLM's contiguous rows
         tokens = torch.cat([root, draft_token_ids.view(B, N - 1)], dim=1)
         probs = None
         if draft_probs is not None:  # node j holds the distribution draft j + 1 came from; the leaf's is unused
