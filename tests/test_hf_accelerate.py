@@ -30,12 +30,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @torch.no_grad()
 def recompute_greedy(model, prompt, n):
-    """Target-only greedy decoding, recomputing Hugging Face's forward over the whole sequence (no
-    cache). Local to this file; tests/hf_tiny.py is getting a shared helper (issue 10)."""
-    ids = prompt.clone()
-    for _ in range(n):
-        ids = torch.cat([ids, model(ids[None]).logits[0, -1].argmax()[None]])
-    return ids
+    """The prompt and its target-only greedy continuation, by recomputing Hugging Face's forward over
+    the whole sequence (hf_tiny.greedy_oracle): the sequence generate() returns."""
+    return torch.cat([prompt, hf_tiny.greedy_oracle(model, [prompt], n)[0]])
 
 
 @pytest.fixture(scope="module")
