@@ -173,11 +173,61 @@ def _tree_verify_scenarios() -> Iterator[Scenario]:
         yield Scenario(f"tree_verify {dname} B={B} N={N} {kind}", dname, call(dtype, B, N, kind))
 
 
+def _adapter_scenarios() -> Iterator[Scenario]:
+    """The layouts the engine adapters hand the ops: vLLM's layer caches (the 0.33 page layout and the
+    earlier [blocks, 2, bs, Hkv, D] one) through adapters.vllm.attention, and Hugging Face's [B, H, S, D]
+    shared K/V seen as pages of one entry plus its split `inputs_embeds` (gemma4_mtp.hf)."""
+    import types
+
+    from ..adapters import vllm
+
+    try:  # the decode-loop package ships beside the kernels; an install of the kernels alone lacks it
+        from gemma4_mtp import hf
+        from gemma4_mtp.config import FULL, SLIDING
+    except ImportError:
+        hf = None
+
+    def vllm_call(dtype, kv, B, Q, Hq, D, window, blocks):
+        return lambda: vllm.attention(_meta((B * Q, Hq * D), dtype), kv, _meta((B, blocks), torch.int32),
+                                      _meta((B,), torch.int32), num_heads=Hq, head_size=D, sliding_window=window,
+                                      queries_per_request=Q, backend="triton")
+
+    def hf_call(dtype, B, Hq, Hkv, D, S, layer, window):
+        def call():
+            paged = hf._paged_kv({layer: (_meta((B, Hkv, S, D), dtype), _meta((B, Hkv, S, D), dtype))}, layer, B,
+                                 None, types.SimpleNamespace(sliding_window=window), torch.device("meta"))
+            return g.q_only_paged_attention(_meta((B, 1, Hq, D), dtype), paged.k_cache, paged.v_cache,
+                                            paged.block_table, paged.seq_lens, window=None, backend="triton")
+        return call
+
+    for (dname, dtype), (name, d), layer in itertools.product(DTYPES.items(), DRAFTERS.items(), ("swa", "full")):
+        D, Hkv, Hq, bs = d[f"D_{layer}"], d[f"Hkv_{layer}"], d["Hq"], 16
+        window = d["window"] if layer == "swa" else None
+        for B, Q in itertools.product(BATCHES, (1, 4)):
+            blocks = 8192 // bs
+            for layout, kv in (("0.33", _meta((B * blocks, Hkv, bs, 2 * D), dtype)),
+                               ("blocks-2", _meta((B * blocks, 2, bs, Hkv, D), dtype))):
+                yield Scenario(f"vllm attention {dname} {name} {layer} B={B} Q={Q} layout {layout}", dname,
+                               vllm_call(dtype, kv, B, Q, Hq, D, window, blocks))
+        if hf is not None:
+            hf_layer = SLIDING if layer == "swa" else FULL
+            for S in (37, 2048):
+                yield Scenario(f"hf attention {dname} {name} {layer} S={S}", dname,
+                               hf_call(dtype, 1, Hq, Hkv, D, S, hf_layer, d["window"]))
+    for (dname, dtype), (name, d), T in itertools.product(DTYPES.items(), DRAFTERS.items(), (1, 7)):
+        flat = _meta((T, 2 * d["Hb"]), dtype)  # HF's concatenated inputs_embeds, split into row views
+        yield Scenario(f"hf pre-projection {dname} {name} T={T}", dname,
+                       lambda flat=flat, d=d, dtype=dtype, T=T: g.fused_concat_down_proj(
+                           torch.arange(T, device="meta"), flat[:, :d["Hb"]], flat[:, d["Hb"]:],
+                           _meta((d["Hd"], 2 * d["Hb"]), dtype), embed_scale=1.0, backend="triton"))
+
+
 def scenarios() -> Iterator[Scenario]:
     yield from _down_proj_scenarios()
     yield from _attention_scenarios()
     yield from _centroid_scenarios()
     yield from _tree_verify_scenarios()
+    yield from _adapter_scenarios()
 
 
 def launches(sms_counts=SMS) -> list[Launch]:
