@@ -139,8 +139,8 @@ G4_HD int follow_path(Node node, int N, int* accepted_nodes, int64_t* output_tok
 // The launch plan: each node's row of V logits is cut into chunks of `chunk` ids (one CTA each, a
 // multiple of `tile`, the ids a CTA loads in one batch), each chunk into `warps` granules (one warp
 // each) whose statistics the row's decision merges. Chunks are as long as up to `max_tiles` batches
-// while the grid still has about 8 CTAs per SM (two waves of 4): long chunks amortise a CTA's
-// reduction and counter, short ones fill the GPU for small batches.
+// while the grid still has about 8 CTAs per SM (between two and three waves of the 3 that fit): long
+// chunks amortise a CTA's counter round trips, short ones fill the GPU for small batches.
 struct TreePlan {
   int num_chunks;
   int64_t chunk;

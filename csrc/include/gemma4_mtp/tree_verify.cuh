@@ -1,7 +1,7 @@
 // tree_verify in one launch (SPEC §4.4).
 //
 // Work. Each node's row of V logits is cut into chunks (one CTA each) and each chunk into 8 granules
-// (one warp each, contiguous ids, coalesced 16-byte loads, two batches of 4 loads per lane in flight).
+// (one warp each, contiguous ids, coalesced 16-byte loads, batches of 4 loads per lane).
 // Phase A: every warp publishes its granule's statistics (greedy rows: first argmax; sampling rows:
 // max and sum of exp of logits / temperature); no block-wide reduction. The last CTA of a row (a
 // per-row counter) merges the granules and decides the row: the target's token t and the child the
@@ -48,8 +48,8 @@ namespace tree {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 // Vectors per lane per batch, and batches per chunk. Little's law: streaming at ~4.8 TB/s with
-// ~600 ns of DRAM latency needs ~2.9 MB in flight, ~22 KB per SM; a warp keeps up to two batches
-// (8 x 16 B per lane, 4 KB) in flight, a CTA 32 KB.
+// ~600 ns of DRAM latency needs ~2.9 MB in flight, ~22 KB per SM; a warp keeps a batch (4 x 16 B per
+// lane, 2 KB) in flight, a CTA 16 KB, the 3 CTAs of an SM 48 KB.
 constexpr int kLoads = 4;
 constexpr int kMaxTiles = 4;
 constexpr int kItems = 16;       // inverse-CDF passes: contiguous ids per thread
@@ -387,7 +387,11 @@ __device__ __forceinline__ GranuleStat granule_stats(const T* logits, int64_t g0
   const bool sampling = temp > 0.f;
   ArgMax am = argmax_identity();
   MaxSum ms = maxsum_identity();
-  Raw<T, VEC> cur[kLoads], nxt[kLoads];
+  Raw<T, VEC> cur[kLoads];
+  // One batch of kLoads independent 16-byte loads per lane, then its consumption: a second buffer
+  // (loads of the next batch in flight while consuming) needs 16 more registers, which costs the
+  // third CTA per SM (the loads of 24 warps in flight hide the latency better than 16 warps' double
+  // buffers, and the third CTA overlaps the others' counter tails).
   auto load = [&](Raw<T, VEC>(&r)[kLoads], int64_t base) {
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
@@ -415,16 +419,9 @@ __device__ __forceinline__ GranuleStat granule_stats(const T* logits, int64_t g0
       }
     }
   };
-  int64_t base = g0;
-  if (base < g1) load(cur, base);
-  for (; base < g1; base += kBatch) {
-    const bool more = base + kBatch < g1;
-    if (more) load(nxt, base + kBatch);
+  for (int64_t base = g0; base < g1; base += kBatch) {
+    load(cur, base);
     consume(cur, base);
-    if (more) {
-#pragma unroll
-      for (int l = 0; l < kLoads; ++l) cur[l] = nxt[l];
-    }
   }
   GranuleStat st;
   if (sampling) {
@@ -594,10 +591,15 @@ __device__ void decide(Row<T, Q>& r, bool used, Shared& sh) {
   finish_row(r, tok, next, sh);
 }
 
-// The explicit minimum of 2 CTAs per SM caps registers at 128 (4+ CTAs of phase A fit where the
-// kernel needs fewer; see csrc/README.md for the counts per variant).
+// 3 CTAs per SM (80 registers) for the 16-byte-load kernels of bf16/fp16 logits; the scalar-load
+// fallback and fp32 logits with draft probabilities spill there (nvcc 13.0, sm_80 / sm_90a) and get 2
+// (128 registers). Counts per variant: csrc/README.md.
 template <class T, class Q, int VEC>
-__global__ void __launch_bounds__(kThreads, 2) kernel(TreeVerifyParams p, Counters cnt, Scratch s) {
+constexpr int kMinCtasPerSm = (VEC == 1 || (!std::is_void_v<Q> && sizeof(T) == 4)) ? 2 : 3;
+
+template <class T, class Q, int VEC>
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<T, Q, VEC>) kernel(TreeVerifyParams p, Counters cnt,
+                                                                             Scratch s) {
   __shared__ Shared sh;
   constexpr bool kDraft = !std::is_void_v<Q>;
   const int S = p.num_chunks;
