@@ -49,10 +49,10 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 // Vectors per lane per batch, and batches per chunk. Little's law: streaming at ~4.8 TB/s with
 // ~600 ns of DRAM latency needs ~2.9 MB in flight, ~22 KB per SM; a warp keeps a batch (4 x 16 B per
-// lane, 2 KB) in flight, a CTA 16 KB, the 3 CTAs of an SM 48 KB.
+// lane, 2 KB) in flight, a CTA 16 KB, the 4 CTAs of an SM 64 KB (3 and 48 KB for draft launches).
 constexpr int kLoads = 4;
 constexpr int kMaxTiles = 4;
-constexpr int kItems = 16;       // inverse-CDF passes: contiguous ids per thread
+constexpr int kItems = 8;  // inverse-CDF passes: contiguous ids per thread (a granule of 1024-4096 ids: 1-2 passes)
 constexpr int kWindow = kThreads;  // walk: decisions staged in shared memory
 
 template <int VEC>
@@ -290,19 +290,18 @@ __device__ Crossing block_inverse_cdf(F weight, int begin, int end, double carry
 // ---------------------------------------------------------------- counters
 
 // Called by every thread after its stores: whether this CTA is the total-th to arrive at *counter
-// (which it then resets). Release: the barrier orders every thread's stores before thread 0's fence
-// and increment (cumulativity, as in cooperative groups' grid sync). Acquire: the last CTA's thread 0
-// fences after the increment that read total - 1, the end of a chain of increments containing every
-// other CTA's release, and the barrier passes that on; readers use L2 (.cg) loads.
+// (which it then resets). Release: the barrier orders every thread's stores before thread 0's
+// acq_rel increment (cumulativity, as in cooperative groups' grid sync). Acquire: the increment that
+// reads total - 1 reads the end of a chain of increments containing every other CTA's release, and
+// the barrier passes that on; readers use L2 (.cg) loads. An acq_rel RMW is a MEMBAR.ALL.GPU before
+// the atomic (sm_90a SASS), not the MEMBAR.SC.GPU of __threadfence(). The reset is relaxed: every
+// other increment of this launch came before it, and the next launch starts after this one ends.
 __device__ __forceinline__ bool block_arrive_last(int* counter, int total, Shared& sh) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
-    const bool last = atomicAdd(counter, 1) == total - 1;
-    if (last) {
-      *counter = 0;  // every other increment of this launch came before: the next launch starts at 0
-      __threadfence();
-    }
+    cuda::atomic_ref<int, cuda::thread_scope_device> c(*counter);
+    const bool last = c.fetch_add(1, cuda::memory_order_acq_rel) == total - 1;
+    if (last) c.store(0, cuda::memory_order_relaxed);
     sh.flag = last;
   }
   __syncthreads();
@@ -337,13 +336,20 @@ struct Row {
   Scratch s;
   int row, b, u;
   float temp;  // > 0: a sampling row
-  const T* logits;
-  const QElem* q;  // draft launches
-  GranuleStat* stats;
-  float* residual;
   // this thread's candidate child u + 1 + threadIdx.x, loaded at the start (off the critical path)
   int cand_parent;
   int64_t cand_draft;
+
+  // Row pointers are recomputed from the parameters where used rather than kept in registers
+  // across the streaming loops (the draft kernels spilled at 80 registers otherwise).
+  __device__ const T* logits() const {
+    return static_cast<const T*>(p.logits) + b * p.logits_stride[0] + u * p.logits_stride[1];
+  }
+  __device__ const QElem* q() const {
+    return static_cast<const QElem*>(p.draft_probs) + b * p.draft_probs_stride[0] + u * p.draft_probs_stride[1];
+  }
+  __device__ GranuleStat* stats() const { return s.stats + static_cast<int64_t>(row) * p.granules; }
+  __device__ float* residual() const { return s.residual + static_cast<int64_t>(row) * p.granules; }
 
   __device__ int64_t draft_token(int c) const {
     const int64_t i = static_cast<int64_t>(b) * p.N + c;
@@ -376,7 +382,7 @@ struct Row {
     best = block_extreme(best, true, sh);
     return best == kNoIndex ? kNoNode : best;
   }
-  __device__ float prob(int i, float m, float z) const { return expf(load1(logits + i) / temp - m) / z; }
+  __device__ float prob(int i, float m, float z) const { return expf(load1(logits() + i) / temp - m) / z; }
 };
 
 // Phase A, one warp: statistics of ids [g0, g1) of the row.
@@ -389,9 +395,9 @@ __device__ __forceinline__ GranuleStat granule_stats(const T* logits, int64_t g0
   MaxSum ms = maxsum_identity();
   Raw<T, VEC> cur[kLoads];
   // One batch of kLoads independent 16-byte loads per lane, then its consumption: a second buffer
-  // (loads of the next batch in flight while consuming) needs 16 more registers, which costs the
-  // third CTA per SM (the loads of 24 warps in flight hide the latency better than 16 warps' double
-  // buffers, and the third CTA overlaps the others' counter tails).
+  // (loads of the next batch in flight while consuming) needs 16 more registers, which costs a CTA
+  // per SM (the loads of 32 warps in flight hide the latency better than 24 warps' double buffers,
+  // and the extra CTA overlaps the others' counter tails).
   auto load = [&](Raw<T, VEC>(&r)[kLoads], int64_t base) {
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
@@ -432,25 +438,29 @@ __device__ __forceinline__ GranuleStat granule_stats(const T* logits, int64_t g0
   return st;
 }
 
-// Phase B, one warp: sum of max(p - q, 0) over ids [g0, g1) of the row.
+// Phase B, one warp: sum of max(p - q, 0) over ids [g0, g1) of the row. Batches of half as many
+// logit vectors, each with its q vector(s): the same bytes in flight per lane as phase A for bf16 q.
 template <class T, class Q, int VEC>
 __device__ __forceinline__ float granule_residual(const Row<T, Q>& r, int64_t g0, int64_t g1, float m, float z) {
   const int lane = threadIdx.x & 31;
   constexpr int64_t kStep = 32 * VEC;
+  constexpr int kPairs = kLoads / 2;
+  const T* logits = r.logits();
+  const Q* q = r.q();
   float acc = 0.f;
-  for (int64_t base = g0; base < g1; base += kStep * kLoads) {
-    Raw<T, VEC> x[kLoads];
-    Raw<Q, VEC> qv[kLoads];
+  for (int64_t base = g0; base < g1; base += kStep * kPairs) {
+    Raw<T, VEC> x[kPairs];
+    Raw<Q, VEC> qv[kPairs];
 #pragma unroll
-    for (int l = 0; l < kLoads; ++l) {
+    for (int l = 0; l < kPairs; ++l) {
       const int64_t i = base + l * kStep + lane * VEC;
       if (i < g1) {
-        load_raw<T, VEC>(r.logits + i, x[l]);
-        load_raw<Q, VEC>(r.q + i, qv[l]);
+        load_raw<T, VEC>(logits + i, x[l]);
+        load_raw<Q, VEC>(q + i, qv[l]);
       }
     }
 #pragma unroll
-    for (int l = 0; l < kLoads; ++l) {
+    for (int l = 0; l < kPairs; ++l) {
       const int64_t i = base + l * kStep + lane * VEC;
       if (i < g1) {
         float xf[VEC], qf[VEC];
@@ -469,7 +479,7 @@ __device__ __forceinline__ float granule_residual(const Row<T, Q>& r, int64_t g0
 template <class T, class Q>
 __device__ int sample_p(const Row<T, Q>& r, float m, float z, double uni, Shared& sh) {
   const int G = r.p.granules;
-  const GranuleStat* stats = r.stats;
+  const GranuleStat* stats = r.stats();
   const Crossing g = block_inverse_cdf(
       [&](int k) {
         const float gm = __ldcg(&stats[k].ms.m), gs = __ldcg(&stats[k].ms.s);
@@ -489,14 +499,14 @@ __device__ int sample_p(const Row<T, Q>& r, float m, float z, double uni, Shared
 // The same for the residual max(p - q, 0), whose granule sums phase B left in r.residual.
 template <class T, class Q>
 __device__ int sample_residual(const Row<T, Q>& r, float m, float z, float total, double uni, Shared& sh) {
-  const float* res = r.residual;
+  const float* res = r.residual();
   const Crossing g = block_inverse_cdf([&](int k) { return __ldcg(&res[k]) / total; }, 0, r.p.granules, 0.0, uni, sh);
   if (g.index < 0) return kNoToken;
   const int64_t lo = static_cast<int64_t>(g.index) * r.p.granule;
   const int hi = static_cast<int>(min64(r.p.V, lo + r.p.granule));
   const double target = g.crossed ? uni : INFINITY;
   const Crossing t = block_inverse_cdf(
-      [&](int i) { return fmaxf(r.prob(i, m, z) - load1(r.q + i), 0.f) / total; }, static_cast<int>(lo), hi, g.before,
+      [&](int i) { return fmaxf(r.prob(i, m, z) - load1(r.q() + i), 0.f) / total; }, static_cast<int>(lo), hi, g.before,
       target, sh);
   return t.index;
 }
@@ -539,16 +549,18 @@ __device__ void decide(Row<T, Q>& r, bool used, Shared& sh) {
   if (used) {
     const int G = r.p.granules;
     if (!(r.temp > 0.f)) {  // greedy: the first maximum over the granules
+      const GranuleStat* stats = r.stats();
       ArgMax am = argmax_identity();
       for (int k = threadIdx.x; k < G; k += kThreads)
-        am = argmax_merge(am, ArgMax{__ldcg(&r.stats[k].am.value), __ldcg(&r.stats[k].am.index)});
+        am = argmax_merge(am, ArgMax{__ldcg(&stats[k].am.value), __ldcg(&stats[k].am.index)});
       tok = block_argmax(am, sh).index;
       const int t = tok;
       next = r.find_child([&](int par, int64_t dr) { return token_accepts(par, dr, r.u, t); }, sh);
     } else {
+      const GranuleStat* stats = r.stats();
       MaxSum ms = maxsum_identity();
       for (int k = threadIdx.x; k < G; k += kThreads)
-        ms = maxsum_merge(ms, MaxSum{__ldcg(&r.stats[k].ms.m), __ldcg(&r.stats[k].ms.s)});
+        ms = maxsum_merge(ms, MaxSum{__ldcg(&stats[k].ms.m), __ldcg(&stats[k].ms.s)});
       ms = block_maxsum(ms, sh);
       m = ms.m;
       z = ms.s;
@@ -563,7 +575,7 @@ __device__ void decide(Row<T, Q>& r, bool used, Shared& sh) {
           const int64_t x = r.draft_token(child);
           bool accept = false;
           if (x >= 0 && x < r.p.V) {  // an unchecked bad draft token is rejected, never read
-            const float qx = load1(r.q + x);
+            const float qx = load1(r.q() + x);
             accept = qx > 0.f && uni[0] < r.prob(static_cast<int>(x), m, z) / qx;
           }
           if (accept) {
@@ -591,15 +603,14 @@ __device__ void decide(Row<T, Q>& r, bool used, Shared& sh) {
   finish_row(r, tok, next, sh);
 }
 
-// 3 CTAs per SM (80 registers) for the 16-byte-load kernels of bf16/fp16 logits; the scalar-load
-// fallback and fp32 logits with draft probabilities spill there (nvcc 13.0, sm_80 / sm_90a) and get 2
-// (128 registers). Counts per variant: csrc/README.md.
+// CTAs per SM the register cap guarantees: 4 (64 registers) for the 16-byte-load kernels of bf16 /
+// fp16 logits without draft probabilities (greedy and sampling rows), 3 (80) for the others, which
+// spill at 64 (nvcc 13.0, sm_80 / sm_90a; counts per variant in csrc/README.md).
 template <class T, class Q, int VEC>
-constexpr int kMinCtasPerSm = (VEC == 1 || (!std::is_void_v<Q> && sizeof(T) == 4)) ? 2 : 3;
+constexpr int kMinCtasPerSm = (std::is_void_v<Q> && sizeof(T) == 2 && VEC > 1) ? 4 : 3;
 
 template <class T, class Q, int VEC>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<T, Q, VEC>) kernel(TreeVerifyParams p, Counters cnt,
-                                                                             Scratch s) {
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<T, Q, VEC>) kernel(TreeVerifyParams p, Counters cnt, Scratch s) {
   __shared__ Shared sh;
   constexpr bool kDraft = !std::is_void_v<Q>;
   const int S = p.num_chunks;
@@ -616,13 +627,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<T, Q, VEC>) kernel(Tre
   const int row = item / S, chunk = item % S;
   const int b = row / p.N, u = row % p.N;
   const int64_t row64 = row;
-  Row<T, Q> r{p, cnt, s, row, b, u, 0.f, nullptr, nullptr, nullptr, nullptr, 0, 0};
-  r.temp = p.temperature != nullptr ? p.temperature[b] : 0.f;
-  r.logits = static_cast<const T*>(p.logits) + b * p.logits_stride[0] + u * p.logits_stride[1];
-  if constexpr (kDraft)
-    r.q = static_cast<const Q*>(p.draft_probs) + b * p.draft_probs_stride[0] + u * p.draft_probs_stride[1];
-  r.stats = s.stats + row64 * p.granules;
-  r.residual = s.residual + row64 * p.granules;
+  Row<T, Q> r{p, cnt, s, row, b, u, p.temperature != nullptr ? p.temperature[b] : 0.f, 0, 0};
   const int warp = threadIdx.x >> 5;
   const int64_t g = static_cast<int64_t>(chunk) * kWarps + warp;  // this warp's granule
   const int64_t g0 = min64(p.V, g * p.granule), g1 = min64(p.V, g0 + p.granule);
@@ -630,8 +635,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<T, Q, VEC>) kernel(Tre
   if (!phase_b) {
     const bool used = u == 0 || p.parents[row64] >= 0;  // padding slots are never visited by the walk
     r.load_candidate(u + 1 + threadIdx.x);
-    const GranuleStat st = granule_stats<T, VEC>(r.logits, g0, g1, r.temp);
-    if ((threadIdx.x & 31) == 0) r.stats[g] = st;
+    const GranuleStat st = granule_stats<T, VEC>(r.logits(), g0, g1, r.temp);
+    if ((threadIdx.x & 31) == 0) r.stats()[g] = st;
     if (block_arrive_last(&cnt.row_a[row], S, sh)) decide(r, used, sh);
     return;
   }
@@ -642,13 +647,14 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<T, Q, VEC>) kernel(Tre
       m = __ldcg(&s.dec[row].m);
       z = __ldcg(&s.dec[row].z);
       const float res = granule_residual<T, Q, VEC>(r, g0, g1, m, z);
-      if ((threadIdx.x & 31) == 0) r.residual[g] = res;
+      if ((threadIdx.x & 31) == 0) r.residual()[g] = res;
     }
     if (!block_arrive_last(&cnt.row_b[row], S, sh)) return;
     if (threadIdx.x == 0) cnt.state[row] = kPending;  // every phase B CTA of the row has read it
     if (state != kResidual) return;  // final since phase A
     double part = 0.0;
-    for (int k = threadIdx.x; k < p.granules; k += kThreads) part += __ldcg(&r.residual[k]);
+    const float* res = r.residual();
+    for (int k = threadIdx.x; k < p.granules; k += kThreads) part += __ldcg(&res[k]);
     const float total = static_cast<float>(block_sum(part, sh));
     const float* uni = p.uniforms + row64 * 2;
     // p == q leaves no residual (rejection is then impossible in exact arithmetic): sample from p
