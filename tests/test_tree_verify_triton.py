@@ -128,6 +128,8 @@ def test_single_node_and_padding_only():
 
 def test_chunk_size_fills_the_gpu():
     assert triton.cdiv(262144, chunk_size(8, 262144, 132)) * 8 >= 4 * 132  # B = 1, N = 8
+    assert triton.cdiv(262144, chunk_size(40, 262144, 132)) * 40 >= tv.PROGRAMS_PER_SM * 132  # B = 8, N = 5
+    assert chunk_size(320, 262144, 132) == tv.MAX_CHUNK  # B = 64: long programs, still > 12 per SM
     assert chunk_size(1, 100, 132) == BLOCK
 
 

@@ -334,9 +334,15 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
     return fresh
 
 
+# Programs per SM a launch should have at least: a step's loads are not pipelined, so each program
+# keeps one step (4 KB of bf16) in flight; greedy programs (40 registers, 4 warps) fit 12 per SM,
+# ~48 KB in flight, enough for the copy bandwidth.
+PROGRAMS_PER_SM = 12
+
+
 def chunk_size(rows: int, V: int, sms: int) -> int:
-    """Ids per program: >= 4 programs per SM over the whole batch, 1..16 K-element vector steps."""
-    want = rows * V // (4 * sms)
+    """Ids per program: >= PROGRAMS_PER_SM programs per SM over the whole batch, 1..8 steps."""
+    want = rows * V // (PROGRAMS_PER_SM * sms)
     return min(MAX_CHUNK, max(BLOCK, want // BLOCK * BLOCK))
 
 
