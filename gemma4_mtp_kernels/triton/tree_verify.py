@@ -371,7 +371,7 @@ def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, unifo
     garg = torch.empty(rows, G, dtype=torch.int32, device=dev)
     decision = torch.empty(rows, 2, dtype=torch.int32, device=dev)  # (token, next child or -1)
     has_temp = temperature is not None and uniforms is not None  # validation: else every row is greedy
-    has_draft = draft_probs is not None
+    has_draft = draft_probs is not None and has_temp  # only sampling rows read q (no launch without uniforms)
     # draft launches: residual mass per granule, and each row's (max, normaliser) for phase B
     gres = torch.empty_like(gmax) if has_draft else None
     mz = torch.empty(rows, 2, dtype=torch.float32, device=dev) if has_draft else None
