@@ -7,7 +7,7 @@
 // per-row counter) merges the granules and decides the row: the target's token t and the child the
 // walk continues to (lowest-index child holding t; with draft probabilities the chain child when
 // u0 < p(x) / q(x)). Sampling locates the inverse-CDF crossing granule from the granule masses and
-// rescans only that granule (<= 4096 ids, one pass of the block). The last row of a request to be
+// rescans only that granule (<= 4096 ids, one or two passes of the block). The last row of a request to be
 // decided (a per-request counter) walks that request's decisions and writes its outputs, so requests
 // finish independently.
 //
@@ -27,8 +27,8 @@
 // CTA that consumes it last, so launches need no memset and replay in CUDA graphs. Two launches
 // sharing the buffer must not overlap in time.
 //
-// Cost (bf16, V = 262144): phase A reads B * N * V * 2 bytes once; phase B reads q once and the
-// logits a second time (mostly from L2: the row was read a few microseconds before). Padding rows are
+// Cost (bf16, V = 262144): phase A reads B * N * V * 2 bytes once; phase B reads the q of rejected
+// rows once and their logits a second time (mostly from L2: the row was read microseconds before). Padding rows are
 // read like the others: gating a CTA's loads on parents[u] would put a dependent DRAM round trip in
 // front of every load. No fast-math: sampling decisions must match the reference's rules.
 #pragma once
@@ -49,7 +49,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 // Vectors per lane per batch, and batches per chunk. Little's law: streaming at ~4.8 TB/s with
 // ~600 ns of DRAM latency needs ~2.9 MB in flight, ~22 KB per SM; a warp keeps a batch (4 x 16 B per
-// lane, 2 KB) in flight, a CTA 16 KB, the 4 CTAs of an SM 64 KB (3 and 48 KB for draft launches).
+// lane, 2 KB) in flight, a CTA 16 KB, an SM 80 / 48 / 32 KB (5 / 3 / 2 CTAs, see kMinCtasPerSm).
 constexpr int kLoads = 4;
 constexpr int kMaxTiles = 4;
 constexpr int kItems = 8;  // inverse-CDF passes: contiguous ids per thread (a granule of 1024-4096 ids: 1-2 passes)
@@ -255,20 +255,26 @@ struct Crossing {
 
 // The reference's inverse CDF over [begin, end) starting at cumulative weight `carry`: the first
 // index whose cumulative weight (summed in double) exceeds target, else the last index with nonzero
-// weight. weight(i) gives the fp32 weight of index i. Tiles of kThreads x kItems are scanned in
-// order (one for a granule); within a tile each thread owns kItems consecutive indices.
-template <class F>
-__device__ Crossing block_inverse_cdf(F weight, int begin, int end, double carry, double target, Shared& sh) {
+// weight. load(i) reads what index i's fp32 weight is computed from (a float2), weight(v) computes
+// it: all of a thread's loads are issued before any weight (with the load and the computation in one
+// conditional call, ptxas issued one L2 round trip after another). Tiles of kThreads x kItems are
+// scanned in order (one or two for a granule); within a tile each thread owns kItems consecutive
+// indices.
+template <class L, class W>
+__device__ Crossing block_inverse_cdf(L load, W weight, int begin, int end, double carry, double target, Shared& sh) {
   constexpr int kTileIds = kThreads * kItems;
   int last_pos = -1;
   for (int base = begin; base < end; base += kTileIds) {
     const int i0 = base + threadIdx.x * kItems;
+    float2 v[kItems];
+#pragma unroll
+    for (int e = 0; e < kItems; ++e) v[e] = i0 + e < end ? load(i0 + e) : float2{0.f, 0.f};
     float w[kItems];
     double tsum = 0.0;
 #pragma unroll
     for (int e = 0; e < kItems; ++e) {
       const int i = i0 + e;
-      w[e] = i < end ? weight(i) : 0.f;
+      w[e] = i < end ? weight(v[e]) : 0.f;
       tsum += static_cast<double>(w[e]);
       if (w[e] > 0.f) last_pos = i;
     }
@@ -293,8 +299,11 @@ __device__ Crossing block_inverse_cdf(F weight, int begin, int end, double carry
 // (which it then resets). Release: the barrier orders every thread's stores before thread 0's
 // acq_rel increment (cumulativity, as in cooperative groups' grid sync). Acquire: the increment that
 // reads total - 1 reads the end of a chain of increments containing every other CTA's release, and
-// the barrier passes that on; readers use L2 (.cg) loads. An acq_rel RMW is a MEMBAR.ALL.GPU before
-// the atomic (sm_90a SASS), not the MEMBAR.SC.GPU of __threadfence(). The reset is relaxed: every
+// the barrier passes that on to the other threads, whose later plain loads of the published values
+// are then ordered after it (no data race). In sm_90a SASS an acq_rel RMW is MEMBAR.ALL.GPU, the
+// atomic, then CCTL.IVALL, which invalidates the SM's L1, so those loads go to L2 (and, being plain
+// rather than .cg, which ptxas emits as strong loads it does not batch, they are issued together).
+// MEMBAR.ALL.GPU is cheaper than the MEMBAR.SC.GPU of __threadfence(). The reset is relaxed: every
 // other increment of this launch came before it, and the next launch starts after this one ends.
 __device__ __forceinline__ bool block_arrive_last(int* counter, int total, Shared& sh) {
   __syncthreads();
@@ -326,11 +335,20 @@ __device__ __forceinline__ int wait_state(int* state, Shared& sh) {
 
 // ---------------------------------------------------------------- one launch
 
-// One CTA's row: its node, pointers and the candidate children it prefetched. Q is void without
-// draft probabilities.
+// The launch's kind, the kernel's second template parameter: GreedyOnly (no temperatures), void
+// (greedy and sampling rows, no draft probabilities), or the element type of draft_probs. Greedy-only
+// launches compile without the sampling code (fewer registers, more CTAs per SM).
+struct GreedyOnly {};
+
+template <class Q>
+constexpr bool kSamples = !std::is_same_v<Q, GreedyOnly>;
+template <class Q>
+constexpr bool kDrafts = kSamples<Q> && !std::is_void_v<Q>;
+
+// One CTA's row: its node, pointers and the candidate children it prefetched.
 template <class T, class Q>
 struct Row {
-  using QElem = std::conditional_t<std::is_void_v<Q>, float, Q>;
+  using QElem = std::conditional_t<kDrafts<Q>, Q, float>;
   TreeVerifyParams p;
   Counters cnt;
   Scratch s;
@@ -382,22 +400,23 @@ struct Row {
     best = block_extreme(best, true, sh);
     return best == kNoIndex ? kNoNode : best;
   }
-  __device__ float prob(int i, float m, float z) const { return expf(load1(logits() + i) / temp - m) / z; }
+  // p of a logit x (the same operations as phase B's residual pass)
+  __device__ float prob(float x, float m, float z) const { return expf(x / temp - m) / z; }
 };
 
 // Phase A, one warp: statistics of ids [g0, g1) of the row.
-template <class T, int VEC>
+template <class T, int VEC, bool SAMPLES>
 __device__ __forceinline__ GranuleStat granule_stats(const T* logits, int64_t g0, int64_t g1, float temp) {
   const int lane = threadIdx.x & 31;
   constexpr int64_t kStep = 32 * VEC, kBatch = kStep * kLoads;
-  const bool sampling = temp > 0.f;
+  const bool sampling = SAMPLES && temp > 0.f;
   ArgMax am = argmax_identity();
   MaxSum ms = maxsum_identity();
   Raw<T, VEC> cur[kLoads];
   // One batch of kLoads independent 16-byte loads per lane, then its consumption: a second buffer
   // (loads of the next batch in flight while consuming) needs 16 more registers, which costs a CTA
-  // per SM (the loads of 32 warps in flight hide the latency better than 24 warps' double buffers,
-  // and the extra CTA overlaps the others' counter tails).
+  // per SM (more warps with one batch each hide the latency as well, and the extra CTA overlaps the
+  // others' counter tails).
   auto load = [&](Raw<T, VEC>(&r)[kLoads], int64_t base) {
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
@@ -467,7 +486,7 @@ __device__ __forceinline__ float granule_residual(const Row<T, Q>& r, int64_t g0
         raw_floats<T, VEC>(x[l], xf);
         raw_floats<Q, VEC>(qv[l], qf);
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) acc += fmaxf(expf(xf[e] / r.temp - m) / z - qf[e], 0.f);
+        for (int e = 0; e < VEC; ++e) acc += fmaxf(r.prob(xf[e], m, z) - qf[e], 0.f);
       }
     }
   }
@@ -478,36 +497,40 @@ __device__ __forceinline__ float granule_residual(const Row<T, Q>& r, int64_t g0
 // the crossing granule from the granule masses, then the crossing id inside it.
 template <class T, class Q>
 __device__ int sample_p(const Row<T, Q>& r, float m, float z, double uni, Shared& sh) {
-  const int G = r.p.granules;
   const GranuleStat* stats = r.stats();
   const Crossing g = block_inverse_cdf(
       [&](int k) {
-        const float gm = __ldcg(&stats[k].ms.m), gs = __ldcg(&stats[k].ms.s);
-        return gs > 0.f ? gs * expf(gm - m) / z : 0.f;
+        const MaxSum st = stats[k].ms;
+        return float2{st.m, st.s};
       },
-      0, G, 0.0, uni, sh);
+      [&](float2 st) { return st.y > 0.f ? st.y * expf(st.x - m) / z : 0.f; }, 0, r.p.granules, 0.0, uni, sh);
   if (g.index < 0) return kNoToken;
   const int64_t lo = static_cast<int64_t>(g.index) * r.p.granule;
   const int hi = static_cast<int>(min64(r.p.V, lo + r.p.granule));
   // no crossing among the granules (rounding left the total at or below uni): the last id with mass
   const double target = g.crossed ? uni : INFINITY;
-  const Crossing t = block_inverse_cdf([&](int i) { return r.prob(i, m, z); }, static_cast<int>(lo), hi, g.before,
-                                       target, sh);
+  const T* logits = r.logits();
+  const Crossing t = block_inverse_cdf([&](int i) { return float2{load1(logits + i), 0.f}; },
+                                       [&](float2 v) { return r.prob(v.x, m, z); }, static_cast<int>(lo), hi,
+                                       g.before, target, sh);
   return t.index;
 }
 
-// The same for the residual max(p - q, 0), whose granule sums phase B left in r.residual.
+// The same for the residual max(p - q, 0), whose granule sums phase B left in r.residual().
 template <class T, class Q>
 __device__ int sample_residual(const Row<T, Q>& r, float m, float z, float total, double uni, Shared& sh) {
   const float* res = r.residual();
-  const Crossing g = block_inverse_cdf([&](int k) { return __ldcg(&res[k]) / total; }, 0, r.p.granules, 0.0, uni, sh);
+  const Crossing g = block_inverse_cdf([&](int k) { return float2{res[k], 0.f}; },
+                                       [&](float2 v) { return v.x / total; }, 0, r.p.granules, 0.0, uni, sh);
   if (g.index < 0) return kNoToken;
   const int64_t lo = static_cast<int64_t>(g.index) * r.p.granule;
   const int hi = static_cast<int>(min64(r.p.V, lo + r.p.granule));
   const double target = g.crossed ? uni : INFINITY;
-  const Crossing t = block_inverse_cdf(
-      [&](int i) { return fmaxf(r.prob(i, m, z) - load1(r.q() + i), 0.f) / total; }, static_cast<int>(lo), hi, g.before,
-      target, sh);
+  const T* logits = r.logits();
+  const Q* q = r.q();
+  const Crossing t = block_inverse_cdf([&](int i) { return float2{load1(logits + i), load1(q + i)}; },
+                                       [&](float2 v) { return fmaxf(r.prob(v.x, m, z) - v.y, 0.f) / total; },
+                                       static_cast<int>(lo), hi, g.before, target, sh);
   return t.index;
 }
 
@@ -516,14 +539,14 @@ __device__ void walk(const TreeVerifyParams& p, const Decision* dec, int b, Shar
   const int N = p.N;
   const Decision* d = dec + static_cast<int64_t>(b) * N;
   for (int i = threadIdx.x; i < N && i < kWindow; i += kThreads) {
-    sh.tok[i] = __ldcg(&d[i].tok);
-    sh.next[i] = __ldcg(&d[i].next);
+    sh.tok[i] = d[i].tok;
+    sh.next[i] = d[i].next;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
     auto node = [&](int u, int64_t* tok, int* next) {
-      *tok = u < kWindow ? sh.tok[u] : __ldcg(&d[u].tok);
-      *next = u < kWindow ? sh.next[u] : __ldcg(&d[u].next);
+      *tok = u < kWindow ? sh.tok[u] : d[u].tok;
+      *next = u < kWindow ? sh.next[u] : d[u].next;
     };
     const int64_t off = static_cast<int64_t>(b) * N;
     p.accept_len[b] = follow_path(node, N, p.accepted_nodes + off, p.output_tokens + off, p.last_node + b);
@@ -543,24 +566,24 @@ __device__ void finish_row(const Row<T, Q>& r, int tok, int next, Shared& sh) {
 // The row's decision from its granule statistics, by its last phase A CTA.
 template <class T, class Q>
 __device__ void decide(Row<T, Q>& r, bool used, Shared& sh) {
-  constexpr bool kDraft = !std::is_void_v<Q>;
+  constexpr bool kDraft = kDrafts<Q>;
   int tok = kNoToken, next = kNoNode, state = kFinal;
   float m = 0.f, z = 0.f;
   if (used) {
     const int G = r.p.granules;
-    if (!(r.temp > 0.f)) {  // greedy: the first maximum over the granules
+    if (!kSamples<Q> || !(r.temp > 0.f)) {  // greedy: the first maximum over the granules
       const GranuleStat* stats = r.stats();
       ArgMax am = argmax_identity();
       for (int k = threadIdx.x; k < G; k += kThreads)
-        am = argmax_merge(am, ArgMax{__ldcg(&stats[k].am.value), __ldcg(&stats[k].am.index)});
+        am = argmax_merge(am, stats[k].am);
       tok = block_argmax(am, sh).index;
       const int t = tok;
       next = r.find_child([&](int par, int64_t dr) { return token_accepts(par, dr, r.u, t); }, sh);
-    } else {
+    } else if constexpr (kSamples<Q>) {
       const GranuleStat* stats = r.stats();
       MaxSum ms = maxsum_identity();
       for (int k = threadIdx.x; k < G; k += kThreads)
-        ms = maxsum_merge(ms, MaxSum{__ldcg(&stats[k].ms.m), __ldcg(&stats[k].ms.s)});
+        ms = maxsum_merge(ms, stats[k].ms);
       ms = block_maxsum(ms, sh);
       m = ms.m;
       z = ms.s;
@@ -576,7 +599,7 @@ __device__ void decide(Row<T, Q>& r, bool used, Shared& sh) {
           bool accept = false;
           if (x >= 0 && x < r.p.V) {  // an unchecked bad draft token is rejected, never read
             const float qx = load1(r.q() + x);
-            accept = qx > 0.f && uni[0] < r.prob(static_cast<int>(x), m, z) / qx;
+            accept = qx > 0.f && uni[0] < r.prob(load1(r.logits() + x), m, z) / qx;
           }
           if (accept) {
             tok = static_cast<int>(x);
@@ -603,16 +626,17 @@ __device__ void decide(Row<T, Q>& r, bool used, Shared& sh) {
   finish_row(r, tok, next, sh);
 }
 
-// CTAs per SM the register cap guarantees: 4 (64 registers) for the 16-byte-load kernels of bf16 /
-// fp16 logits without draft probabilities (greedy and sampling rows), 3 (80) for the others, which
-// spill at 64 (nvcc 13.0, sm_80 / sm_90a; counts per variant in csrc/README.md).
-template <class T, class Q, int VEC>
-constexpr int kMinCtasPerSm = (std::is_void_v<Q> && sizeof(T) == 2 && VEC > 1) ? 4 : 3;
+// CTAs per SM the register cap guarantees (ptxas then fits every variant without spilling, nvcc 13.0,
+// sm_80 / sm_90a; counts per variant in csrc/README.md): greedy-only launches need ~48 registers and
+// get 5 CTAs (51 registers at most); sampling launches 3 (80); draft launches, whose phase B and
+// residual sampling add live state, 2 (128: at 80 they spilled a few bytes, variant by variant).
+template <class Q>
+constexpr int kMinCtasPerSm = !kSamples<Q> ? 5 : (kDrafts<Q> ? 2 : 3);
 
 template <class T, class Q, int VEC>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<T, Q, VEC>) kernel(TreeVerifyParams p, Counters cnt, Scratch s) {
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<Q>) kernel(TreeVerifyParams p, Counters cnt, Scratch s) {
   __shared__ Shared sh;
-  constexpr bool kDraft = !std::is_void_v<Q>;
+  constexpr bool kDraft = kDrafts<Q>;
   const int S = p.num_chunks;
   const int items = p.B * p.N * S;
   int item = static_cast<int>(blockIdx.x);
@@ -627,7 +651,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<T, Q, VEC>) kernel(Tre
   const int row = item / S, chunk = item % S;
   const int b = row / p.N, u = row % p.N;
   const int64_t row64 = row;
-  Row<T, Q> r{p, cnt, s, row, b, u, p.temperature != nullptr ? p.temperature[b] : 0.f, 0, 0};
+  Row<T, Q> r{p, cnt, s, row, b, u, kSamples<Q> ? p.temperature[b] : 0.f, 0, 0};
   const int warp = threadIdx.x >> 5;
   const int64_t g = static_cast<int64_t>(chunk) * kWarps + warp;  // this warp's granule
   const int64_t g0 = min64(p.V, g * p.granule), g1 = min64(p.V, g0 + p.granule);
@@ -635,7 +659,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<T, Q, VEC>) kernel(Tre
   if (!phase_b) {
     const bool used = u == 0 || p.parents[row64] >= 0;  // padding slots are never visited by the walk
     r.load_candidate(u + 1 + threadIdx.x);
-    const GranuleStat st = granule_stats<T, VEC>(r.logits(), g0, g1, r.temp);
+    const GranuleStat st = granule_stats<T, VEC, kSamples<Q>>(r.logits(), g0, g1, r.temp);
     if ((threadIdx.x & 31) == 0) r.stats()[g] = st;
     if (block_arrive_last(&cnt.row_a[row], S, sh)) decide(r, used, sh);
     return;
@@ -644,8 +668,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<T, Q, VEC>) kernel(Tre
     const int state = wait_state(&cnt.state[row], sh);
     float m = 0.f, z = 0.f;
     if (state == kResidual) {
-      m = __ldcg(&s.dec[row].m);
-      z = __ldcg(&s.dec[row].z);
+      m = s.dec[row].m;
+      z = s.dec[row].z;
       const float res = granule_residual<T, Q, VEC>(r, g0, g1, m, z);
       if ((threadIdx.x & 31) == 0) r.residual()[g] = res;
     }
@@ -654,7 +678,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<T, Q, VEC>) kernel(Tre
     if (state != kResidual) return;  // final since phase A
     double part = 0.0;
     const float* res = r.residual();
-    for (int k = threadIdx.x; k < p.granules; k += kThreads) part += __ldcg(&res[k]);
+    for (int k = threadIdx.x; k < p.granules; k += kThreads) part += res[k];
     const float total = static_cast<float>(block_sum(part, sh));
     const float* uni = p.uniforms + row64 * 2;
     // p == q leaves no residual (rejection is then impossible in exact arithmetic): sample from p
@@ -729,7 +753,9 @@ cudaError_t tree_verify(const TreeVerifyParams& p, cudaStream_t stream) {
       tree::kernel<T, Q, 1><<<grid, tree::kThreads, 0, stream>>>(p, cnt, s);
     }
   };
-  if (p.draft_probs == nullptr) {
+  if (p.temperature == nullptr) {
+    launch(tree::Tag<tree::GreedyOnly>{});
+  } else if (p.draft_probs == nullptr) {
     launch(tree::Tag<void>{});
   } else if (p.draft_probs_fp32 || std::is_same_v<T, float>) {
     launch(tree::Tag<float>{});
