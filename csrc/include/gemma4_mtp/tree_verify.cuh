@@ -321,7 +321,8 @@ __device__ __forceinline__ void publish_state(int* state, int value) {
   cuda::atomic_ref<int, cuda::thread_scope_device>(*state).store(value, cuda::memory_order_release);
 }
 
-// Thread 0 spins until phase A decided the row; every thread gets the state.
+// Thread 0 spins until phase A decided the row (acquire loads, each followed by CCTL.IVALL in SASS,
+// pairing with publish_state's release); the barrier hands the state, and the ordering, to every thread.
 __device__ __forceinline__ int wait_state(int* state, Shared& sh) {
   if (threadIdx.x == 0) {
     cuda::atomic_ref<int, cuda::thread_scope_device> ref(*state);
