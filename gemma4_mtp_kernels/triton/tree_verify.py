@@ -133,28 +133,29 @@ def _sample(logit_ptr, q_ptr, row_off, q_off, mass, total, uniform, V, G, temp, 
 def _walk(dec_ptr, len_ptr, acc_ptr, out_ptr, last_ptr, b, N, BLOCK_NODES: tl.constexpr):
     """From the root, follow each node's published (token, next child) until a node has no next:
     its token is the bonus. A next child has a higher index than its node, so one ascending pass
-    over the nodes meets the path in order; the loads do not depend on the walk. Only used nodes
-    are reached (a child's parent is a node), and their rows all published a decision. The outputs
-    are built in registers and written as vectors after the loop: scalar stores kept Triton's
-    thread-0 predicate live through the whole kernel, which ptxas spilled on sm_80."""
+    over the nodes meets the path in order. Only used nodes are reached (a child's parent is a node),
+    and their rows all published a decision. The decisions are loaded once as vectors (one L2 round
+    trip, not one per node) and the outputs built in registers and written as vectors after the
+    loop: scalar stores kept Triton's thread-0 predicate live through the whole kernel, which ptxas
+    spilled on sm_80."""
     dec = dec_ptr + b.to(tl.int64) * N * 2
     idx = tl.arange(0, BLOCK_NODES)
+    toks = tl.load(dec + idx * 2, mask=idx < N, other=-1, cache_modifier=".cg")
+    kids = tl.load(dec + idx * 2 + 1, mask=idx < N, other=-1, cache_modifier=".cg")
     accepted = tl.full((BLOCK_NODES,), -1, tl.int32)
     emitted = tl.full((BLOCK_NODES,), -1, tl.int32)
-    t = tl.load(dec, cache_modifier=".cg")
-    child = tl.load(dec + 1, cache_modifier=".cg")
+    t = tl.sum(tl.where(idx == 0, toks, 0), axis=0)
+    child = tl.sum(tl.where(idx == 0, kids, 0), axis=0)
     u = 0
     n = 0
     for i in range(1, N):
-        t_i = tl.load(dec + i * 2, cache_modifier=".cg")
-        child_i = tl.load(dec + i * 2 + 1, cache_modifier=".cg")
         hit = i == child
         accepted = tl.where(hit & (idx == n), i, accepted)
         emitted = tl.where(hit & (idx == n), t, emitted)
         n = tl.where(hit, n + 1, n)
         u = tl.where(hit, i, u)
-        t = tl.where(hit, t_i, t)
-        child = tl.where(hit, child_i, child)
+        t = tl.where(hit, tl.sum(tl.where(idx == i, toks, 0), axis=0), t)
+        child = tl.where(hit, tl.sum(tl.where(idx == i, kids, 0), axis=0), child)
     emitted = tl.where(idx == n, t, emitted)  # the bonus
     out = b.to(tl.int64) * N
     tl.store(acc_ptr + out + idx, accepted, mask=idx < N)
@@ -335,8 +336,8 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 # Programs per SM a launch should have at least: a step's loads are not pipelined, so each program
-# keeps one step (4 KB of bf16) in flight; greedy programs (40 registers, 4 warps) fit 12 per SM,
-# ~48 KB in flight, enough for the copy bandwidth.
+# keeps one step (4 KB of bf16) in flight; greedy programs (32-56 registers, 4 warps, depending on
+# the Triton version and target) fit 9-16 per SM, 36-64 KB in flight, enough for the copy bandwidth.
 PROGRAMS_PER_SM = 12
 
 
