@@ -179,8 +179,8 @@ def check_poisoned(draft_tokens, parents, logits, **kw):
     return got, ref, boundary
 
 
-@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("B,N", [(8, 5), (40, 5)])  # 40 x 5 rows: chunks of 2 batches per CTA
+# 8 x 5 rows: one batch of loads per CTA; 40 x 5: chunks of 4 batches (on 132 SMs)
+@pytest.mark.parametrize("B,N,q_dtype", [(8, 5, torch.bfloat16), (8, 5, torch.float32), (40, 5, torch.bfloat16)])
 def test_draft_probs_residual_phase(B, N, q_dtype):
     """Rejected nodes draw from max(p - q, 0), summed per granule by the phase B CTAs after they wait
     for their row's decision; q read in the logits' dtype (bf16) or fp32."""
@@ -202,8 +202,8 @@ def test_draft_probs_fp16_logits_with_bf16_q():
     assert_matches_reference(got, ref, tokens, parents, logits, **kw)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("B,N", [(64, 5), (24, 5)])  # 4 and 2 batches of loads per CTA
+# chunks of 4 (bf16, 32 batches per row) and 2 (fp32, 64 per row) batches of loads per CTA on 132 SMs
+@pytest.mark.parametrize("B,N,dtype", [(64, 5, torch.bfloat16), (8, 5, torch.float32)])
 def test_long_chunks_greedy_and_sampling(B, N, dtype):
     """Large batches take chunks of several load batches per CTA (the double-buffered loop) and up to
     512 granules per row (fp32)."""
