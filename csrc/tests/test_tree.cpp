@@ -176,6 +176,7 @@ static void test_inverse_cdf() {
     for (int k = 0; k < 5; ++k) {
       const double u = k == 4 ? std::nextafter(1.0, 0.0) : unif(rng);
       const int want = sequential_inverse_cdf(p, u);
+      CHECK_EQ(blocked_inverse_cdf(p, u, 256, 8), want);  // the kernel's kThreads x kItems
       CHECK_EQ(blocked_inverse_cdf(p, u, 256, 16), want);
       CHECK_EQ(blocked_inverse_cdf(p, u, 32, 3), want);
       CHECK(want >= 0 && p[want] > 0.f);  // never a zero-probability id
