@@ -6,8 +6,13 @@
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
+
+#include <map>
+#include <mutex>
+#include <vector>
 
 #include "ops/launchers.h"
 
@@ -259,6 +264,30 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
   check_launch(gemma4_mtp::launch_centroid_logits(dt, p, at::cuda::getCurrentCUDAStream()), "centroid_logits");
 }
 
+// tree_verify's counters: zeroed once per device and left zero by every launch, so calls need no
+// memset (one graph node less) and replay in CUDA graphs. Grown on demand; a call captured into a
+// graph before the cache is big enough gets graph-private zeros (their memset is captured too), and
+// outgrown buffers stay alive because captured graphs hold their addresses. Launches that overlap in
+// time on one device (concurrent streams or graph replays) would share them: not supported, as in the
+// Triton backend.
+at::Tensor cached_tree_counters(const at::Tensor& like, int64_t n) {
+  constexpr int64_t kMinCounters = int64_t{1} << 16;
+  static std::mutex mu;
+  static auto* cache = new std::map<int, at::Tensor>();  // never destroyed (exit order vs. CUDA)
+  static auto* outgrown = new std::vector<at::Tensor>();
+  const std::lock_guard<std::mutex> lock(mu);
+  const int dev = like.device().index();
+  auto it = cache->find(dev);
+  if (it != cache->end() && it->second.numel() >= n) return it->second;
+  at::Tensor fresh = at::zeros({std::max(n, kMinCounters)}, like.options().dtype(at::kInt));
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check_launch(cudaStreamIsCapturing(at::cuda::getCurrentCUDAStream(), &capture), "tree_verify");
+  if (capture != cudaStreamCaptureStatusNone) return fresh;
+  if (it != cache->end()) outgrown->push_back(it->second);
+  (*cache)[dev] = fresh;
+  return fresh;
+}
+
 void tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents, const at::Tensor& target_logits,
                  const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& uniforms,
                  const std::optional<at::Tensor>& draft_probs, at::Tensor& accept_len, at::Tensor& accepted_nodes,
@@ -294,7 +323,7 @@ void tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents, cons
   if (draft_probs) {
     TORCH_CHECK(temperature.has_value(), "gemma4_mtp: draft_probs need temperature");
     check_tensor(*draft_probs, "draft_probs", 3, dev);
-    check_dtype(*draft_probs, "draft_probs", at::kFloat);
+    check_dtype(*draft_probs, "draft_probs", at::kFloat, target_logits.scalar_type());
     check_shape(*draft_probs, "draft_probs", {B, N, V});
     check_inner(*draft_probs, "draft_probs");
   }
@@ -326,7 +355,8 @@ void tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents, cons
   p.temperature = temperature ? temperature->data_ptr<float>() : nullptr;
   p.uniforms = uniforms ? uniforms->data_ptr<float>() : nullptr;
   if (draft_probs) {
-    p.draft_probs = draft_probs->data_ptr<float>();
+    p.draft_probs = draft_probs->data_ptr();  // any alignment: misaligned rows take the scalar-load kernel
+    p.draft_probs_fp32 = draft_probs->scalar_type() == at::kFloat;
     p.draft_probs_stride[0] = stride(*draft_probs, 0);
     p.draft_probs_stride[1] = stride(*draft_probs, 1);
   }
@@ -337,13 +367,12 @@ void tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents, cons
   p.accepted_nodes = accepted_nodes.data_ptr<int32_t>();
   p.output_tokens = output_tokens.data_ptr<int64_t>();
   p.last_node = last_node.data_ptr<int32_t>();
-  int64_t counter_bytes = 0;
-  const int64_t ws_bytes = gemma4_mtp::prepare_tree_verify(p, sm_count(), &counter_bytes);
+  const int64_t ws_bytes = gemma4_mtp::prepare_tree_verify(dt, p, sm_count());
+  TORCH_CHECK(ws_bytes >= 0, "gemma4_mtp::tree_verify: unsupported dtype");
   at::Tensor ws = at::empty({ws_bytes}, target_logits.options().dtype(at::kByte));
   p.workspace = ws.data_ptr();
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  check_launch(cudaMemsetAsync(p.workspace, 0, counter_bytes, stream), "tree_verify");
-  check_launch(gemma4_mtp::launch_tree_verify(dt, p, stream), "tree_verify");
+  p.counters = cached_tree_counters(target_logits, gemma4_mtp::tree_verify_counters(p.B, p.N)).data_ptr<int32_t>();
+  check_launch(gemma4_mtp::launch_tree_verify(dt, p, at::cuda::getCurrentCUDAStream()), "tree_verify");
 }
 
 }  // namespace

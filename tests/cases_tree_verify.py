@@ -136,3 +136,19 @@ def draft_probs_chains_case(V, g):
     temperature = torch.tensor([1.0, 1.0, 0.7, 0.0, 1.3, 1.0])
     uniforms = torch.rand(B, N, 2, generator=g)
     return tokens, parents, logits, dict(temperature=temperature, uniforms=uniforms, draft_probs=q.to(torch.bfloat16))
+
+
+def bench_like_chains(B, N, V, dtype, g, q_dtype):
+    """The benchmark's sampled-chain case: q unrelated to p, so nearly every node rejects and draws
+    its bonus from the residual (phase B), and requests whose q is close to p (chains that accept, and
+    leaves that sample p). Returns (tokens, parents, logits, kw)."""
+    parents = random_tree(B, N, g, chain=True)
+    logits = logits_for(B, N, V, dtype, g)
+    q = torch.softmax(torch.randn(B, N, V, generator=g), -1)
+    p = torch.softmax(logits.float() / 0.8, -1)
+    q[: B // 2] = p[: B // 2] * 0.7 + q[: B // 2] * 0.3  # half the requests draft close to p: accepts
+    tokens = torch.stack([torch.stack([torch.multinomial(q[b, max(i - 1, 0)], 1, generator=g)[0] for i in range(N)])
+                          for b in range(B)])
+    kw = dict(temperature=torch.full((B,), 0.8), uniforms=torch.rand(B, N, 2, generator=g),
+              draft_probs=q.to(q_dtype))
+    return tokens, parents, logits, kw

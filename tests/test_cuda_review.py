@@ -49,7 +49,8 @@ def test_sampling_rows_with_masked_logits(dtype):
     assert bool(keep[emitted].all()), "a masked (-inf) id was emitted"
 
 
-def test_chain_with_draft_probs_and_masked_logits():
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
+def test_chain_with_draft_probs_and_masked_logits(q_dtype):
     g = torch.Generator().manual_seed(12)
     B, N, V = 2, 4, 20000
     parents = random_tree(B, N, g, chain=True)
@@ -59,9 +60,25 @@ def test_chain_with_draft_probs_and_masked_logits():
     tokens = torch.stack([torch.stack([torch.multinomial(q[b, max(i - 1, 0)], 1, generator=g)[0] for i in range(N)])
                           for b in range(B)])
     uniforms = torch.rand(B, N, 2, generator=g)
-    got, _ = verify_both(tokens, parents, logits, temperature=torch.tensor([1.0, 0.8]), uniforms=uniforms,
-                         draft_probs=q)
+    got, _ = verify_both(tokens, parents, logits.to(q_dtype), temperature=torch.tensor([1.0, 0.8]), uniforms=uniforms,
+                         draft_probs=q.to(q_dtype))
     assert bool((got.output_tokens[got.output_tokens >= 0] >= V // 2).all())
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+def test_padding_rows_are_read_but_never_decide(sampling):
+    """Every CTA reads its row's logits without first loading parents[u] (one dependent DRAM round
+    trip less): NaN logits in padding slots' rows must not reach any output."""
+    g = torch.Generator().manual_seed(13)
+    B, N, V = 6, 9, 30000
+    parents = random_tree(B, N, g)
+    assert bool((parents[:, 1:] < 0).any())  # some padding
+    logits = logits_for(B, N, V, torch.bfloat16, g)
+    logits[parents < 0] = float("nan")
+    logits[:, 0] = logits_for(B, 1, V, torch.bfloat16, g)[:, 0]  # the root is always used
+    tokens = drafts_following(logits.float().nan_to_num(-1e9).argmax(-1), parents, V, g, hit=0.8)
+    kw = dict(temperature=torch.rand(B, generator=g) + 0.5, uniforms=torch.rand(B, N, 2, generator=g)) if sampling else {}
+    verify_both(tokens, parents, logits, **kw)
 
 
 def test_greedy_rows_with_nan_logits_follow_torch_argmax():

@@ -10,8 +10,9 @@ import torch
 from gemma4_mtp_kernels import _checks as checks
 from gemma4_mtp_kernels import cuda as cuda_backend
 from gemma4_mtp_kernels import tree_verify
-from cases_tree_verify import (assert_matches_reference, cdf_boundary_case, draft_probs_chains_case, drafts_following,
-                               logits_for, random_tree, sampling_trees_case)
+from gemma4_mtp_kernels._types import VerifyResult
+from cases_tree_verify import (assert_matches_reference, bench_like_chains, cdf_boundary_case, draft_probs_chains_case,
+                               drafts_following, logits_for, random_tree, sampling_trees_case)
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -149,3 +150,129 @@ def test_opcheck(sampling):
             torch.empty(B, N, dtype=torch.int64, device=DEV), torch.empty(B, dtype=torch.int32, device=DEV))
     cuda_backend._ops()
     torch.library.opcheck(torch.ops.gemma4_mtp.tree_verify.default, (tokens, parents, logits, temp, uni, dp, *outs))
+
+
+# ---- the one-launch kernel's paths (granules, chunks of several batches, phase B, scalar loads) ----
+
+SENTINEL = -77  # no answer of the op: every output element must be overwritten
+
+
+def run_op_poisoned(draft_tokens, parents, logits, *, temperature=None, uniforms=None, draft_probs=None):
+    """The custom op itself with sentinel-filled outputs (the wrapper allocates them empty)."""
+    B, N = parents.shape
+    outs = VerifyResult(torch.full((B,), SENTINEL, dtype=torch.int32, device=DEV),
+                        torch.full((B, N), SENTINEL, dtype=torch.int32, device=DEV),
+                        torch.full((B, N), SENTINEL, dtype=torch.int64, device=DEV),
+                        torch.full((B,), SENTINEL, dtype=torch.int32, device=DEV))
+    cuda_backend._ops()
+    dev = [None if t is None else t.to(DEV) for t in (temperature, uniforms, draft_probs)]
+    torch.ops.gemma4_mtp.tree_verify(draft_tokens.to(DEV), parents.to(DEV), logits.to(DEV), *dev, *outs)
+    return VerifyResult(*(t.cpu() for t in outs))
+
+
+def check_poisoned(draft_tokens, parents, logits, **kw):
+    got = run_op_poisoned(draft_tokens, parents, logits, **kw)
+    cpu_kw = {k: v.cpu() for k, v in kw.items() if v is not None}
+    ref = tree_verify(draft_tokens.cpu(), parents.cpu(), logits.cpu(), backend="torch", **cpu_kw)
+    assert not any(bool((t == SENTINEL).any()) for t in got), "an output element was never written"
+    boundary = assert_matches_reference(got, ref, draft_tokens.cpu(), parents.cpu(), logits.cpu(), **cpu_kw)
+    return got, ref, boundary
+
+
+# 8 x 5 rows: one batch of loads per CTA; 40 x 5: chunks of 4 batches (on 132 SMs)
+@pytest.mark.parametrize("B,N,q_dtype", [(8, 5, torch.bfloat16), (8, 5, torch.float32), (40, 5, torch.bfloat16)])
+def test_draft_probs_residual_phase(B, N, q_dtype):
+    """Rejected nodes draw from max(p - q, 0), summed per granule by the phase B CTAs after they wait
+    for their row's decision; q read in the logits' dtype (bf16) or fp32."""
+    tokens, parents, logits, kw = bench_like_chains(B, N, 262144, torch.bfloat16, torch.Generator().manual_seed(21),
+                                                    q_dtype)
+    got, ref, _ = check_poisoned(tokens, parents, logits, **kw)
+    rejected = ref.accept_len < N - 1
+    assert bool(rejected.any()) and int(ref.accept_len.sum()) > 0
+
+
+def test_draft_probs_fp16_logits_with_bf16_q():
+    """A q dtype that is neither fp32 nor the logits' is converted by the wrapper (exactly)."""
+    tokens, parents, logits, kw = bench_like_chains(4, 4, 5000, torch.float16, torch.Generator().manual_seed(22),
+                                                    torch.bfloat16)
+    got = tree_verify(tokens.to(DEV), parents.to(DEV), logits.to(DEV), backend="cuda",
+                      **{k: v.to(DEV) for k, v in kw.items()})
+    got = VerifyResult(*(t.cpu() for t in got))
+    ref = tree_verify(tokens, parents, logits, backend="torch", **kw)
+    assert_matches_reference(got, ref, tokens, parents, logits, **kw)
+
+
+# chunks of 4 (bf16, 32 batches per row) and 2 (fp32, 64 per row) batches of loads per CTA on 132 SMs
+@pytest.mark.parametrize("B,N,dtype", [(64, 5, torch.bfloat16), (8, 5, torch.float32)])
+def test_long_chunks_greedy_and_sampling(B, N, dtype):
+    """Large batches take chunks of several load batches per CTA (the double-buffered loop) and up to
+    512 granules per row (fp32)."""
+    g = torch.Generator().manual_seed(23)
+    V = 262144
+    parents = random_tree(B, N, g)
+    logits = logits_for(B, N, V, dtype, g)
+    tokens = drafts_following(logits.float().argmax(-1), parents, V, g, hit=0.8)
+    check_poisoned(tokens, parents, logits)
+    temperature = (torch.rand(B, generator=g) + 0.3) * (torch.arange(B) % 3 != 0)  # every third row greedy
+    check_poisoned(tokens, parents, logits, temperature=temperature, uniforms=torch.rand(B, N, 2, generator=g))
+
+
+@pytest.mark.parametrize("what", ["logits", "draft_probs", "both"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_unaligned_views_take_the_scalar_kernel(what, dtype):
+    """A logits or q view that starts one element into its storage cannot use 16-byte loads: the
+    launcher picks the scalar-load kernel (never a misaligned access)."""
+    tokens, parents, logits, kw = bench_like_chains(3, 4, 20000, dtype, torch.Generator().manual_seed(24),
+                                                    dtype)
+
+    def shifted(t):
+        storage = torch.full((t.numel() + 1,), float("nan"), dtype=t.dtype, device=DEV)
+        view = storage[1:].view(t.shape)
+        view.copy_(t.to(DEV))
+        return view
+
+    d_logits = shifted(logits) if what in ("logits", "both") else logits.to(DEV)
+    kw_dev = {k: v.to(DEV) for k, v in kw.items()}
+    if what in ("draft_probs", "both"):
+        kw_dev["draft_probs"] = shifted(kw["draft_probs"])
+    got = run_op_poisoned(tokens, parents, d_logits, **kw_dev)
+    ref = tree_verify(tokens, parents, logits, backend="torch", **kw)
+    assert_matches_reference(got, ref, tokens, parents, logits, **kw)
+
+
+def test_walk_longer_than_the_shared_window():
+    """Chains of 300 nodes: the walk reads the decisions of nodes past the first 256 from global memory."""
+    g = torch.Generator().manual_seed(25)
+    B, N, V = 2, 300, 1000
+    parents = random_tree(B, N, g, chain=True)
+    logits = logits_for(B, N, V, torch.float32, g)
+    tokens = drafts_following(logits.argmax(-1), parents, V, g, hit=1.0)
+    tokens[1, 280] = (tokens[1, 280] + 1) % V  # request 1 stops at node 279
+    got, ref, _ = check_poisoned(tokens, parents, logits)
+    assert ref.accept_len.tolist() == [N - 1, 279]
+
+
+def test_draft_probs_launches_replay_in_a_graph():
+    """The ticket, the row states and the phase B counters are reset in-kernel too: repeated draft
+    launches and a replayed graph keep matching the reference."""
+    g = torch.Generator().manual_seed(26)
+    tokens, parents, logits, kw = bench_like_chains(6, 5, 70000, torch.bfloat16, g, torch.bfloat16)
+    for _ in range(3):
+        check_poisoned(tokens, parents, logits, **kw)
+    d = {k: v.to(DEV) for k, v in kw.items()}
+    d_tokens, d_parents, d_logits = tokens.to(DEV), parents.to(DEV), logits.to(DEV)
+    tree_verify(d_tokens, d_parents, d_logits, backend="cuda", **d)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        res = tree_verify(d_tokens, d_parents, d_logits, backend="cuda", **d)
+    for seed in range(3):
+        gg = torch.Generator().manual_seed(200 + seed)
+        new_logits = logits_for(6, 5, 70000, torch.bfloat16, gg)
+        new_uniforms = torch.rand(6, 5, 2, generator=gg)
+        d_logits.copy_(new_logits)
+        d["uniforms"].copy_(new_uniforms)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = tree_verify(tokens, parents, new_logits, backend="torch", **{**kw, "uniforms": new_uniforms})
+        got = VerifyResult(*(t.cpu() for t in res))
+        assert_matches_reference(got, ref, tokens, parents, new_logits, **{**kw, "uniforms": new_uniforms})

@@ -15,8 +15,8 @@ from gemma4_mtp_kernels.triton.tree_verify import BLOCK, chunk_size
 
 # the package re-exports the op function under the module's name
 tv = importlib.import_module("gemma4_mtp_kernels.triton.tree_verify")
-from cases_tree_verify import (assert_matches_reference, cdf_boundary_case, cdf_boundary_ok, draft_probs_chains_case,
-                               drafts_following, logits_for, random_tree, sampling_trees_case)
+from cases_tree_verify import (assert_matches_reference, bench_like_chains, cdf_boundary_case, cdf_boundary_ok,
+                               draft_probs_chains_case, drafts_following, logits_for, random_tree, sampling_trees_case)
 
 def check_against_reference(draft_tokens, parents, logits, **kw):
     impl_kw = kw.pop("impl_kw", None)  # backend-only knobs (chunk size): call the backend directly
@@ -128,6 +128,8 @@ def test_single_node_and_padding_only():
 
 def test_chunk_size_fills_the_gpu():
     assert triton.cdiv(262144, chunk_size(8, 262144, 132)) * 8 >= 4 * 132  # B = 1, N = 8
+    assert triton.cdiv(262144, chunk_size(40, 262144, 132)) * 40 >= tv.PROGRAMS_PER_SM * 132  # B = 8, N = 5
+    assert chunk_size(320, 262144, 132) == tv.MAX_CHUNK  # B = 64: long programs, still > 12 per SM
     assert chunk_size(1, 100, 132) == BLOCK
 
 
@@ -160,12 +162,18 @@ def counters_left(dev):
     return int(tv._COUNTERS[torch.device(dev)].count_nonzero())
 
 
+@pytest.mark.parametrize("case", ["sampling", "draft_probs"])
 @pytest.mark.parametrize("chunk", [None, 128])
-def test_counters_are_reset_so_calls_replay(chunk):
+def test_counters_are_reset_so_calls_replay(chunk, case):
     """The single launch elects each row's and each request's last program with counters that the
     kernel itself resets (no memset between calls, so a CUDA graph can replay it): after a call
-    every counter is 0 again, and a second call gives the same, correct result."""
-    tokens, parents, logits, kw = sampling_trees_case(1500, torch.Generator().manual_seed(12))
+    every counter is 0 again (with draft_probs: the ticket, the row states and the phase B counters
+    too), and a second call gives the same, correct result."""
+    g = torch.Generator().manual_seed(12)
+    if case == "sampling":
+        tokens, parents, logits, kw = sampling_trees_case(1500, g)
+    else:
+        tokens, parents, logits, kw = bench_like_chains(4, 5, 1500, torch.bfloat16, g, torch.bfloat16)
     kw["impl_kw"] = {} if chunk is None else dict(chunk=chunk)
     first, _, _ = check_against_reference(tokens, parents, logits, **kw)
     assert counters_left("cpu") == 0
@@ -206,3 +214,33 @@ def test_counter_workspace_grows_and_keeps_outgrown_buffers():
     big = tv._counters(dev, small.numel() + 1)
     assert big.numel() > small.numel() and int(big.count_nonzero()) == 0
     assert tv._counters(dev, 1) is big and any(t is small for t in tv._OUTGROWN)
+
+
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float32])
+def test_rejections_draw_from_the_residual_in_parallel(q_dtype):
+    """Most nodes reject (q unrelated to p): each rejected row's residual mass is summed per granule
+    by its phase B programs (ticket order, after the row's decision), and its last B program draws
+    the bonus; 12 chunks per row."""
+    tokens, parents, logits, kw = bench_like_chains(4, 5, 3000, torch.bfloat16, torch.Generator().manual_seed(14),
+                                                    q_dtype)
+    _, ref, _ = check_against_reference(tokens, parents, logits, impl_kw=dict(chunk=256), **kw)
+    assert bool((ref.accept_len < 4).any()) and int(ref.accept_len.sum()) > 0
+    assert counters_left("cpu") == 0
+
+
+def test_chunk_override_must_tile_the_granules():
+    tokens, parents, logits, _ = sampling_trees_case(1500, torch.Generator().manual_seed(15))
+    with pytest.raises(ValueError, match="chunk"):
+        triton_tree_verify(tokens, parents, logits, chunk=300)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float32])
+def test_residual_phase_on_gpu(q_dtype):
+    """The benchmark's sampled-chain case at the real vocabulary: phase B programs really wait for
+    their rows' decisions while other programs run (the interpreter runs them one after another)."""
+    tokens, parents, logits, kw = bench_like_chains(8, 5, 262144, torch.bfloat16, torch.Generator().manual_seed(16),
+                                                    q_dtype)
+    cuda = {k: v.cuda() for k, v in kw.items()}
+    for _ in range(2):  # the counters come back to zero
+        check_against_reference(tokens.cuda(), parents.cuda(), logits.cuda(), **cuda)

@@ -22,9 +22,11 @@ constexpr int kMaxCentroids = 4096;
 int64_t centroid_logits_workspace_bytes(const CentroidParams& p);
 cudaError_t launch_centroid_logits(DType dtype, const CentroidParams& p, cudaStream_t stream);
 
-// Fills p.num_chunks and p.chunk; returns the workspace size in bytes. The first counter_bytes of the
-// workspace must be zero before the first launch (launches leave them zero).
-int64_t prepare_tree_verify(TreeVerifyParams& p, int num_sms, int64_t* counter_bytes);
+// Fills the plan fields of p (after its pointers and strides: the plan depends on their alignment);
+// returns the workspace size in bytes. p.counters needs tree_verify_counters(B, N) int32 that are zero
+// before the first launch (launches leave them zero).
+int64_t prepare_tree_verify(DType dtype, TreeVerifyParams& p, int num_sms);
+int64_t tree_verify_counters(int B, int N);
 cudaError_t launch_tree_verify(DType dtype, const TreeVerifyParams& p, cudaStream_t stream);
 
 }  // namespace gemma4_mtp

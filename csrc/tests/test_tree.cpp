@@ -1,7 +1,7 @@
 // tree_verify's decision rules: argmax ties, softmax statistics merging, the blocked inverse-CDF
 // search (arranged exactly as tree::block_inverse_cdf arranges it: tiles of threads x items,
 // an exclusive scan of per-thread sums, then the minimum of the threads' first crossings) against
-// the reference's sequential rule, and the tree walk.
+// the reference's sequential rule, the child decisions and the walk along them, and the launch plan.
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -60,7 +60,7 @@ static void test_maxsum() {
   for (float v : y) s += std::exp(double(v) - m);
   MaxSum parts[7];
   for (auto& p : parts) p = maxsum_identity();
-  for (size_t i = 0; i < y.size(); ++i) parts[(i * 31) % 7] = maxsum_add(parts[(i * 31) % 7], y[i]);
+  for (size_t i = 0; i < y.size(); ++i) parts[(i * 31) % 7] = maxsum_add(parts[(i * 31) % 7], &y[i], 1);
   MaxSum all = maxsum_identity();
   for (int i = 6; i >= 0; --i) all = maxsum_merge(all, parts[i]);
   CHECK(all.m == m);
@@ -70,15 +70,39 @@ static void test_maxsum() {
   // masked (-inf) logits add nothing, wherever they fall in a chunk: first, last, or the whole chunk
   MaxSum masked = maxsum_identity();
   const float row[] = {-INFINITY, -INFINITY, 1.f, -INFINITY, 2.f, -INFINITY};
-  for (float v : row) masked = maxsum_add(masked, v);
+  for (float v : row) masked = maxsum_add(masked, &v, 1);
   CHECK(masked.m == 2.f);
   CHECK(std::fabs(masked.s - (1.f + std::exp(-1.f))) <= 1e-6f);
   MaxSum all_masked = maxsum_identity();
-  for (int i = 0; i < 4; ++i) all_masked = maxsum_add(all_masked, -INFINITY);
+  const float minus_inf = -INFINITY;
+  for (int i = 0; i < 4; ++i) all_masked = maxsum_add(all_masked, &minus_inf, 1);
   CHECK(all_masked.s == 0.f);
   const MaxSum merged = maxsum_merge(all_masked, masked);
   CHECK(merged.m == 2.f && merged.s == masked.s);
   CHECK(maxsum_merge(masked, all_masked).s == masked.s);
+
+  // batches (a lane's vector at a time) give the statistics of one value at a time
+  for (int n : {2, 8, 32}) {
+    MaxSum batched = maxsum_identity();
+    for (size_t i = 0; i + n <= y.size(); i += n) batched = maxsum_add(batched, &y[i], n);
+    MaxSum single = maxsum_identity();
+    for (size_t i = 0; i < y.size() / n * n; ++i) single = maxsum_add(single, &y[i], 1);
+    CHECK(batched.m == single.m);
+    CHECK(std::fabs(batched.s - single.s) <= 1e-5f * single.s);
+  }
+  const float batch_masked[] = {-INFINITY, 1.f, -INFINITY, 2.f};
+  const MaxSum bm = maxsum_add(maxsum_identity(), batch_masked, 4);
+  CHECK(bm.m == 2.f && std::fabs(bm.s - (1.f + std::exp(-1.f))) <= 1e-6f);
+  // a NaN poisons the sum wherever it falls: alone with masked values (the maximum is still -inf),
+  // first in a batch, or after a larger maximum; +inf (overflowed x / T) too
+  const float n = NAN;
+  const float nan_masked[] = {-INFINITY, n};
+  CHECK(std::isnan(maxsum_add(maxsum_identity(), nan_masked, 2).s));
+  const float nan_first[] = {n, 1.f, 2.f};
+  CHECK(std::isnan(maxsum_add(maxsum_identity(), nan_first, 3).s));
+  CHECK(std::isnan(maxsum_add(bm, &n, 1).s));
+  const float overflow[] = {1.f, INFINITY};
+  CHECK(!has_distribution(maxsum_add(maxsum_identity(), overflow, 2)));
 }
 
 static int sequential_inverse_cdf(const std::vector<float>& p, double u) {
@@ -110,12 +134,23 @@ static int blocked_inverse_cdf(const std::vector<float>& p, double u, int thread
     double excl = 0, total = 0;
     for (double s : sums) total += s;
     int found = kNoIndex;
+    double found_before = 0;
     for (int t = 0; t < threads; ++t) {
-      const int local = first_crossing(&tile[size_t(t) * items], items, carry + excl, u);
-      if (local != kNoIndex) found = std::min(found, base + t * items + local);
+      double before = -1;
+      const int local = first_crossing(&tile[size_t(t) * items], items, carry + excl, u, &before);
+      if (local != kNoIndex && base + t * items + local < found) {
+        found = base + t * items + local;
+        found_before = before;
+      }
       excl += sums[t];
     }
-    if (found != kNoIndex) return found;
+    if (found != kNoIndex) {
+      // the cumulative weight before the answer, which the kernel carries into the granule's rescan
+      double cdf = 0;
+      for (int i = 0; i < found; ++i) cdf += p[i];
+      CHECK(std::fabs(found_before - cdf) <= 1e-9);
+      return found;
+    }
     carry += total;
   }
   return last;
@@ -141,6 +176,7 @@ static void test_inverse_cdf() {
     for (int k = 0; k < 5; ++k) {
       const double u = k == 4 ? std::nextafter(1.0, 0.0) : unif(rng);
       const int want = sequential_inverse_cdf(p, u);
+      CHECK_EQ(blocked_inverse_cdf(p, u, 256, 8), want);  // the kernel's kThreads x kItems
       CHECK_EQ(blocked_inverse_cdf(p, u, 256, 16), want);
       CHECK_EQ(blocked_inverse_cdf(p, u, 32, 3), want);
       CHECK(want >= 0 && p[want] > 0.f);  // never a zero-probability id
@@ -153,21 +189,28 @@ static void test_inverse_cdf() {
 
   // A thread whose parallel start (its exclusive prefix) rounds above u must answer with its first
   // item of nonzero probability, never with a masked (p = 0) id before it.
+  double before = -1;
   const float masked_head[] = {0.f, 0.f, 0.5f, 0.5f};
-  CHECK_EQ(first_crossing(masked_head, 4, 0.6, 0.5), 2);
+  CHECK_EQ(first_crossing(masked_head, 4, 0.6, 0.5, &before), 2);
+  CHECK(before == 0.6);
   const float all_masked[] = {0.f, 0.f};
-  CHECK_EQ(first_crossing(all_masked, 2, 0.6, 0.5), kNoIndex);
+  CHECK_EQ(first_crossing(all_masked, 2, 0.6, 0.5, &before), kNoIndex);
   // the ordinary case is unchanged: the first item that pushes the running sum above u
   const float plain[] = {0.25f, 0.f, 0.25f, 0.5f};
-  CHECK_EQ(first_crossing(plain, 4, 0.0, 0.3), 2);
-  CHECK_EQ(first_crossing(plain, 4, 0.0, 0.2), 0);
+  CHECK_EQ(first_crossing(plain, 4, 0.0, 0.3, &before), 2);
+  CHECK(before == 0.25);
+  CHECK_EQ(first_crossing(plain, 4, 0.0, 0.2, &before), 0);
+  CHECK(before == 0.0);
 }
 
 // Statistics of one row of logits / temperature split over `chunks` chunks, merged like the kernel.
 static MaxSum row_stats(const std::vector<float>& x, float temperature, int chunks) {
   std::vector<MaxSum> parts(chunks, maxsum_identity());
   const size_t per = (x.size() + chunks - 1) / chunks;
-  for (size_t i = 0; i < x.size(); ++i) parts[i / per] = maxsum_add(parts[i / per], x[i] / temperature);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float y = x[i] / temperature;
+    parts[i / per] = maxsum_add(parts[i / per], &y, 1);
+  }
   MaxSum all = maxsum_identity();
   for (const MaxSum& p : parts) all = maxsum_merge(all, p);
   return all;
@@ -209,14 +252,27 @@ struct Walk {
   std::vector<int64_t> tokens;
 };
 
+// Decisions as the kernel makes them (the token rule, or accept flags for draft-probability chains:
+// the first child), then the walk along them.
 static Walk run_walk(const std::vector<int>& parents, const std::vector<int64_t>& draft, const std::vector<int>& tok,
                      const std::vector<int>* accept) {
   const int N = int(parents.size());
+  std::vector<int> next(N, kNoNode);
+  for (int u = 0; u < N; ++u) {
+    for (int c = N - 1; c > u; --c) {  // the lowest matching child wins
+      if (accept != nullptr ? (parents[c] == u && tok[u] != kNoToken && (*accept)[u])
+                            : token_accepts(parents[c], draft[c], u, tok[u]))
+        next[u] = c;
+    }
+  }
   Walk w;
   w.nodes.assign(N, 7);
   w.tokens.assign(N, 7);
-  w.n = walk_tree(parents.data(), draft.data(), tok.data(), accept ? accept->data() : static_cast<const int*>(nullptr),
-                  N, w.nodes.data(), w.tokens.data(), &w.last);
+  auto node = [&](int u, int64_t* t, int* nx) {
+    *t = tok[u];
+    *nx = next[u];
+  };
+  w.n = follow_path(node, N, w.nodes.data(), w.tokens.data(), &w.last);
   return w;
 }
 
@@ -300,6 +356,35 @@ static void test_walk() {
     CHECK_EQ(w.n, 0);
     CHECK(w.tokens == (std::vector<int64_t>{17}));
   }
+  // a decision pointing nowhere useful (not a later node) stops the walk instead of looping
+  {
+    Walk w;
+    w.nodes.assign(3, 7);
+    w.tokens.assign(3, 7);
+    const int next[] = {1, 0, 5};
+    auto node = [&](int u, int64_t* t, int* nx) {
+      *t = 10 + u;
+      *nx = next[u];
+    };
+    w.n = follow_path(node, 3, w.nodes.data(), w.tokens.data(), &w.last);
+    CHECK_EQ(w.n, 1);
+    CHECK(w.tokens == (std::vector<int64_t>{10, 11, -1}));
+  }
+}
+
+static void test_plan() {
+  for (int64_t rows : {1, 5, 8, 40, 320, 4096})
+    for (int64_t V : {1, 50, 3001, 8192, 20001, 262144})
+      for (int64_t tile : {1024, 4096, 8192}) {
+        const TreePlan p = tree_plan(rows, V, 132, tile, 4, 8);
+        CHECK(p.chunk % tile == 0 && p.chunk >= tile && p.chunk <= 4 * tile);
+        CHECK(int64_t(p.num_chunks) * p.chunk >= V);        // the chunks cover the row ...
+        CHECK(int64_t(p.num_chunks - 1) * p.chunk < V);     // ... and none is empty
+        CHECK(p.granule * 8 == p.chunk && p.granules == p.num_chunks * 8);
+      }
+  // small batches get one batch of loads per CTA (most CTAs), large ones long chunks
+  CHECK_EQ(tree_plan(5, 262144, 132, 8192, 4, 8).chunk, 8192);
+  CHECK_EQ(tree_plan(320, 262144, 132, 8192, 4, 8).chunk, 4 * 8192);
 }
 
 int main() {
@@ -308,5 +393,6 @@ int main() {
   test_has_distribution();
   test_inverse_cdf();
   test_walk();
+  test_plan();
   return finish("test_tree");
 }

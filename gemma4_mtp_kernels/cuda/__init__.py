@@ -125,8 +125,8 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
 
 def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, uniforms=None, draft_probs=None):
     B, N, _ = target_logits.shape
-    if draft_probs is not None and draft_probs.dtype != torch.float32:
-        draft_probs = draft_probs.float()  # exact for bf16/fp16; the kernel reads fp32 probabilities
+    if draft_probs is not None and draft_probs.dtype not in (torch.float32, target_logits.dtype):
+        draft_probs = draft_probs.float()  # exact; the kernel reads fp32 or the logits' dtype, at any alignment
     dev = target_logits.device
     accept_len = torch.empty((B,), dtype=torch.int32, device=dev)
     accepted = torch.empty((B, N), dtype=torch.int32, device=dev)

@@ -1,51 +1,52 @@
 """Triton `tree_verify` (SPEC §4.4): one launch for the whole batch.
 
 Design. The cost is reading B * N * V logits (0.5 MiB per node in bf16 at V = 262144); the tree walk
-itself is a few scalar steps. Grid (B * N rows, V / CHUNK chunks), three phases in one kernel:
-1. Every program streams one chunk of one row (logits / temperature for sampling rows) and publishes
-   its max, first argmax and (when any row may sample) sum of exp(x - max). CHUNK is sized so a
-   small batch still gives >= 4 programs per SM (B = 1, N = 8, V = 262144 on 132 SMs: 1024 programs
-   of 2 K ids). Rows of padding slots are never visited by the walk, so their programs load nothing.
-2. The last program of each row to finish (a per-row counter) makes the row's decision from the
-   chunk statistics: the token t (greedy: first argmax; sampling: inverse CDF, locating the
-   crossing chunk from the per-chunk masses and rescanning only that chunk; a sampling row with no
+itself is a few scalar steps. Each node's row is cut into chunks of `chunk` ids (one program each),
+and each chunk into granules of BLOCK ids (one loop step). Work items, in this order:
+A. (row, chunk) for every row: the program streams its chunk (logits / temperature for sampling rows)
+   and publishes each granule's max, first argmax and (when any row may sample) sum of exp(x - max).
+   The last program of the row to finish (a per-row counter) decides the row from the granule
+   statistics: the token t (greedy: first argmax; sampling: inverse CDF, locating the crossing
+   granule from the granule masses and rescanning only that granule; a sampling row with no
    distribution -- all -inf or NaN logits, unchecked on the GPU -- gives t = -1) and the child the
    walk continues to (the lowest-index child holding t; with draft_probs the chain child when
-   u0 < p(x) / q(x) and q(x) > 0, else t is drawn from normalize(max(p - q, 0)) with uniform 1:
-   this program scans the whole row once for the per-chunk residual masses, then rescans the
-   crossing chunk; a leaf, or p == q with no residual, samples p with uniform 1). It publishes
-   (t, next child or -1).
-3. The last row of each request to be decided (a per-request counter) walks that request's tree
+   u0 < p(x) / q(x) and q(x) > 0; a leaf samples p with uniform 1). It publishes (t, next child or -1).
+B. Launches with draft_probs only: (row, chunk) again. A rejected node draws its bonus from
+   normalize(max(p - q, 0)), whose mass needs a second pass over the row's logits and q once the
+   row's softmax maximum and normaliser are known. Every program takes its work item from a ticket
+   counter, so a B item is handed out only after every A item; a B program waits (spinning on the
+   row's state word) until its row is decided, then sums the residual of each granule of its chunk;
+   the row's last B program locates the crossing granule and rescans it. Waiting cannot deadlock: a
+   program waits only for items with lower tickets, whose programs already run and never wait for
+   higher ones (the single-pass scan argument). Rows that need no residual are final after A; their
+   B programs only count.
+C. The last row of each request to become final (a per-request counter) walks that request's tree
    from the published decisions and writes its outputs. Requests walk in parallel.
-Counters. One zeroed int32 buffer per device (B * N row counters, then B request counters), cached
-and grown on demand (`_counters`): every counter is reset to 0 by the program that consumed it, so
-no per-call memset is needed and the launch replays in a CUDA graph. A call captured into a graph
-before the cache is big enough gets a graph-private buffer (its zeroing memset is captured too);
-outgrown buffers stay alive because captured graphs hold their addresses. Launches that overlap in
-time on one device (concurrent streams or graph replays) would share the counters: they are not
-supported.
-Ordering (the interpreter runs programs one after another, so only this argument covers it). A
-program's published values are scalar stores; `tl.debug_barrier()` (bar.sync) then orders every
-thread's stores before the counter increment, an `atom.acq_rel.gpu` issued by one thread (release is
-cumulative over what the barrier made that thread observe, the pattern of cooperative groups' grid
-sync). The counter is only ever changed by these read-modify-writes until it reaches its total, so
-the program that reads total - 1 reads the end of a chain of RMWs that contains every other
-program's release: each of them synchronizes with its acquire. Triton hands the atomic's result to
-the other threads through shared memory behind a barrier, so every thread's later loads of the
-published values follow the acquire in causality order and see the writes of this launch, never
-the previous launch's; they are `.cg` loads (L2, no L1 copy) besides. The resets are plain stores
-after the last increment of their counter in this launch; the next launch runs after this one ends.
-Checked in the sm_90 SASS: MEMBAR.ALL.GPU before each ATOMG.E.ADD.STRONG.GPU and CCTL.IVALL (L1
-invalidate) after it, the published values stored and the atomic issued under the same thread-0
-predicate, and the partial loads are LDG.E.STRONG.GPU. Not yet run on a GPU.
-Expected on H100/H200: phase 1 reads every logit once (B * N * V * 2 bytes: 4 MiB for B = 1,
-N = 8, ~1 us of traffic, so small batches are launch-latency bound; 64 rows and up are bandwidth
-bound) at ~70-80% of copy bandwidth (2 K-element steps: two 16-byte loads per thread, several
-programs per SM; the loads are not cp.async-pipelined, so occupancy hides the latency). Phase 2
-adds one chunk per sampling row, an L2 round trip per counter and, for draft_probs rows that reject,
-a serial pass of one program over the row's logits and q: greedy and tree sampling sit near the
-one-read floor, a draft_probs rejection costs that row's read by one program (the price of one
-launch; the normaliser must be known before the residual).
+Padding rows are read like the others (their decision is never visited): gating the loads on
+parents[u] would put a dependent DRAM round trip in front of every program's loads.
+Counters. One zeroed int32 buffer per device (B * N row counters for A, B * N for B, B * N row states,
+B request counters, the ticket), cached and grown on demand (`_counters`): every counter is reset to
+0 by the program that consumed it last, so no per-call memset is needed and the launch replays in a
+CUDA graph. A call captured into a graph before the cache is big enough gets a graph-private buffer
+(its zeroing memset is captured too); outgrown buffers stay alive because captured graphs hold their
+addresses. Launches that overlap in time on one device (concurrent streams or graph replays) would
+share the counters: they are not supported.
+Ordering (the interpreter runs programs one after another, in ticket order, so only this argument
+covers it). A program's published values are scalar stores; `tl.debug_barrier()` (bar.sync) then
+orders every thread's stores before the counter increment, an `atom.acq_rel.gpu` issued by one
+thread (release is cumulative over what the barrier made that thread observe, the pattern of
+cooperative groups' grid sync). A counter is only ever changed by these read-modify-writes until it
+reaches its total, so the program that reads total - 1 reads the end of a chain of RMWs that
+contains every other program's release: each of them synchronizes with its acquire. A row state is
+written with a release exchange and read with acquire RMWs. Triton hands the atomic's result to the
+other threads through shared memory behind a barrier, so every thread's later loads of the
+published values follow the acquire in causality order and see the writes of this launch, never the
+previous launch's; they are `.cg` loads (L2, no L1 copy) besides. The resets are plain stores after
+the last RMW of their counter in this launch; the next launch runs after this one ends.
+Expected on H100/H200: A reads every logit once (B * N * V * 2 bytes: 2.6 MB for B = 1, N = 5,
+~0.6 us of traffic, so small batches are launch-latency bound; 64 rows and up are bandwidth bound).
+The decisions add one granule rescan per sampling row (L2) and an L2 round trip per counter; B reads
+q once and the logits a second time (mostly from L2). See benchmarks/README.md for the predictions.
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ import triton.language as tl
 from .._types import VerifyResult
 from ._common import device_helper, num_sms, pow2_at_least
 
-BLOCK = 2048  # 16 elements (two 16-byte bf16 loads) per thread per step at 4 warps
+BLOCK = 2048  # ids per step and per granule: 16 elements (two 16-byte bf16 loads) per thread at 4 warps
 NO_ID = tl.constexpr(2147483647)  # "no id": above every vocabulary id
 
 
@@ -69,97 +70,92 @@ def _row_values(logit_ptr, row_off, offs, V, temp):
 
 
 @device_helper
-def _row_total(max_ptr, sum_ptr, stat, nch, BLOCK_C: tl.constexpr):
-    """(M, per-chunk mass exp-rescaled to M, Z) of one row from its published chunk statistics."""
-    cc = tl.arange(0, BLOCK_C)
-    cm = tl.load(max_ptr + stat + cc, mask=cc < nch, other=float("-inf"), cache_modifier=".cg")
-    cs = tl.load(sum_ptr + stat + cc, mask=cc < nch, other=0.0, cache_modifier=".cg")
-    M = tl.max(cm, axis=0)
-    mass = tl.where(cm == float("-inf"), 0.0, cs * tl.exp(cm - M))
+def _row_total(max_ptr, sum_ptr, stat, G, BLOCK_G: tl.constexpr):
+    """(M, per-granule mass exp-rescaled to M, Z) of one row from its published granule statistics."""
+    gg = tl.arange(0, BLOCK_G)
+    gm = tl.load(max_ptr + stat + gg, mask=gg < G, other=float("-inf"), cache_modifier=".cg")
+    gs = tl.load(sum_ptr + stat + gg, mask=gg < G, other=0.0, cache_modifier=".cg")
+    M = tl.max(gm, axis=0)
+    mass = tl.where(gm == float("-inf"), 0.0, gs * tl.exp(gm - M))
     return M, mass, tl.sum(mass, axis=0)
 
 
 @device_helper
-def _crossing_chunk(mass, target, nch, BLOCK_C: tl.constexpr):
-    """(chunk, mass before it, target for the chunk scan) where the cumulative mass first exceeds
-    target; if rounding leaves the total at or below target, the last chunk with mass (the
+def _crossing_granule(mass, target, G, BLOCK_G: tl.constexpr):
+    """(granule, mass before it, target for the granule scan) where the cumulative mass first exceeds
+    target; if rounding leaves the total at or below target, the last granule with mass (the
     reference's fallback) and an infinite target, so that the scan returns its last id with mass
     (a float rather than a flag: a predicate live across the scan spilled on sm_80)."""
-    cc = tl.arange(0, BLOCK_C)
+    gg = tl.arange(0, BLOCK_G)
     incl = tl.cumsum(mass, axis=0)
-    first = tl.min(tl.where((incl > target) & (cc < nch), cc, BLOCK_C), axis=0)
-    last = tl.max(tl.where(mass > 0, cc, -1), axis=0)
-    hit = first < BLOCK_C
-    c = tl.where(hit, first, last)
-    before = tl.sum(tl.where(cc < c, mass, 0.0), axis=0)
-    return c, before, tl.where(hit, target, float("inf"))
+    first = tl.min(tl.where((incl > target) & (gg < G), gg, BLOCK_G), axis=0)
+    last = tl.max(tl.where(mass > 0, gg, -1), axis=0)
+    hit = first < BLOCK_G
+    g = tl.where(hit, first, last)
+    before = tl.sum(tl.where(gg < g, mass, 0.0), axis=0)
+    return g, before, tl.where(hit, target, float("inf"))
 
 
 @device_helper
-def _scan_chunk(logit_ptr, q_ptr, row_off, q_off, c, chunk, V, temp, M, Z, before, target,
-                RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
-    """Inverse CDF inside chunk c: the first id whose cumulative weight (starting at `before`)
+def _residual(logit_ptr, q_ptr, row_off, q_off, offs, V, temp, M, Z):
+    """max(p - q, 0) at offs, p = exp(x - M) / Z."""
+    p = tl.exp(_row_values(logit_ptr, row_off, offs, V, temp) - M) / Z
+    q = tl.load(q_ptr + q_off + offs, mask=offs < V, other=0.0).to(tl.float32)
+    return tl.maximum(p - q, 0.0)
+
+
+@device_helper
+def _scan_granule(logit_ptr, q_ptr, row_off, q_off, g, V, temp, M, Z, before, target, RESIDUAL: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """Inverse CDF inside granule g: the first id whose cumulative weight (starting at `before`)
     exceeds target, or (no crossing at all) the last id with weight > 0. Weights are exp(x - M), or
     max(p - q, 0) with p = exp(x - M) / Z for the residual."""
-    found = NO_ID
-    last_pos = -1
-    run = before
-    for start in range(c * chunk, tl.minimum(c * chunk + chunk, V), BLOCK):
-        offs = start + tl.arange(0, BLOCK)
+    offs = g * BLOCK + tl.arange(0, BLOCK)
+    if RESIDUAL:
+        w = _residual(logit_ptr, q_ptr, row_off, q_off, offs, V, temp, M, Z)
+    else:
         w = tl.exp(_row_values(logit_ptr, row_off, offs, V, temp) - M)
-        if RESIDUAL:
-            q = tl.load(q_ptr + q_off + offs, mask=offs < V, other=0.0).to(tl.float32)
-            w = tl.maximum(w / Z - q, 0.0)
-        cum = run + tl.cumsum(w, axis=0)
-        found = tl.minimum(found, tl.min(tl.where((cum > target) & (offs < V), offs, NO_ID), axis=0))
-        last_pos = tl.maximum(last_pos, tl.max(tl.where(w > 0, offs, -1), axis=0))
-        run = run + tl.sum(w, axis=0)
+    cum = before + tl.cumsum(w, axis=0)
+    found = tl.min(tl.where((cum > target) & (offs < V), offs, NO_ID), axis=0)
+    last_pos = tl.max(tl.where(w > 0, offs, -1), axis=0)
     return tl.where(found != NO_ID, found, last_pos)
 
 
 @device_helper
-def _residual_masses(logit_ptr, q_ptr, row_off, q_off, chunk, nch, V, temp, M, Z, BLOCK_C: tl.constexpr,
-                     BLOCK: tl.constexpr):
-    """sum(max(p - q, 0)) per chunk of the row (p = exp(x - M) / Z)."""
-    cc = tl.arange(0, BLOCK_C)
-    rc = tl.zeros((BLOCK_C,), tl.float32)
-    for c in range(0, nch):
-        r = 0.0
-        for start in range(c * chunk, tl.minimum(c * chunk + chunk, V), BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            p = tl.exp(_row_values(logit_ptr, row_off, offs, V, temp) - M) / Z
-            q = tl.load(q_ptr + q_off + offs, mask=offs < V, other=0.0).to(tl.float32)
-            r += tl.sum(tl.maximum(p - q, 0.0), axis=0)
-        rc = tl.where(cc == c, r, rc)
-    return rc
+def _sample(logit_ptr, q_ptr, row_off, q_off, mass, total, uniform, V, G, temp, M, Z, RESIDUAL: tl.constexpr,
+            BLOCK_G: tl.constexpr, BLOCK: tl.constexpr):
+    """Inverse CDF with `uniform` over the row (granule masses summing to `total`)."""
+    g, before, target = _crossing_granule(mass, uniform * total, G, BLOCK_G)
+    return _scan_granule(logit_ptr, q_ptr, row_off, q_off, g, V, temp, M, Z, before, target, RESIDUAL, BLOCK)
 
 
 @device_helper
 def _walk(dec_ptr, len_ptr, acc_ptr, out_ptr, last_ptr, b, N, BLOCK_NODES: tl.constexpr):
     """From the root, follow each node's published (token, next child) until a node has no next:
     its token is the bonus. A next child has a higher index than its node, so one ascending pass
-    over the nodes meets the path in order; the loads do not depend on the walk. Only used nodes
-    are reached (a child's parent is a node), and their rows all published a decision. The outputs
-    are built in registers and written as vectors after the loop: scalar stores kept Triton's
-    thread-0 predicate live through the whole kernel, which ptxas spilled on sm_80."""
+    over the nodes meets the path in order. Only used nodes are reached (a child's parent is a node),
+    and their rows all published a decision. The decisions are loaded once as vectors (one L2 round
+    trip, not one per node) and the outputs built in registers and written as vectors after the
+    loop: scalar stores kept Triton's thread-0 predicate live through the whole kernel, which ptxas
+    spilled on sm_80."""
     dec = dec_ptr + b.to(tl.int64) * N * 2
     idx = tl.arange(0, BLOCK_NODES)
+    toks = tl.load(dec + idx * 2, mask=idx < N, other=-1, cache_modifier=".cg")
+    kids = tl.load(dec + idx * 2 + 1, mask=idx < N, other=-1, cache_modifier=".cg")
     accepted = tl.full((BLOCK_NODES,), -1, tl.int32)
     emitted = tl.full((BLOCK_NODES,), -1, tl.int32)
-    t = tl.load(dec, cache_modifier=".cg")
-    child = tl.load(dec + 1, cache_modifier=".cg")
+    t = tl.sum(tl.where(idx == 0, toks, 0), axis=0)
+    child = tl.sum(tl.where(idx == 0, kids, 0), axis=0)
     u = 0
     n = 0
     for i in range(1, N):
-        t_i = tl.load(dec + i * 2, cache_modifier=".cg")
-        child_i = tl.load(dec + i * 2 + 1, cache_modifier=".cg")
         hit = i == child
         accepted = tl.where(hit & (idx == n), i, accepted)
         emitted = tl.where(hit & (idx == n), t, emitted)
         n = tl.where(hit, n + 1, n)
         u = tl.where(hit, i, u)
-        t = tl.where(hit, t_i, t)
-        child = tl.where(hit, child_i, child)
+        t = tl.where(hit, tl.sum(tl.where(idx == i, toks, 0), axis=0), t)
+        child = tl.where(hit, tl.sum(tl.where(idx == i, kids, 0), axis=0), child)
     emitted = tl.where(idx == n, t, emitted)  # the bonus
     out = b.to(tl.int64) * N
     tl.store(acc_ptr + out + idx, accepted, mask=idx < N)
@@ -168,108 +164,148 @@ def _walk(dec_ptr, len_ptr, acc_ptr, out_ptr, last_ptr, b, N, BLOCK_NODES: tl.co
     tl.store(last_ptr + b + idx, tl.full((BLOCK_NODES,), 0, tl.int32) + u, mask=idx == 0)
 
 
+@device_helper
+def _finish(dec_ptr, cnt_ptr, len_ptr, acc_ptr, out_ptr, last_ptr, row, b, N, R, t, nxt, BLOCK_NODES: tl.constexpr):
+    """Publishes the row's final decision; the request's last final row walks the request."""
+    tl.store(dec_ptr + row.to(tl.int64) * 2, t)
+    tl.store(dec_ptr + row.to(tl.int64) * 2 + 1, nxt)
+    tl.debug_barrier()
+    req_cnt = cnt_ptr + 3 * R + b  # after the row counters (A, B) and the row states
+    if tl.atomic_add(req_cnt, 1, sem="acq_rel", scope="gpu") == N - 1:
+        tl.store(req_cnt, 0)
+        _walk(dec_ptr, len_ptr, acc_ptr, out_ptr, last_ptr, b, N, BLOCK_NODES)
+
+
 @triton.jit
-def _verify(tok_ptr, par_ptr, logit_ptr, q_ptr, temp_ptr, unif_ptr, max_ptr, sum_ptr, arg_ptr, dec_ptr, cnt_ptr,
-            len_ptr, acc_ptr, out_ptr, last_ptr, N, V, chunk, nch, s_b, s_n, sq_b, sq_n,
-            HAS_TEMP: tl.constexpr, HAS_DRAFT: tl.constexpr, BLOCK_NODES: tl.constexpr, BLOCK_C: tl.constexpr,
+def _verify(tok_ptr, par_ptr, logit_ptr, q_ptr, temp_ptr, unif_ptr, max_ptr, sum_ptr, arg_ptr, res_ptr, mz_ptr,
+            dec_ptr, cnt_ptr, len_ptr, acc_ptr, out_ptr, last_ptr, R, N, V, chunk, nch, G, s_b, s_n, sq_b, sq_n,
+            HAS_TEMP: tl.constexpr, HAS_DRAFT: tl.constexpr, BLOCK_NODES: tl.constexpr, BLOCK_G: tl.constexpr,
             BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    c = tl.program_id(1)
+    items = R * nch
+    if HAS_DRAFT:
+        # work items in ticket order (all of A, then B): a B program may wait for A items only
+        ticket_ptr = cnt_ptr + 3 * R + R // N
+        ticket = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
+        if ticket == 2 * items - 1:  # the last ticket: every other one was taken
+            tl.store(ticket_ptr, 0)
+    else:
+        ticket = tl.program_id(0)
+    item = ticket % items
+    row = item // nch
+    c = item % nch
     b = row // N
     u = row % N
     row_off = b.to(tl.int64) * s_b + u.to(tl.int64) * s_n
-    stat = row.to(tl.int64) * nch
+    q_off = b.to(tl.int64) * sq_b + u.to(tl.int64) * sq_n
+    stat = row.to(tl.int64) * G
+    state_ptr = cnt_ptr + 2 * R + row
     temp = 0.0
     if HAS_TEMP:
         temp = tl.load(temp_ptr + b)
-    # padding slots are never visited by the walk: their rows load nothing (the test is repeated in
-    # phase 2 rather than kept live: sm_80 spilled the predicate)
-    hi = tl.where((u == 0) | (tl.load(par_ptr + row) >= 0), tl.minimum(c * chunk + chunk, V), c * chunk)
+    lo = c * chunk
+    hi = tl.minimum(lo + chunk, V)
 
-    # phase 1: this chunk's statistics
-    m = float("-inf")
-    s = 0.0
-    arg = 0
-    for start in range(c * chunk, hi, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        x = _row_values(logit_ptr, row_off, offs, V, temp)
-        bm = tl.max(x, axis=0)
-        barg = tl.min(tl.where(x == bm, offs, NO_ID), axis=0)
-        arg = tl.where(bm > m, barg, arg)  # strictly greater: ties keep the lower id
-        m_new = tl.maximum(m, bm)
-        if HAS_TEMP:  # only sampling rows read the mass: a greedy-only call skips one exp per logit
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), axis=0)
-        m = m_new
-    tl.store(max_ptr + stat + c, m)
-    if HAS_TEMP:
-        tl.store(sum_ptr + stat + c, s)
-    tl.store(arg_ptr + stat + c, arg)
-    tl.debug_barrier()  # every thread's stores before the release (see the design note)
-    if tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel", scope="gpu") == nch - 1:
-        # phase 2: the row's last program decides the row
-        tl.store(cnt_ptr + row, 0)
-        if (u == 0) | (tl.load(par_ptr + row) >= 0):
-            idx = tl.arange(0, BLOCK_NODES)
-            kids = (tl.load(par_ptr + b * N + idx, mask=idx < N, other=-2) == u) & (idx > 0)
-            tokens = tl.load(tok_ptr + b.to(tl.int64) * N + idx, mask=idx < N, other=-1).to(tl.int32)
-            nxt = BLOCK_NODES
+    if ticket < items:
+        # A: the statistics of this chunk's granules
+        for start in range(lo, hi, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            x = _row_values(logit_ptr, row_off, offs, V, temp)
+            gm = tl.max(x, axis=0)
+            g = start // BLOCK
+            tl.store(max_ptr + stat + g, gm)
+            tl.store(arg_ptr + stat + g, tl.min(tl.where(x == gm, offs, NO_ID), axis=0))
+            if HAS_TEMP:  # only sampling rows read the mass: a greedy-only call skips one exp per logit
+                shift = tl.where(gm == float("-inf"), 0.0, gm)
+                tl.store(sum_ptr + stat + g, tl.sum(tl.exp(x - shift), axis=0))
+        tl.debug_barrier()  # every thread's stores before the release (see the design note)
+        if tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel", scope="gpu") == nch - 1:
+            # the row's last program decides the row
+            tl.store(cnt_ptr + row, 0)
             t = -1  # a sampling row with no distribution (all -inf or some NaN logits): bonus -1, stop
-            if temp == 0:  # greedy: first maximum over the chunks
-                cc = tl.arange(0, BLOCK_C)
-                cm = tl.load(max_ptr + stat + cc, mask=cc < nch, other=float("-inf"), cache_modifier=".cg")
-                ca = tl.load(arg_ptr + stat + cc, mask=cc < nch, other=NO_ID, cache_modifier=".cg")
-                t = tl.min(tl.where(cm == tl.max(cm, axis=0), ca, NO_ID), axis=0)
-                nxt = tl.min(tl.where(kids & (tokens == t), idx, BLOCK_NODES), axis=0)
-            elif HAS_TEMP:
-                # Only a launch with temperatures has sampling rows. Without them temp is the constant 0
-                # and uniforms/draft_probs are None (constexpr): this branch must not be generated then,
-                # since `temp == 0` is a runtime test and the compiler would still build the loads
-                # through a None pointer (the first GPU run: the greedy launch did not compile).
-                M, mass, Z = _row_total(max_ptr, sum_ptr, stat, nch, BLOCK_C)
-                if Z > 0:
-                    from_p = True
-                    q_off = b.to(tl.int64) * sq_b + u.to(tl.int64) * sq_n
-                    if HAS_DRAFT:
-                        child = tl.min(tl.where(kids, idx, BLOCK_NODES), axis=0)
-                        if child < BLOCK_NODES:
-                            x = tl.sum(tl.where(idx == child, tokens, 0), axis=0)
-                            x_ok = (x >= 0) & (x < V)  # an unchecked bad draft token is rejected, never read
-                            x = tl.where(x_ok, x, 0)
-                            px = tl.exp(tl.load(logit_ptr + row_off + x).to(tl.float32) / temp - M) / Z
-                            qx = tl.load(q_ptr + q_off + x).to(tl.float32)
-                            u0 = tl.load(unif_ptr + row.to(tl.int64) * 2)
-                            if x_ok & (qx > 0) & (u0 < px / qx):
-                                t = x
-                                nxt = child
+            nxt = BLOCK_NODES
+            state = 1  # final
+            M = 0.0
+            Z = 0.0
+            if (u == 0) | (tl.load(par_ptr + row) >= 0):
+                idx = tl.arange(0, BLOCK_NODES)
+                kids = (tl.load(par_ptr + b * N + idx, mask=idx < N, other=-2) == u) & (idx > 0)
+                tokens = tl.load(tok_ptr + b.to(tl.int64) * N + idx, mask=idx < N, other=-1).to(tl.int32)
+                if temp == 0:  # greedy: first maximum over the granules
+                    gg = tl.arange(0, BLOCK_G)
+                    gm = tl.load(max_ptr + stat + gg, mask=gg < G, other=float("-inf"), cache_modifier=".cg")
+                    ga = tl.load(arg_ptr + stat + gg, mask=gg < G, other=NO_ID, cache_modifier=".cg")
+                    t = tl.min(tl.where(gm == tl.max(gm, axis=0), ga, NO_ID), axis=0)
+                    nxt = tl.min(tl.where(kids & (tokens == t), idx, BLOCK_NODES), axis=0)
+                elif HAS_TEMP:
+                    # Only a launch with temperatures has sampling rows. Without them temp is the constant 0
+                    # and uniforms/draft_probs are None (constexpr): this branch must not be generated then,
+                    # since `temp == 0` is a runtime test and the compiler would still build the loads
+                    # through a None pointer (the first GPU run: the greedy launch did not compile).
+                    M, mass, Z = _row_total(max_ptr, sum_ptr, stat, G, BLOCK_G)
+                    if Z > 0:
+                        from_p = True
+                        if HAS_DRAFT:
+                            child = tl.min(tl.where(kids, idx, BLOCK_NODES), axis=0)
+                            if child < BLOCK_NODES:
                                 from_p = False
-                            else:
-                                rc = _residual_masses(logit_ptr, q_ptr, row_off, q_off, chunk, nch, V, temp, M, Z,
-                                                      BLOCK_C, BLOCK)
-                                total = tl.sum(rc, axis=0)
-                                if total > 0:  # p == q leaves no residual: sample from p
-                                    target = tl.load(unif_ptr + row.to(tl.int64) * 2 + 1) * total
-                                    cross, before, target = _crossing_chunk(rc, target, nch, BLOCK_C)
-                                    t = _scan_chunk(logit_ptr, q_ptr, row_off, q_off, cross, chunk, V, temp, M, Z,
-                                                    before, target, True, BLOCK)
-                                    from_p = False
-                    if from_p:
-                        # without draft_probs a row samples with uniform 0; with them, only the leaf and
-                        # the p == q fallback sample from p, with uniform 1
-                        target = tl.load(unif_ptr + row.to(tl.int64) * 2 + (1 if HAS_DRAFT else 0)) * Z
-                        cross, before, target = _crossing_chunk(mass, target, nch, BLOCK_C)
-                        t = _scan_chunk(logit_ptr, q_ptr, row_off, q_off, cross, chunk, V, temp, M, Z, before,
-                                        target, False, BLOCK)
-                        if not HAS_DRAFT:
-                            nxt = tl.min(tl.where(kids & (tokens == t), idx, BLOCK_NODES), axis=0)
-            tl.store(dec_ptr + row.to(tl.int64) * 2, t)
-            tl.store(dec_ptr + row.to(tl.int64) * 2 + 1, tl.where(nxt < BLOCK_NODES, nxt, -1))
+                                x = tl.sum(tl.where(idx == child, tokens, 0), axis=0)
+                                x_ok = (x >= 0) & (x < V)  # an unchecked bad draft token is rejected, never read
+                                x = tl.where(x_ok, x, 0)
+                                px = tl.exp(tl.load(logit_ptr + row_off + x).to(tl.float32) / temp - M) / Z
+                                qx = tl.load(q_ptr + q_off + x).to(tl.float32)
+                                u0 = tl.load(unif_ptr + row.to(tl.int64) * 2)
+                                if x_ok & (qx > 0) & (u0 < px / qx):
+                                    t = x
+                                    nxt = child
+                                else:
+                                    state = 2  # B draws the bonus from the residual
+                        if from_p:
+                            # without draft_probs a row samples with uniform 0; with them only the leaf
+                            # samples from p, with uniform 1
+                            uni = tl.load(unif_ptr + row.to(tl.int64) * 2 + (1 if HAS_DRAFT else 0))
+                            t = _sample(logit_ptr, q_ptr, row_off, q_off, mass, Z, uni, V, G, temp, M, Z, False,
+                                        BLOCK_G, BLOCK)
+                            if not HAS_DRAFT:
+                                nxt = tl.min(tl.where(kids & (tokens == t), idx, BLOCK_NODES), axis=0)
+            nxt = tl.where(nxt < BLOCK_NODES, nxt, -1)
+            if HAS_DRAFT:
+                tl.store(mz_ptr + row.to(tl.int64) * 2, M)
+                tl.store(mz_ptr + row.to(tl.int64) * 2 + 1, Z)
+                tl.debug_barrier()
+                tl.atomic_xchg(state_ptr, state, sem="release", scope="gpu")
+            if state == 1:
+                _finish(dec_ptr, cnt_ptr, len_ptr, acc_ptr, out_ptr, last_ptr, row, b, N, R, t, nxt, BLOCK_NODES)
+    elif HAS_DRAFT:
+        # B: wait for the row's decision (its A items all have lower tickets)
+        state = tl.atomic_add(state_ptr, 0, sem="acquire", scope="gpu")
+        while state == 0:
+            state = tl.atomic_add(state_ptr, 0, sem="acquire", scope="gpu")
+        if state == 2:
+            M = tl.load(mz_ptr + row.to(tl.int64) * 2, cache_modifier=".cg")
+            Z = tl.load(mz_ptr + row.to(tl.int64) * 2 + 1, cache_modifier=".cg")
+            for start in range(lo, hi, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                r = tl.sum(_residual(logit_ptr, q_ptr, row_off, q_off, offs, V, temp, M, Z), axis=0)
+                tl.store(res_ptr + stat + start // BLOCK, r)
         tl.debug_barrier()
-        req_cnt = cnt_ptr + tl.num_programs(0) + b  # after the B * N row counters
-        if tl.atomic_add(req_cnt, 1, sem="acq_rel", scope="gpu") == N - 1:
-            # phase 3: the request's last decided row walks its tree
-            tl.store(req_cnt, 0)
-            _walk(dec_ptr, len_ptr, acc_ptr, out_ptr, last_ptr, b, N, BLOCK_NODES)
+        if tl.atomic_add(cnt_ptr + R + row, 1, sem="acq_rel", scope="gpu") == nch - 1:
+            tl.store(cnt_ptr + R + row, 0)
+            tl.store(state_ptr, 0)  # every B program of the row has read it
+            if state == 2:
+                M = tl.load(mz_ptr + row.to(tl.int64) * 2, cache_modifier=".cg")
+                Z = tl.load(mz_ptr + row.to(tl.int64) * 2 + 1, cache_modifier=".cg")
+                uni = tl.load(unif_ptr + row.to(tl.int64) * 2 + 1)
+                gg = tl.arange(0, BLOCK_G)
+                rg = tl.load(res_ptr + stat + gg, mask=gg < G, other=0.0, cache_modifier=".cg")
+                total = tl.sum(rg, axis=0)
+                if total > 0:
+                    t = _sample(logit_ptr, q_ptr, row_off, q_off, rg, total, uni, V, G, temp, M, Z, True, BLOCK_G,
+                                BLOCK)
+                else:  # p == q leaves no residual (rejection is then impossible in exact arithmetic): sample p
+                    M, mass, Z = _row_total(max_ptr, sum_ptr, stat, G, BLOCK_G)
+                    t = _sample(logit_ptr, q_ptr, row_off, q_off, mass, Z, uni, V, G, temp, M, Z, False, BLOCK_G,
+                                BLOCK)
+                _finish(dec_ptr, cnt_ptr, len_ptr, acc_ptr, out_ptr, last_ptr, row, b, N, R, t, -1, BLOCK_NODES)
 
 
 # (num_warps, num_stages): the chunk loop streams; the pipeliner leaves these plain loads alone
@@ -280,7 +316,7 @@ LAUNCH = (4, 3)
 # instead of 6-8). Greedy-only calls take 32-48 registers either way.
 SAMPLING_MAXNREG = 128
 MAX_CHUNK = 16384
-MIN_COUNTERS = 1 << 16  # B * N + B up to 64 K without regrowing (256 KiB)
+MIN_COUNTERS = 1 << 16  # 3 * B * N + B + 1 up to 64 K without regrowing (256 KiB)
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _OUTGROWN: list[torch.Tensor] = []  # captured graphs may still hold their addresses
 
@@ -299,15 +335,22 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
     return fresh
 
 
+# Programs per SM a launch should have at least: a step's loads are not pipelined, so each program
+# keeps one step (4 KB of bf16) in flight; greedy programs (32-56 registers, 4 warps, depending on
+# the Triton version and target) fit 9-16 per SM, 36-64 KB in flight, enough for the copy bandwidth.
+PROGRAMS_PER_SM = 12
+
+
 def chunk_size(rows: int, V: int, sms: int) -> int:
-    """Ids per program: >= 4 programs per SM over the whole batch, 1..16 K-element vector steps."""
-    want = rows * V // (4 * sms)
+    """Ids per program: >= PROGRAMS_PER_SM programs per SM over the whole batch, 1..8 steps."""
+    want = rows * V // (PROGRAMS_PER_SM * sms)
     return min(MAX_CHUNK, max(BLOCK, want // BLOCK * BLOCK))
 
 
 def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, uniforms=None, draft_probs=None,
                 chunk=None):
-    """`chunk` (tests only) overrides the ids per program, to put many programs on a row at a small V."""
+    """`chunk` (tests only: a power of two below BLOCK or a multiple of it) overrides the ids per
+    program, to put many programs on a row at a small V."""
     B, N, V = target_logits.shape
     dev = target_logits.device
     accept_len = torch.empty(B, dtype=torch.int32, device=dev)
@@ -319,20 +362,27 @@ def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, unifo
     rows = B * N
     if chunk is None:
         chunk = chunk_size(rows, V, num_sms(dev))
+    block = min(BLOCK, chunk)
+    if chunk % block or block & (block - 1):
+        raise ValueError(f"tree_verify: chunk must be a power of two below {BLOCK} or a multiple of it, got {chunk}")
     nch = triton.cdiv(V, chunk)
-    cmax = torch.empty(rows, nch, dtype=torch.float32, device=dev)
-    csum = torch.empty_like(cmax)
-    carg = torch.empty(rows, nch, dtype=torch.int32, device=dev)
+    G = triton.cdiv(V, block)  # granules per row
+    gmax = torch.empty(rows, G, dtype=torch.float32, device=dev)
+    gsum = torch.empty_like(gmax)
+    garg = torch.empty(rows, G, dtype=torch.int32, device=dev)
     decision = torch.empty(rows, 2, dtype=torch.int32, device=dev)  # (token, next child or -1)
-    counters = _counters(dev, rows + B)
-    # validation lets temperature come without uniforms only when every row is greedy
-    has_temp = temperature is not None and uniforms is not None
-    has_draft = draft_probs is not None
+    has_temp = temperature is not None and uniforms is not None  # validation: else every row is greedy
+    has_draft = draft_probs is not None and has_temp  # only sampling rows read q (no launch without uniforms)
+    # draft launches: residual mass per granule, and each row's (max, normaliser) for phase B
+    gres = torch.empty_like(gmax) if has_draft else None
+    mz = torch.empty(rows, 2, dtype=torch.float32, device=dev) if has_draft else None
+    counters = _counters(dev, 3 * rows + B + 1)
     sq_b, sq_n = (draft_probs.stride(0), draft_probs.stride(1)) if has_draft else (0, 0)
-    _verify[(rows, nch)](draft_tokens, parents, target_logits, draft_probs, temperature, uniforms, cmax, csum, carg,
-                         decision, counters, accept_len, accepted, tokens, last, N, V, chunk, nch,
-                         target_logits.stride(0), target_logits.stride(1), sq_b, sq_n,
-                         HAS_TEMP=has_temp, HAS_DRAFT=has_draft, BLOCK_NODES=pow2_at_least(N, 2),
-                         BLOCK_C=pow2_at_least(nch, 2), BLOCK=min(BLOCK, chunk), num_warps=LAUNCH[0],
-                         num_stages=LAUNCH[1], maxnreg=SAMPLING_MAXNREG if has_temp else None)
+    items = rows * nch * (2 if has_draft else 1)
+    _verify[(items,)](draft_tokens, parents, target_logits, draft_probs, temperature, uniforms, gmax, gsum, garg, gres,
+                      mz, decision, counters, accept_len, accepted, tokens, last, rows, N, V, chunk, nch, G,
+                      target_logits.stride(0), target_logits.stride(1), sq_b, sq_n,
+                      HAS_TEMP=has_temp, HAS_DRAFT=has_draft, BLOCK_NODES=pow2_at_least(N, 2),
+                      BLOCK_G=pow2_at_least(G, 2), BLOCK=block, num_warps=LAUNCH[0],
+                      num_stages=LAUNCH[1], maxnreg=SAMPLING_MAXNREG if has_temp else None)
     return VerifyResult(accept_len, accepted, tokens, last)

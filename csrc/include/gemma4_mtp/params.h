@@ -72,7 +72,8 @@ struct TreeVerifyParams {
   int64_t logits_stride[2];
   const float* temperature;  // [B] or null (all greedy)
   const float* uniforms;     // [B, N, 2] or null
-  const float* draft_probs;  // [B, N, V] fp32 or null, stride 1 in V
+  const void* draft_probs;   // [B, N, V] fp32 or the logits' type, stride 1 in V, or null
+  bool draft_probs_fp32;
   int64_t draft_probs_stride[2];
   int B, N;
   int64_t V;
@@ -80,10 +81,14 @@ struct TreeVerifyParams {
   int32_t* accepted_nodes;  // [B, N]
   int64_t* output_tokens;   // [B, N]
   int32_t* last_node;       // [B]
-  void* workspace;  // tree_verify_workspace_bytes(); its first (B * N + 1) int32 are counters that
-                    // must be zero before the first launch (every launch leaves them zero)
+  int32_t* counters;  // tree_verify_counter_ints() int32, zero before the first launch (every launch
+                      // leaves them zero); launches sharing them must not overlap in time
+  void* workspace;    // tree_verify_prepare() bytes, any contents
+  // the plan, from tree_verify_prepare()
   int num_chunks;
   int64_t chunk;
+  int64_t granule;
+  int granules;
 };
 
 }  // namespace gemma4_mtp

@@ -1,6 +1,7 @@
 // Decision rules of tree_verify that are not GPU specific: argmax and softmax-statistics merging,
-// the inverse-CDF crossing search over one thread's items, and the walk of a draft tree. They mirror
-// gemma4_mtp_kernels/reference/tree_verify.py and are exercised on the CPU by csrc/tests/test_tree.cpp.
+// the inverse-CDF crossing search over one thread's items, which child a decision accepts, the walk
+// along the accepted children, and the launch plan. They mirror gemma4_mtp_kernels/reference/tree_verify.py
+// and are exercised on the CPU by csrc/tests/test_tree.cpp.
 #pragma once
 
 #include <cmath>
@@ -46,15 +47,19 @@ struct MaxSum {
 
 G4_HD MaxSum maxsum_identity() { return {-INFINITY, 0.f}; }
 
-G4_HD MaxSum maxsum_add(MaxSum a, float y) {
-  // a -inf logit (a masked token) adds nothing; without this, an empty a (m = -inf) would compute
-  // exp(-inf - -inf) = NaN
-  if (y == -INFINITY) return a;
-  if (y > a.m) {
-    const float s = a.s * expf(a.m - y) + 1.f;  // exp(-inf) = 0 when a is empty
-    return {y, s};
-  }
-  return {a.m, a.s + expf(y - a.m)};
+// Adds n values at once: one exp per value against the running maximum after the batch (no rescale
+// per value). -inf values (masked tokens) add nothing; a NaN value makes s NaN (and the row one
+// without a distribution, see has_distribution), even when it comes first or every other value is
+// -inf; an overflowed +inf makes s NaN too. The shift is 0 while the maximum is -inf, so that no
+// exp(-inf - -inf) = NaN comes from masked values alone.
+G4_HD MaxSum maxsum_add(MaxSum a, const float* y, int n) {
+  float mb = -INFINITY;
+  for (int i = 0; i < n; ++i) mb = fmaxf(mb, y[i]);  // fmaxf skips NaN
+  const float m = fmaxf(a.m, mb);
+  const float shift = m == -INFINITY ? 0.f : m;
+  float s = a.s * expf(a.m - shift);
+  for (int i = 0; i < n; ++i) s += expf(y[i] - shift);
+  return {m, s};
 }
 
 G4_HD MaxSum maxsum_merge(MaxSum a, MaxSum b) {
@@ -74,56 +79,82 @@ G4_HD bool has_distribution(MaxSum ms) {
 }
 
 constexpr int kNoToken = -1;
+constexpr int kNoNode = -1;
 
 // Inverse CDF over one thread's `n` contiguous probabilities p[0..n) whose cumulative sum starts at
-// `cdf0`: the first local index where the running sum exceeds u, or kNoIndex. A block combines the
-// threads' answers with a minimum (prefix sums computed in parallel are not monotone across threads,
-// so the first crossing, not any crossing, is the answer). Only an item with p > 0 can cross: in the
-// sequential rule the crossing step always adds mass, but a thread's parallel start cdf0 can round
-// above u while its left neighbour's own running sum stayed at or below u, and the thread must then
-// not answer with a zero-probability (masked) id.
-G4_HD int first_crossing(const float* p, int n, double cdf0, double u) {
+// `cdf0`: the first local index where the running sum exceeds u, or kNoIndex; *before gets the
+// running sum before that index. A block combines the threads' answers with a minimum (prefix sums
+// computed in parallel are not monotone across threads, so the first crossing, not any crossing, is
+// the answer). Only an item with p > 0 can cross: in the sequential rule the crossing step always
+// adds mass, but a thread's parallel start cdf0 can round above u while its left neighbour's own
+// running sum stayed at or below u, and the thread must then not answer with a zero-probability
+// (masked) id.
+G4_HD int first_crossing(const float* p, int n, double cdf0, double u, double* before) {
   double cdf = cdf0;
   for (int i = 0; i < n; ++i) {
-    cdf += static_cast<double>(p[i]);
-    if (cdf > u && p[i] > 0.f) return i;
+    const double next = cdf + static_cast<double>(p[i]);
+    if (next > u && p[i] > 0.f) {
+      *before = cdf;
+      return i;
+    }
+    cdf = next;
   }
   return kNoIndex;
 }
 
-// Greedy and deterministic-draft sampling: at node u the target picked token tok[u]; the lowest-index
-// child of u holding it is accepted. Chain drafts with draft probabilities: the decision at node u is
-// accept[u] (accept the only child) with tok[u] the bonus on rejection or at the leaf.
-// accept == nullptr selects the token-matching rule. Writes accepted_nodes[0..N) and output_tokens[0..N)
-// (then -1), returns the accepted length and sets *last_node. IntPtr may be a volatile pointer (the
-// kernel reads decisions that other CTAs wrote). A node whose decision is kNoToken (no distribution)
-// ends the walk with bonus -1 even if an (unchecked, invalid) draft token is -1 too.
-template <class TokT, class IntPtr>
-G4_HD int walk_tree(const int* parents, const TokT* draft, IntPtr tok, IntPtr accept, int N,
-                    int* accepted_nodes, int64_t* output_tokens, int* last_node) {
+// Whether node c (of a request whose nodes hold `parent_c` and `draft_c`) is a child of u that the
+// token rule accepts for the target's token t. The accepted child is the lowest such c (duplicates:
+// the lowest index wins); a row without a distribution (t == kNoToken) accepts nothing, even an
+// unchecked draft token -1.
+G4_HD bool token_accepts(int parent_c, int64_t draft_c, int u, int64_t t) {
+  return t != kNoToken && parent_c == u && draft_c == t;
+}
+
+// Where each node's decision leads: tok[u] is the target's token at u (the bonus when the walk stops
+// there) and next[u] the accepted child (kNoNode: stop). Decisions come from token_accepts (greedy,
+// deterministic-draft sampling) or from the draft-probability test (chains); an accepted child always
+// holds tok[u] and has a higher index than u. Node(u, &tok, &next) reads one node's decision, so the
+// kernel can read them from shared or global memory. Writes accepted_nodes[0..N) and
+// output_tokens[0..N) (then -1), returns the accepted length and sets *last_node.
+template <class Node>
+G4_HD int follow_path(Node node, int N, int* accepted_nodes, int64_t* output_tokens, int* last_node) {
   int u = 0, n = 0;
-  int64_t bonus = -1;
+  int64_t tok;
+  int next;
   for (;;) {
-    int child = -1;
-    const int64_t t = tok[u];
-    if (t != kNoToken) {
-      for (int c = u + 1; c < N && child < 0; ++c)
-        if (parents[c] == u && (accept != nullptr ? accept[u] != 0 : static_cast<int64_t>(draft[c]) == t)) child = c;
-    }
-    if (child < 0) {
-      bonus = t;
-      break;
-    }
-    accepted_nodes[n] = child;
-    output_tokens[n] = static_cast<int64_t>(draft[child]);
+    node(u, &tok, &next);
+    if (next <= u || next >= N) break;  // kNoNode; anything else that is not a later node stops the walk too
+    accepted_nodes[n] = next;
+    output_tokens[n] = tok;
     ++n;
-    u = child;
+    u = next;
   }
   for (int i = n; i < N; ++i) accepted_nodes[i] = -1;
-  output_tokens[n] = bonus;  // n < N: every accepted node is a distinct non-root node
+  output_tokens[n] = tok;  // the bonus; n < N: every accepted node is a distinct non-root node
   for (int i = n + 1; i < N; ++i) output_tokens[i] = -1;
   *last_node = n ? accepted_nodes[n - 1] : 0;
   return n;
+}
+
+// The launch plan: each node's row of V logits is cut into chunks of `chunk` ids (one CTA each, a
+// multiple of `tile`, the ids a CTA loads in one batch), each chunk into `warps` granules (one warp
+// each) whose statistics the row's decision merges. Chunks are as long as up to `max_tiles` batches
+// while the grid still has about 8 CTAs per SM (between two and three waves of the 3 that fit): long
+// chunks amortise a CTA's counter round trips, short ones fill the GPU for small batches.
+struct TreePlan {
+  int num_chunks;
+  int64_t chunk;
+  int64_t granule;  // ids per granule (chunk / warps)
+  int granules;     // per row: num_chunks * warps
+};
+
+inline TreePlan tree_plan(int64_t rows, int64_t V, int num_sms, int64_t tile, int max_tiles, int warps) {
+  const int64_t want = 8 * static_cast<int64_t>(num_sms > 0 ? num_sms : 1);
+  int64_t tiles = rows * ceil_div(V, tile) / want;
+  tiles = max64(1, min64(tiles, min64(max_tiles, ceil_div(V, tile))));
+  const int64_t chunk = tiles * tile;
+  const int num_chunks = static_cast<int>(ceil_div(V, chunk));
+  return {num_chunks, chunk, chunk / warps, num_chunks * warps};
 }
 
 }  // namespace gemma4_mtp
