@@ -58,7 +58,7 @@ int64_t stride(const at::Tensor& t, int i) { return t.size(i) == 1 ? int64_t{0} 
 int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 
 void fused_concat_down_proj(const at::Tensor& token_ids, const at::Tensor& embed_table, const at::Tensor& hidden,
-                            const at::Tensor& weight, double embed_scale, at::Tensor& out) {
+                            const at::Tensor& weight, double embed_scale, at::Tensor& out, at::Tensor& counters) {
   const auto dev = hidden.device();
   check_tensor(hidden, "hidden", 2, dev);
   check_tensor(token_ids, "token_ids", 1, dev);
@@ -102,6 +102,23 @@ void fused_concat_down_proj(const at::Tensor& token_ids, const at::Tensor& embed
   p.Hb = static_cast<int>(Hb);
   p.Hd = static_cast<int>(Hd);
   p.embed_scale = static_cast<float>(embed_scale);
+  check_tensor(counters, "counters", 1, dev);
+  check_dtype(counters, "counters", at::kInt);
+  check_contiguous(counters, "counters");
+  if (T == 0 || Hd == 0) return;
+  // Rows are read with 16-byte loads (tensor-core path, vector CUDA-core path) only when the data
+  // pointers and row strides of embed_table, hidden and weight allow it; otherwise the launcher takes
+  // the element-wise path (never a misaligned load). out is written element-wise.
+  int64_t n_counters = 0;
+  const int64_t partial_bytes = gemma4_mtp::prepare_fused_concat_down_proj(dt, p, sm_count(), &n_counters);
+  TORCH_CHECK(counters.numel() >= n_counters, "gemma4_mtp: counters must hold at least ", n_counters,
+              " int32 for this call, got ", counters.numel());
+  p.counters = counters.data_ptr<int32_t>();
+  at::Tensor partials;
+  if (partial_bytes > 0) {
+    partials = at::empty({partial_bytes / 4}, hidden.options().dtype(at::kFloat));
+    p.partials = partials.data_ptr<float>();
+  }
   check_launch(gemma4_mtp::launch_fused_concat_down_proj(dt, p, at::cuda::getCurrentCUDAStream()),
                "fused_concat_down_proj");
 }
@@ -188,7 +205,7 @@ void q_only_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
 
 void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, const at::Tensor& token_ordering,
                      const at::Tensor& lm_head, int64_t top_k, c10::string_view output, at::Tensor& ids,
-                     at::Tensor& logits) {
+                     at::Tensor& logits, at::Tensor& counters) {
   const auto dev = hidden.device();
   check_tensor(hidden, "hidden", 2, dev);
   check_tensor(centroids, "centroids", 2, dev);
@@ -233,7 +250,15 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
   check_inner(hidden, "hidden");
   check_inner(centroids, "centroids");
   check_inner(lm_head, "lm_head");
-  TORCH_CHECK(T <= 65535, "gemma4_mtp: hidden must have at most 65535 rows (tokens per centroid_logits call), got ", T);
+  TORCH_CHECK(T <= INT32_MAX && Hd <= INT32_MAX, "gemma4_mtp: hidden sizes must fit 32-bit ints, got ", hidden.sizes());
+  // the kernel synchronises its programs through these (zero before, left zero after every launch)
+  check_tensor(counters, "counters", 1, dev);
+  check_dtype(counters, "counters", at::kInt);
+  check_contiguous(counters, "counters");
+  TORCH_CHECK(counters.numel() >= gemma4_mtp::kCentroidCounters, "gemma4_mtp: counters must hold at least ",
+              gemma4_mtp::kCentroidCounters, " int32, got ", counters.numel());
+  // hidden, centroids and lm_head rows are read with 16-byte loads when their data pointers and row
+  // strides allow it; otherwise the launcher takes the element-wise path (never a misaligned load).
 
   const c10::cuda::CUDAGuard guard(dev);
   gemma4_mtp::CentroidParams p{};
@@ -253,8 +278,10 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
   p.output = mode;
   p.ids = mode == gemma4_mtp::CentroidOutput::kDense ? nullptr : ids.data_ptr<int64_t>();
   p.logits = logits.data_ptr<float>();
+  p.counters = counters.data_ptr<int32_t>();
   if (T == 0) return;
-  at::Tensor ws = at::empty({gemma4_mtp::centroid_logits_workspace_bytes(p)}, hidden.options().dtype(at::kByte));
+  const int64_t ws_bytes = gemma4_mtp::prepare_centroid_logits(p, sm_count());
+  at::Tensor ws = at::empty({ws_bytes}, hidden.options().dtype(at::kByte));
   p.workspace = ws.data_ptr();
   check_launch(gemma4_mtp::launch_centroid_logits(dt, p, at::cuda::getCurrentCUDAStream()), "centroid_logits");
 }
@@ -350,11 +377,11 @@ void tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents, cons
 
 TORCH_LIBRARY(gemma4_mtp, m) {
   m.def("fused_concat_down_proj(Tensor token_ids, Tensor embed_table, Tensor hidden, Tensor weight, "
-        "float embed_scale, Tensor(a!) out) -> ()");
+        "float embed_scale, Tensor(a!) out, Tensor(b!) counters) -> ()");
   m.def("q_only_paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
         "float scale, int window, float softcap, Tensor(a!) out, Tensor(b!) lse) -> ()");
   m.def("centroid_logits(Tensor hidden, Tensor centroids, Tensor token_ordering, Tensor lm_head, int top_k, "
-        "str output, Tensor(a!) ids, Tensor(b!) logits) -> ()");
+        "str output, Tensor(a!) ids, Tensor(b!) logits, Tensor(c!) counters) -> ()");
   m.def("tree_verify(Tensor draft_tokens, Tensor parents, Tensor target_logits, Tensor? temperature, "
         "Tensor? uniforms, Tensor? draft_probs, Tensor(a!) accept_len, Tensor(b!) accepted_nodes, "
         "Tensor(c!) output_tokens, Tensor(d!) last_node) -> ()");
