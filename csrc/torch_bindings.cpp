@@ -6,8 +6,16 @@
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
 
 #include "ops/launchers.h"
 
@@ -57,8 +65,27 @@ int64_t stride(const at::Tensor& t, int i) { return t.size(i) == 1 ? int64_t{0} 
 
 int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 
+// At least n zeroed int32 counters on like's device for the kernels of `op`, which synchronise their
+// CTAs through them (a grid barrier, last-CTA elections) and leave them zero, so no per-call memset:
+// one cached buffer per (op, device), grown on demand; outgrown buffers stay alive because captured
+// graphs hold their addresses. A call that needs a new buffer while its stream is being captured gets
+// a graph-private one in *fresh (its zeroing is captured with it, so every replay starts from zero)
+// that is not cached: zeroing the cache during capture would only happen at replay. Launches of one op
+// that overlap in time on a device (concurrent streams or graph replays) would share the counters:
+// not supported.
+int32_t* zeroed_counters(const char* op, int64_t n, const at::Tensor& like, at::Tensor* fresh) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, int>, std::vector<at::Tensor>> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::vector<at::Tensor>& buffers = cache[{op, like.get_device()}];
+  if (!buffers.empty() && buffers.back().numel() >= n) return buffers.back().data_ptr<int32_t>();
+  *fresh = at::zeros({std::max<int64_t>(n, 1024)}, like.options().dtype(at::kInt));
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) buffers.push_back(*fresh);
+  return fresh->data_ptr<int32_t>();
+}
+
 void fused_concat_down_proj(const at::Tensor& token_ids, const at::Tensor& embed_table, const at::Tensor& hidden,
-                            const at::Tensor& weight, double embed_scale, at::Tensor& out, at::Tensor& counters) {
+                            const at::Tensor& weight, double embed_scale, at::Tensor& out) {
   const auto dev = hidden.device();
   check_tensor(hidden, "hidden", 2, dev);
   check_tensor(token_ids, "token_ids", 1, dev);
@@ -102,18 +129,14 @@ void fused_concat_down_proj(const at::Tensor& token_ids, const at::Tensor& embed
   p.Hb = static_cast<int>(Hb);
   p.Hd = static_cast<int>(Hd);
   p.embed_scale = static_cast<float>(embed_scale);
-  check_tensor(counters, "counters", 1, dev);
-  check_dtype(counters, "counters", at::kInt);
-  check_contiguous(counters, "counters");
   if (T == 0 || Hd == 0) return;
   // Rows are read with 16-byte loads (tensor-core path, vector CUDA-core path) only when the data
   // pointers and row strides of embed_table, hidden and weight allow it; otherwise the launcher takes
   // the element-wise path (never a misaligned load). out is written element-wise.
   int64_t n_counters = 0;
   const int64_t partial_bytes = gemma4_mtp::prepare_fused_concat_down_proj(dt, p, sm_count(), &n_counters);
-  TORCH_CHECK(counters.numel() >= n_counters, "gemma4_mtp: counters must hold at least ", n_counters,
-              " int32 for this call, got ", counters.numel());
-  p.counters = counters.data_ptr<int32_t>();
+  at::Tensor fresh;
+  p.counters = n_counters > 0 ? zeroed_counters("fused_concat_down_proj", n_counters, hidden, &fresh) : nullptr;
   at::Tensor partials;
   if (partial_bytes > 0) {
     partials = at::empty({partial_bytes / 4}, hidden.options().dtype(at::kFloat));
@@ -205,7 +228,7 @@ void q_only_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
 
 void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, const at::Tensor& token_ordering,
                      const at::Tensor& lm_head, int64_t top_k, c10::string_view output, at::Tensor& ids,
-                     at::Tensor& logits, at::Tensor& counters) {
+                     at::Tensor& logits) {
   const auto dev = hidden.device();
   check_tensor(hidden, "hidden", 2, dev);
   check_tensor(centroids, "centroids", 2, dev);
@@ -251,12 +274,6 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
   check_inner(centroids, "centroids");
   check_inner(lm_head, "lm_head");
   TORCH_CHECK(T <= INT32_MAX && Hd <= INT32_MAX, "gemma4_mtp: hidden sizes must fit 32-bit ints, got ", hidden.sizes());
-  // the kernel synchronises its programs through these (zero before, left zero after every launch)
-  check_tensor(counters, "counters", 1, dev);
-  check_dtype(counters, "counters", at::kInt);
-  check_contiguous(counters, "counters");
-  TORCH_CHECK(counters.numel() >= gemma4_mtp::kCentroidCounters, "gemma4_mtp: counters must hold at least ",
-              gemma4_mtp::kCentroidCounters, " int32, got ", counters.numel());
   // hidden, centroids and lm_head rows are read with 16-byte loads when their data pointers and row
   // strides allow it; otherwise the launcher takes the element-wise path (never a misaligned load).
 
@@ -278,8 +295,9 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
   p.output = mode;
   p.ids = mode == gemma4_mtp::CentroidOutput::kDense ? nullptr : ids.data_ptr<int64_t>();
   p.logits = logits.data_ptr<float>();
-  p.counters = counters.data_ptr<int32_t>();
   if (T == 0) return;
+  at::Tensor fresh;
+  p.counters = zeroed_counters("centroid_logits", gemma4_mtp::kCentroidCounters, hidden, &fresh);
   const int64_t ws_bytes = gemma4_mtp::prepare_centroid_logits(p, sm_count());
   at::Tensor ws = at::empty({ws_bytes}, hidden.options().dtype(at::kByte));
   p.workspace = ws.data_ptr();
@@ -377,11 +395,11 @@ void tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents, cons
 
 TORCH_LIBRARY(gemma4_mtp, m) {
   m.def("fused_concat_down_proj(Tensor token_ids, Tensor embed_table, Tensor hidden, Tensor weight, "
-        "float embed_scale, Tensor(a!) out, Tensor(b!) counters) -> ()");
+        "float embed_scale, Tensor(a!) out) -> ()");
   m.def("q_only_paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
         "float scale, int window, float softcap, Tensor(a!) out, Tensor(b!) lse) -> ()");
   m.def("centroid_logits(Tensor hidden, Tensor centroids, Tensor token_ordering, Tensor lm_head, int top_k, "
-        "str output, Tensor(a!) ids, Tensor(b!) logits, Tensor(c!) counters) -> ()");
+        "str output, Tensor(a!) ids, Tensor(b!) logits) -> ()");
   m.def("tree_verify(Tensor draft_tokens, Tensor parents, Tensor target_logits, Tensor? temperature, "
         "Tensor? uniforms, Tensor? draft_probs, Tensor(a!) accept_len, Tensor(b!) accepted_nodes, "
         "Tensor(c!) output_tokens, Tensor(d!) last_node) -> ()");

@@ -1,6 +1,7 @@
-"""Zeroed int32 counters that one-launch kernels synchronise their programs with (a grid-wide barrier,
-"last program done" elections). Every launch leaves its counters zero again, so no per-call memset is
-needed and the launch replays in a CUDA graph. One cached buffer per (device, owner), grown on demand;
+"""Zeroed int32 counters that one-launch Triton kernels synchronise their programs with (a grid-wide
+barrier, "last program done" elections; the CUDA ops keep theirs in csrc/torch_bindings.cpp). Every
+launch leaves its counters zero again, so no per-call memset is needed and the launch replays in a
+CUDA graph. One cached buffer per (device, owner), grown on demand;
 a call captured into a graph before the cache is big enough gets a graph-private buffer (its zeroing
 memset is captured too, so each replay starts from zero); outgrown buffers stay alive because captured
 graphs hold their addresses. Launches of one owner that overlap in time on one device (concurrent
@@ -22,6 +23,8 @@ def _capturing() -> bool:
 
 def zeroed_counters(device: torch.device, n: int, owner: str) -> torch.Tensor:
     """At least n zeroed int32 counters on `device` for the kernels of `owner` (which leave them zero)."""
+    if device.type == "meta":  # traced launches (no kernel runs): nothing to cache
+        return torch.zeros(n, dtype=torch.int32, device=device)
     key = (device, owner)
     buf = _CACHE.get(key)
     if buf is not None and buf.numel() >= n:

@@ -106,8 +106,7 @@ def test_opcheck():
     args = [t.to(DEV) for t in make_inputs(3, 64, 16, torch.bfloat16)]
     cuda_backend._ops()
     out = torch.empty(3, 16, dtype=torch.bfloat16, device=DEV)
-    counters = torch.zeros(64, dtype=torch.int32, device=DEV)
-    torch.library.opcheck(torch.ops.gemma4_mtp.fused_concat_down_proj.default, (*args, 8.0, out, counters))
+    torch.library.opcheck(torch.ops.gemma4_mtp.fused_concat_down_proj.default, (*args, 8.0, out))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -123,22 +122,20 @@ def test_out_of_range_token_gives_nan_row_on_the_tensor_core_path(T, dtype):
     assert not torch.isnan(got[others]).any()
 
 
-def test_split_counters_are_left_zero_and_replays_agree():
-    """The split-k path's per-tile counters come back zero, so a captured call replayed many times in a
-    row (each replay's tiles electing their last CTA afresh) stays correct."""
+def test_split_k_replays_and_eager_calls_agree():
+    """The split-k path's per-tile counters (cached, left zero by every launch) elect each tile's last
+    CTA afresh: a captured call replayed many times, with eager calls between, gives the same bits
+    (deterministic: partials summed in split order)."""
     d = DRAFTERS["31B"]
     token_ids, embed_table, hidden, weight = (t.to(DEV) for t in make_inputs(1, d["Hb"], d["Hd"], torch.bfloat16))
-    counters = torch.zeros(64, dtype=torch.int32, device=DEV)
+    first = fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=73.5, backend="cuda")
     out = poisoned((1, d["Hd"]), torch.bfloat16, device=DEV)
-    cuda_backend._ops().fused_concat_down_proj(token_ids, embed_table, hidden, weight, 73.5, out, counters)
-    torch.cuda.synchronize()
-    assert counters.eq(0).all() and not out.isnan().any()
-    first = out.clone()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=73.5, out=out, backend="cuda")
-    out.fill_(float("nan"))
     for _ in range(20):
         graph.replay()
+        eager = fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=73.5, backend="cuda")
     torch.cuda.synchronize()
-    assert torch.equal(out, first)  # deterministic: partials summed in split order
+    assert not first.isnan().any()
+    assert torch.equal(out, first) and torch.equal(eager, first)

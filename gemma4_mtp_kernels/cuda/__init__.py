@@ -16,13 +16,10 @@ import os
 
 import torch
 
-from .._counters import zeroed_counters
 from .._types import VerifyResult
 
 # The kernels' limits that the public ops do not impose (see csrc/include/gemma4_mtp/*.cuh).
 MAX_CENTROIDS = 4096
-CENTROID_COUNTERS = 2  # launchers.h kCentroidCounters
-DOWN_PROJ_ROWS_PER_CTA = 32  # down_proj_logic.h kMmaRowsPerCta: one counter per 32 rows x 16+ tokens
 
 
 # torch.compile evaluates this at trace time instead of tracing the import (the dispatcher calls it).
@@ -80,15 +77,12 @@ def _require_16_byte_strides(op: str, name: str, t: torch.Tensor, dims: int) -> 
                          f"strides {t.stride()} (element size {size}); use backend='triton' or 'torch' for this layout")
 
 
+# fused_concat_down_proj and centroid_logits need no layout check here: their launchers read rows with
+# 16-byte loads only when data pointers and row strides allow it and take element-wise paths otherwise.
 def fused_concat_down_proj(token_ids, embed_table, hidden, weight, *, embed_scale, out=None):
-    T, Hd = hidden.shape[0], weight.shape[0]
     if out is None:
-        out = torch.empty((T, Hd), dtype=hidden.dtype, device=hidden.device)
-    # a split k range: the last CTA of each output tile sums the partials (a counter per tile, at most
-    # one per 32 rows x 16 tokens; the op checks the count it needs)
-    n = -(-Hd // DOWN_PROJ_ROWS_PER_CTA) * -(-T // 16)
-    counters = zeroed_counters(hidden.device, n, "cuda.fused_concat_down_proj")
-    _ops().fused_concat_down_proj(token_ids, embed_table, hidden, weight, float(embed_scale), out, counters)
+        out = torch.empty((hidden.shape[0], weight.shape[0]), dtype=hidden.dtype, device=hidden.device)
+    _ops().fused_concat_down_proj(token_ids, embed_table, hidden, weight, float(embed_scale), out)
     return out
 
 
@@ -124,9 +118,7 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
     else:
         ids = torch.empty((0,), dtype=torch.int64, device=dev)
         logits = torch.full((T, V), fill_value, dtype=torch.float32, device=dev)
-    # one launch whose programs meet at a grid-wide barrier: counters shared by every call on the device
-    counters = zeroed_counters(dev, CENTROID_COUNTERS, "cuda.centroid_logits")
-    _ops().centroid_logits(hidden, centroids, token_ordering, lm_head, int(top_k), output, ids, logits, counters)
+    _ops().centroid_logits(hidden, centroids, token_ordering, lm_head, int(top_k), output, ids, logits)
     return logits if output == "dense" else (ids, logits)
 
 

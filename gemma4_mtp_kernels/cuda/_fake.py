@@ -5,7 +5,7 @@ import torch
 
 
 @torch.library.register_fake("gemma4_mtp::fused_concat_down_proj")
-def _fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale, out, counters):
+def _fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale, out):
     return None
 
 
@@ -15,7 +15,7 @@ def _q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale, w
 
 
 @torch.library.register_fake("gemma4_mtp::centroid_logits")
-def _centroid_logits(hidden, centroids, token_ordering, lm_head, top_k, output, ids, logits, counters):
+def _centroid_logits(hidden, centroids, token_ordering, lm_head, top_k, output, ids, logits):
     return None
 
 

@@ -186,19 +186,22 @@ __device__ void select_clusters(const CentroidParams& p, const Workspace& w, int
     for (int e = 0; e < E; ++e) n += base + e < p.C && key[e] == st.prefix;
     tie = block_exclusive_scan(n, sh, lane, warp);
   }
-  bool chosen[E];
-  uint32_t n_chosen = 0;
+  // count, then (after the scan gives this thread's first slot) store, the selected keys in index order
+  uint32_t n_chosen = 0, tie_run = tie;
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     const bool valid = base + e < p.C;
-    chosen[e] = valid && radix_selected(st, key[e], tie);
-    tie += valid && !st.done && key[e] == st.prefix;
-    n_chosen += chosen[e];
+    n_chosen += valid && radix_selected(st, key[e], tie_run);
+    tie_run += valid && !st.done && key[e] == st.prefix;
   }
   uint32_t at = block_exclusive_scan(n_chosen, sh, lane, warp);
+  tie_run = tie;
 #pragma unroll
-  for (int e = 0; e < E; ++e)
-    if (chosen[e]) sh.cand[at++] = topk_key(key[e], static_cast<uint32_t>(base + e));
+  for (int e = 0; e < E; ++e) {
+    const bool valid = base + e < p.C;
+    if (valid && radix_selected(st, key[e], tie_run)) sh.cand[at++] = topk_key(key[e], static_cast<uint32_t>(base + e));
+    tie_run += valid && !st.done && key[e] == st.prefix;
+  }
   __syncthreads();
   // rank of each selected key among the top_k: how many selected keys are larger
   for (int m = warp; m < p.top_k; m += kWarps) {
@@ -219,28 +222,29 @@ __device__ void score_candidates(const CentroidParams& p, int64_t t, int j, int 
   const int64_t cluster = sh.sel[j];
   const T* h = static_cast<const T*>(p.hidden) + t * p.hidden_stride;
   const T* lm = static_cast<const T*>(p.lm_head);
-  for (int r0 = r_lo + warp; r0 < r_hi; r0 += kWarps * kRowBatch) {
-    // lane b < kRowBatch fetches the id of the warp's row b, then every lane gets all of them
+  constexpr int B = kRowBatch;
+  for (int r0 = r_lo + warp; r0 < r_hi; r0 += kWarps * B) {
+    // lane b < B fetches the id of the warp's row b, then every lane gets all of them
     int64_t mine = -1;
-    if (lane < kRowBatch && r0 + lane * kWarps < r_hi) {
+    if (lane < B && r0 + lane * kWarps < r_hi) {
       const int64_t o = cluster * cs + r0 + lane * kWarps;
       mine = p.ordering_int64 ? __ldg(static_cast<const int64_t*>(p.token_ordering) + o)
                               : static_cast<int64_t>(__ldg(static_cast<const int32_t*>(p.token_ordering) + o));
     }
-    int64_t id[kRowBatch];
-    bool ok[kRowBatch];
+    int64_t id[B];
+    bool ok[B];
 #pragma unroll
-    for (int b = 0; b < kRowBatch; ++b) {
+    for (int b = 0; b < B; ++b) {
       id[b] = __shfl_sync(0xffffffffu, mine, b);
       ok[b] = r0 + b * kWarps < r_hi && id[b] >= 0 && id[b] < p.V;
     }
-    float acc[kRowBatch];
+    float acc[B];
 #pragma unroll
-    for (int b = 0; b < kRowBatch; ++b) acc[b] = 0.f;
+    for (int b = 0; b < B; ++b) acc[b] = 0.f;
     for (int k = lane * VEC; k < p.Hd; k += 32 * VEC) {
-      Packed<VEC, T> row[kRowBatch];
+      Packed<VEC, T> row[B];
 #pragma unroll
-      for (int b = 0; b < kRowBatch; ++b) {
+      for (int b = 0; b < B; ++b) {
         if (ok[b]) {
           load_packed<VEC>(lm + id[b] * p.lm_head_stride + k, row[b]);
         } else {
@@ -250,12 +254,12 @@ __device__ void score_candidates(const CentroidParams& p, int64_t t, int j, int 
       float x[VEC];
       load_float<VEC>(h + k, x);
 #pragma unroll
-      for (int b = 0; b < kRowBatch; ++b)
+      for (int b = 0; b < B; ++b)
 #pragma unroll
         for (int e = 0; e < VEC; ++e) acc[b] = fmaf(to_float(row[b].e[e]), x[e], acc[b]);
     }
 #pragma unroll
-    for (int b = 0; b < kRowBatch; ++b) {
+    for (int b = 0; b < B; ++b) {
       const int r = r0 + b * kWarps;
       if (r >= r_hi) break;
       const float logit = warp_sum(acc[b]);
@@ -408,12 +412,17 @@ cudaError_t centroid_logits(const CentroidParams& p, cudaStream_t stream) {
       p.Hd < 0 || p.workspace == nullptr || p.counters == nullptr || p.grid < 1 || p.chunks < 1 || p.rows < 1 ||
       static_cast<int64_t>(p.chunks) * p.rows < p.V / p.C)
     return cudaErrorInvalidValue;
-  // 16-byte loads of hidden, centroids and lm_head rows need aligned pointers and row strides
+  // 16-byte loads of hidden, centroids and lm_head rows need aligned pointers and row strides; fp32 (a
+  // test dtype) reads element-wise: its 16-byte variant needs more than the 128 registers a 512-thread
+  // program may use on sm_80
   constexpr int V = kVec16<T>;
-  const bool vec = p.Hd % V == 0 && p.hidden_stride % V == 0 && p.centroid_stride % V == 0 &&
+  const bool vec = sizeof(T) == 2 && p.Hd % V == 0 && p.hidden_stride % V == 0 && p.centroid_stride % V == 0 &&
                    p.lm_head_stride % V == 0 && host_aligned16(p.hidden) && host_aligned16(p.centroids) &&
                    host_aligned16(p.lm_head);
-  return vec ? centroid::launch_keys<T, V>(p, stream) : centroid::launch_keys<T, 1>(p, stream);
+  if constexpr (sizeof(T) == 2) {
+    if (vec) return centroid::launch_keys<T, V>(p, stream);
+  }
+  return centroid::launch_keys<T, 1>(p, stream);
 }
 
 }  // namespace gemma4_mtp
