@@ -402,9 +402,9 @@ inline int64_t centroid_prepare(CentroidParams& p, int num_sms) {
 }
 
 // Launches the centroid head for element type T (float, __half, __nv_bfloat16). Requires
-// 1 <= top_k <= C <= 4096, V a nonzero multiple of C, centroid_prepare(p) and its workspace, and
-// p.counters zero before the first launch (every launch leaves them zero). Launches that overlap in
-// time must not share counters.
+// 1 <= top_k <= C <= 4096, V a nonzero multiple of C, centroid_prepare(p) and its workspace (16-byte
+// aligned), and p.counters zero before the first launch (every launch leaves them zero). Launches that
+// overlap in time must not share counters.
 template <class T>
 cudaError_t centroid_logits(const CentroidParams& p, cudaStream_t stream) {
   if (p.T <= 0) return cudaSuccess;
@@ -412,6 +412,7 @@ cudaError_t centroid_logits(const CentroidParams& p, cudaStream_t stream) {
       p.Hd < 0 || p.workspace == nullptr || p.counters == nullptr || p.grid < 1 || p.chunks < 1 || p.rows < 1 ||
       static_cast<int64_t>(p.chunks) * p.rows < p.V / p.C)
     return cudaErrorInvalidValue;
+  if (!host_aligned16(p.workspace)) return cudaErrorMisalignedAddress;  // the partials are read 8 bytes at a time
   // 16-byte loads of hidden, centroids and lm_head rows need aligned pointers and row strides; fp32 (a
   // test dtype) reads element-wise: its 16-byte variant needs more than the 128 registers a 512-thread
   // program may use on sm_80
