@@ -235,9 +235,10 @@ def launch_config(T: int, C: int, CS: int, Hd: int, top_k: int, rows: int) -> di
     idx_bits = max(1, (C - 1).bit_length())
     block_cc = pow2_at_least(C, 2)
     k2 = pow2_at_least(top_k, 2)  # tl.topk needs k >= 2
+    block_r = pow2_at_least(rows, 2)  # a [BLOCK_R, BLOCK_D] tile of rows: 32 x 256 at T = 1, 128 x 128 at T = 64
     return dict(SCORE_TILES, BLOCK_T=min(64, pow2_at_least(T, 16)), BLOCK_CC=block_cc, K2=k2, ROW=ROW,
                 IDX_BITS=idx_bits, TWO_LEVEL=block_cc >= k2 * ROW and block_cc > ROW,
-                BLOCK_R=pow2_at_least(rows, 2), BLOCK_D=min(128, pow2_at_least(Hd, 16)), BLOCK_P=256,
+                BLOCK_R=block_r, BLOCK_D=min(16384 // block_r, 256, pow2_at_least(Hd, 16)), BLOCK_P=256,
                 num_warps=8, num_stages=2)
 
 
