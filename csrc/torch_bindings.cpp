@@ -7,11 +7,14 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "ops/launchers.h"
@@ -62,6 +65,26 @@ int64_t stride(const at::Tensor& t, int i) { return t.size(i) == 1 ? int64_t{0} 
 
 int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 
+// At least n zeroed int32 counters on like's device for the kernels of `op`, which synchronise their
+// CTAs through them (a grid barrier, last-CTA elections) and leave them zero, so no per-call memset:
+// one cached buffer per (op, device), grown on demand; outgrown buffers stay alive because captured
+// graphs hold their addresses. A call that needs a new buffer while its stream is being captured gets
+// a graph-private one in *fresh (its zeroing is captured with it, so every replay starts from zero)
+// that is not cached: zeroing the cache during capture would only happen at replay. Launches of one op
+// that overlap in time on a device (concurrent streams or graph replays) would share the counters:
+// not supported.
+int32_t* zeroed_counters(const char* op, int64_t n, const at::Tensor& like, at::Tensor* fresh) {
+  static std::mutex mutex;
+  // never destroyed: tensors freed after CUDA's own teardown at exit would crash
+  static auto* cache = new std::map<std::pair<std::string, int>, std::vector<at::Tensor>>();
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::vector<at::Tensor>& buffers = (*cache)[{op, like.get_device()}];
+  if (!buffers.empty() && buffers.back().numel() >= n) return buffers.back().data_ptr<int32_t>();
+  *fresh = at::zeros({std::max<int64_t>(n, 1024)}, like.options().dtype(at::kInt));
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) buffers.push_back(*fresh);
+  return fresh->data_ptr<int32_t>();
+}
+
 void fused_concat_down_proj(const at::Tensor& token_ids, const at::Tensor& embed_table, const at::Tensor& hidden,
                             const at::Tensor& weight, double embed_scale, at::Tensor& out) {
   const auto dev = hidden.device();
@@ -107,6 +130,19 @@ void fused_concat_down_proj(const at::Tensor& token_ids, const at::Tensor& embed
   p.Hb = static_cast<int>(Hb);
   p.Hd = static_cast<int>(Hd);
   p.embed_scale = static_cast<float>(embed_scale);
+  if (T == 0 || Hd == 0) return;
+  // Rows are read with 16-byte loads (tensor-core path, vector CUDA-core path) only when the data
+  // pointers and row strides of embed_table, hidden and weight allow it; otherwise the launcher takes
+  // the element-wise path (never a misaligned load). out is written element-wise.
+  int64_t n_counters = 0;
+  const int64_t partial_bytes = gemma4_mtp::prepare_fused_concat_down_proj(dt, p, sm_count(), &n_counters);
+  at::Tensor fresh;
+  p.counters = n_counters > 0 ? zeroed_counters("fused_concat_down_proj", n_counters, hidden, &fresh) : nullptr;
+  at::Tensor partials;
+  if (partial_bytes > 0) {
+    partials = at::empty({partial_bytes / 4}, hidden.options().dtype(at::kFloat));
+    p.partials = partials.data_ptr<float>();
+  }
   check_launch(gemma4_mtp::launch_fused_concat_down_proj(dt, p, at::cuda::getCurrentCUDAStream()),
                "fused_concat_down_proj");
 }
@@ -238,7 +274,9 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
   check_inner(hidden, "hidden");
   check_inner(centroids, "centroids");
   check_inner(lm_head, "lm_head");
-  TORCH_CHECK(T <= 65535, "gemma4_mtp: hidden must have at most 65535 rows (tokens per centroid_logits call), got ", T);
+  TORCH_CHECK(T <= INT32_MAX && Hd <= INT32_MAX, "gemma4_mtp: hidden sizes must fit 32-bit ints, got ", hidden.sizes());
+  // hidden, centroids and lm_head rows are read with 16-byte loads when their data pointers and row
+  // strides allow it; otherwise the launcher takes the element-wise path (never a misaligned load).
 
   const c10::cuda::CUDAGuard guard(dev);
   gemma4_mtp::CentroidParams p{};
@@ -259,33 +297,12 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
   p.ids = mode == gemma4_mtp::CentroidOutput::kDense ? nullptr : ids.data_ptr<int64_t>();
   p.logits = logits.data_ptr<float>();
   if (T == 0) return;
-  at::Tensor ws = at::empty({gemma4_mtp::centroid_logits_workspace_bytes(p)}, hidden.options().dtype(at::kByte));
+  at::Tensor fresh;
+  p.counters = zeroed_counters("centroid_logits", gemma4_mtp::kCentroidCounters, hidden, &fresh);
+  const int64_t ws_bytes = gemma4_mtp::prepare_centroid_logits(p, sm_count());
+  at::Tensor ws = at::empty({ws_bytes}, hidden.options().dtype(at::kByte));
   p.workspace = ws.data_ptr();
   check_launch(gemma4_mtp::launch_centroid_logits(dt, p, at::cuda::getCurrentCUDAStream()), "centroid_logits");
-}
-
-// tree_verify's counters: zeroed once per device and left zero by every launch, so calls need no
-// memset (one graph node less) and replay in CUDA graphs. Grown on demand; a call captured into a
-// graph before the cache is big enough gets graph-private zeros (their memset is captured too), and
-// outgrown buffers stay alive because captured graphs hold their addresses. Launches that overlap in
-// time on one device (concurrent streams or graph replays) would share them: not supported, as in the
-// Triton backend.
-at::Tensor cached_tree_counters(const at::Tensor& like, int64_t n) {
-  constexpr int64_t kMinCounters = int64_t{1} << 16;
-  static std::mutex mu;
-  static auto* cache = new std::map<int, at::Tensor>();  // never destroyed (exit order vs. CUDA)
-  static auto* outgrown = new std::vector<at::Tensor>();
-  const std::lock_guard<std::mutex> lock(mu);
-  const int dev = like.device().index();
-  auto it = cache->find(dev);
-  if (it != cache->end() && it->second.numel() >= n) return it->second;
-  at::Tensor fresh = at::zeros({std::max(n, kMinCounters)}, like.options().dtype(at::kInt));
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  check_launch(cudaStreamIsCapturing(at::cuda::getCurrentCUDAStream(), &capture), "tree_verify");
-  if (capture != cudaStreamCaptureStatusNone) return fresh;
-  if (it != cache->end()) outgrown->push_back(it->second);
-  (*cache)[dev] = fresh;
-  return fresh;
 }
 
 void tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents, const at::Tensor& target_logits,
@@ -371,7 +388,8 @@ void tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents, cons
   TORCH_CHECK(ws_bytes >= 0, "gemma4_mtp::tree_verify: unsupported dtype");
   at::Tensor ws = at::empty({ws_bytes}, target_logits.options().dtype(at::kByte));
   p.workspace = ws.data_ptr();
-  p.counters = cached_tree_counters(target_logits, gemma4_mtp::tree_verify_counters(p.B, p.N)).data_ptr<int32_t>();
+  at::Tensor fresh;  // graph-private counters, alive until the launch is enqueued
+  p.counters = zeroed_counters("tree_verify", gemma4_mtp::tree_verify_counters(p.B, p.N), target_logits, &fresh);
   check_launch(gemma4_mtp::launch_tree_verify(dt, p, at::cuda::getCurrentCUDAStream()), "tree_verify");
 }
 

@@ -21,7 +21,7 @@ def check_cuda_outputs(args, top_k, what):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("T", [1, 3, 9])
+@pytest.mark.parametrize("T", [1, 3, 9, 64])
 def test_real_e2b_shape(T, dtype):
     """The full E2B/E4B head: Hd 256, 2048 centroids of 128 tokens, top 32."""
     args = make(T, E2B["Hd"], E2B["centroids"], E2B["vocab"], dtype)
@@ -115,3 +115,88 @@ def test_opcheck(output):
     cuda_backend._ops()
     torch.library.opcheck(torch.ops.gemma4_mtp.centroid_logits.default,
                           (hidden, centroids, ordering, lm_head, 2, output, ids, logits))
+
+
+def raw_op(args, top_k, output):
+    """The custom op on poisoned outputs (NaN logits, ids -7), so that an element the one-launch kernel
+    does not write shows."""
+    hidden, centroids, ordering, lm_head = args
+    T, C, V = hidden.shape[0], centroids.shape[0], ordering.shape[0]
+    K = top_k * (V // C)
+    shape = {"argmax": (T,), "sparse": (T, K)}[output]
+    ids = torch.full(shape, -7, dtype=torch.int64, device=DEV)
+    logits = torch.full(shape, float("nan"), device=DEV)
+    cuda_backend._ops().centroid_logits(hidden, centroids, ordering, lm_head, top_k, output, ids, logits)
+    return ids.cpu(), logits.cpu()
+
+
+@pytest.mark.parametrize("T", [1, 2, 64, 200])
+def test_poisoned_outputs_fully_written(T):
+    """Every item of every token is owned by one program (T = 1: 4 chunks per cluster; T = 64, 200:
+    several tokens per program, a token split across programs, so the argmax merges partials)."""
+    cpu = make(T, E2B["Hd"], E2B["centroids"], E2B["vocab"], torch.bfloat16)
+    args = [t.to(DEV) for t in cpu]
+    top_k = E2B["top_k"]
+    ids, logits = raw_op(args, top_k, "sparse")
+    want_ids, want = g.centroid_logits(*cpu, top_k=top_k, output="sparse", backend="torch")
+    eps = tol(cpu[0], cpu[3])
+    same = (ids == want_ids).all(dim=1)  # rows whose cluster choice hit no near tie
+    assert same.float().mean() > 0.9 and (ids >= 0).all() and not logits.isnan().any()
+    assert (logits[same] - want[same]).abs().max() <= eps
+    token, best = raw_op(args, top_k, "argmax")
+    assert (token >= 0).all() and not best.isnan().any()
+    # the argmax over the kernel's own sparse candidates, ties to the lowest id
+    top = logits.max(1, keepdim=True).values
+    own = torch.where(logits == top, ids, torch.iinfo(torch.int64).max).min(1).values
+    assert torch.equal(token, own) and torch.equal(best, top.squeeze(1))
+
+
+def test_large_top_k_and_tied_scores():
+    """top_k = C = 300 (every cluster, ranked by the radix select and the rank count) and all-equal
+    scores (the four passes end without narrowing; clusters go by index)."""
+    hidden, centroids, ordering, lm_head = make(3, 32, 300, 600, torch.float32)
+    check_cuda_outputs((hidden, centroids, ordering, lm_head), 300, "top_k = C")
+    centroids[:] = centroids[0]
+    ids, _ = raw_op([t.to(DEV) for t in (hidden, centroids, ordering, lm_head)], 5, "sparse")
+    assert torch.equal(ids, ordering.view(300, 2)[:5].reshape(1, 10).expand(3, 10))
+
+
+def test_unchecked_bad_ordering_ids_give_nan_not_a_read():
+    """token_ordering is not validated on the GPU: out-of-range ids are never dereferenced; their logit
+    is NaN and their sparse id -1, and they make the token's argmax (-1, NaN), as in the Triton backend."""
+    hidden, centroids, ordering, lm_head = make(2, 32, 8, 32, torch.float32)
+    ordering[::4] = 10**9  # the first token of every cluster
+    args = [t.to(DEV) for t in (hidden, centroids, ordering, lm_head)]
+    token, best = raw_op(args, 2, "argmax")
+    assert token.tolist() == [-1, -1] and best.isnan().all()
+    ids, logits = raw_op(args, 2, "sparse")
+    assert (ids[:, ::4] == -1).all() and logits[:, ::4].isnan().all()
+    assert (ids[:, 1::4] >= 0).all() and not logits[:, 1::4].isnan().any()
+    dense = cuda_backend.centroid_logits(*args, top_k=2, output="dense", fill_value=float("-inf")).cpu()
+    assert not dense.isnan().any() and int(torch.isfinite(dense).sum()) == 2 * 2 * 3
+
+
+def test_misaligned_views_take_the_elementwise_path():
+    """Row views that start 2 bytes into their storage cannot use 16-byte loads: same answers."""
+    hidden, centroids, ordering, lm_head = make(3, 64, 16, 16 * 8, torch.bfloat16)
+    shift = lambda t: torch.cat([t.new_zeros(t.shape[0], 1), t], dim=1)[:, 1:]  # noqa: E731
+    check_cuda_outputs((shift(hidden), shift(centroids), ordering, shift(lm_head)), 4, "misaligned")
+
+
+def test_graph_replays_reuse_the_counters():
+    """The kernel's programs meet at a grid barrier on cached counters that every launch leaves zero:
+    many replays in a row, and eager calls between them, stay correct (a counter left non-zero would
+    hang the barrier or release it early)."""
+    cpu = make(1, E2B["Hd"], E2B["centroids"], E2B["vocab"], torch.bfloat16)
+    hidden, centroids, ordering, lm_head = (t.to(DEV) for t in cpu)
+    token, best = g.centroid_logits(hidden, centroids, ordering, lm_head, backend="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        token, best = g.centroid_logits(hidden, centroids, ordering, lm_head, backend="cuda")
+    for _ in range(20):
+        graph.replay()
+        eager_token, _ = g.centroid_logits(hidden, centroids, ordering, lm_head, backend="cuda")
+    torch.cuda.synchronize()
+    want_tok, want_best = g.centroid_logits(*cpu, backend="torch")
+    assert abs(float(best.cpu()) - float(want_best)) <= 2 * tol(cpu[0], cpu[3])
+    assert torch.equal(eager_token, token)

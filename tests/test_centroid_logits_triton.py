@@ -171,3 +171,42 @@ def test_empty_T():
     hidden, centroids, ordering, lm_head = make_inputs(0, 16, 8, 2, torch.bfloat16, g)
     token, logit = centroid_logits(hidden, centroids, ordering, lm_head, top_k=2, backend="triton")
     assert token.shape == (0,) and logit.shape == (0,)
+
+
+def test_plan_cuts_items_for_idle_programs():
+    """T = 1 on 132 SMs: the 32 clusters are cut into 4 items of 32 rows (128 programs); T = 64 keeps
+    whole clusters (2048 items over 132 programs), and T = 200 gives several tokens per program."""
+    from gemma4_mtp_kernels.triton.centroid_logits import plan
+    assert plan(1, 32, 128, 2048, 132) == dict(grid=128, chunks=4, rows=32, items=128)
+    assert plan(64, 32, 128, 2048, 132) == dict(grid=132, chunks=1, rows=128, items=2048)
+    assert plan(1, 2, 4, 8, 132) == dict(grid=2, chunks=1, rows=4, items=2)
+
+
+def test_tokens_spread_over_programs():
+    """More tokens than programs (4 under the interpreter) and tokens split across programs: the
+    argmax partials of a token come from several programs; every output row is written."""
+    g = torch.Generator().manual_seed(6)
+    run_all_outputs(11, 16, 8, 6, 3, torch.float32, g)
+
+
+@pytest.mark.gpu
+def test_graph_replays_reuse_the_counters():
+    """The one-launch kernel meets at a grid-wide barrier on cached counters that every launch leaves
+    zero: captured and replayed many times in a row, it stays correct (a counter left non-zero would
+    hang or release the barrier early)."""
+    d = DRAFTERS["E2B"]
+    g = torch.Generator().manual_seed(7)
+    hidden, centroids, ordering, lm_head = (x.to("cuda") for x in make_inputs(
+        1, d["Hd"], d["centroids"], d["vocab"] // d["centroids"], torch.bfloat16, g))
+    token, best = centroid_logits(hidden, centroids, ordering, lm_head, backend="triton")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        token, best = centroid_logits(hidden, centroids, ordering, lm_head, backend="triton")
+    for _ in range(3):
+        hidden.copy_(torch.randn(1, d["Hd"], generator=g).to(torch.bfloat16))
+        for _ in range(10):
+            graph.replay()
+        ref_token, ref_best = centroid_logits(hidden, centroids, ordering, lm_head, backend="torch")
+        torch.cuda.synchronize()
+        tol = d["Hd"] * U32 * float(hidden.double().abs().sum()) * float(lm_head.double().abs().max()) + 1e-6
+        assert abs(float(best) - float(ref_best)) <= tol

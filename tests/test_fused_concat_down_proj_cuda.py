@@ -1,7 +1,9 @@
 """CUDA fused_concat_down_proj against the reference (SPEC §4.1, §6). Needs a GPU (marked `gpu`).
 
 Same matrix as tests/test_fused_concat_down_proj_triton.py, plus larger T, every drafter at T up to
-8, CUDA-graph replay and torch.compile."""
+64, CUDA-graph replay and torch.compile. bf16 / fp16 with 16-byte aligned rows take the tensor-core
+path (1-4 m16 token tiles per CTA, k split over CTAs with a last-CTA reduction when 32-row tiles do
+not fill the GPU); fp32 and unaligned rows the CUDA-core kernel. Outputs are poisoned (NaN) first."""
 import math
 
 import pytest
@@ -21,7 +23,7 @@ def check(T, Hb, Hd, dtype, **kw):
 
 
 @pytest.mark.parametrize("name", list(DRAFTERS))
-@pytest.mark.parametrize("T", [1, 3, 8, 9])
+@pytest.mark.parametrize("T", [1, 3, 8, 9, 16, 17, 33, 64])
 def test_drafter_shapes_bf16(name, T):
     d = DRAFTERS[name]
     check(T, d["Hb"], d["Hd"], torch.bfloat16, V=1000)
@@ -29,7 +31,7 @@ def test_drafter_shapes_bf16(name, T):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("T,Hb,Hd", [(1, 64, 16), (7, 200, 72), (17, 96, 40), (65, 64, 24), (64, 128, 33),
-                                     (3, 37, 5), (300, 256, 1024)])
+                                     (3, 37, 5), (300, 256, 1024), (49, 24, 40), (2, 8, 8), (40, 1536, 256)])
 def test_awkward_shapes(T, Hb, Hd, dtype):
     check(T, Hb, Hd, dtype)
 
@@ -105,3 +107,35 @@ def test_opcheck():
     cuda_backend._ops()
     out = torch.empty(3, 16, dtype=torch.bfloat16, device=DEV)
     torch.library.opcheck(torch.ops.gemma4_mtp.fused_concat_down_proj.default, (*args, 8.0, out))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("T", [1, 20, 64])
+def test_out_of_range_token_gives_nan_row_on_the_tensor_core_path(T, dtype):
+    d = DRAFTERS["31B"]
+    token_ids, embed_table, hidden, weight = make_inputs(T, d["Hb"], d["Hd"], dtype, V=10)
+    token_ids[T // 2] = 10**6
+    got = cuda_backend.fused_concat_down_proj(*(t.to(DEV) for t in (token_ids, embed_table, hidden, weight)),
+                                              embed_scale=1.0).cpu()
+    assert torch.isnan(got[T // 2]).all()
+    others = [t for t in range(T) if t != T // 2]
+    assert not torch.isnan(got[others]).any()
+
+
+def test_split_k_replays_and_eager_calls_agree():
+    """The split-k path's per-tile counters (cached, left zero by every launch) elect each tile's last
+    CTA afresh: a captured call replayed many times, with eager calls between, gives the same bits
+    (deterministic: partials summed in split order)."""
+    d = DRAFTERS["31B"]
+    token_ids, embed_table, hidden, weight = (t.to(DEV) for t in make_inputs(1, d["Hb"], d["Hd"], torch.bfloat16))
+    first = fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=73.5, backend="cuda")
+    out = poisoned((1, d["Hd"]), torch.bfloat16, device=DEV)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=73.5, out=out, backend="cuda")
+    for _ in range(20):
+        graph.replay()
+        eager = fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=73.5, backend="cuda")
+    torch.cuda.synchronize()
+    assert not first.isnan().any()
+    assert torch.equal(out, first) and torch.equal(eager, first)

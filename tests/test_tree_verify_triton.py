@@ -15,6 +15,7 @@ from gemma4_mtp_kernels.triton.tree_verify import BLOCK, chunk_size
 
 # the package re-exports the op function under the module's name
 tv = importlib.import_module("gemma4_mtp_kernels.triton.tree_verify")
+counters_module = importlib.import_module("gemma4_mtp_kernels._counters")
 from cases_tree_verify import (assert_matches_reference, bench_like_chains, cdf_boundary_case, cdf_boundary_ok,
                                draft_probs_chains_case, drafts_following, logits_for, random_tree, sampling_trees_case)
 
@@ -159,7 +160,7 @@ def test_sampling_row_without_mass_gives_token_minus_one(chunk, bad):
 
 
 def counters_left(dev):
-    return int(tv._COUNTERS[torch.device(dev)].count_nonzero())
+    return int(counters_module._CACHE[(torch.device(dev), tv.COUNTER_OWNER)].count_nonzero())
 
 
 @pytest.mark.parametrize("case", ["sampling", "draft_probs"])
@@ -207,13 +208,15 @@ def test_many_programs_per_row(case):
 
 def test_counter_workspace_grows_and_keeps_outgrown_buffers():
     """A call needing more counters than cached gets a larger zeroed buffer; the smaller one stays
-    alive (a captured graph may still address it)."""
+    alive (a captured graph may still address it). Each owner has its own buffer."""
     dev = torch.device("cpu")
-    small = tv._counters(dev, 1)
-    assert tv._counters(dev, small.numel()) is small
-    big = tv._counters(dev, small.numel() + 1)
+    small = counters_module.zeroed_counters(dev, 1, "test.owner")
+    assert counters_module.zeroed_counters(dev, small.numel(), "test.owner") is small
+    assert counters_module.zeroed_counters(dev, 1, "test.other owner") is not small
+    big = counters_module.zeroed_counters(dev, small.numel() + 1, "test.owner")
     assert big.numel() > small.numel() and int(big.count_nonzero()) == 0
-    assert tv._counters(dev, 1) is big and any(t is small for t in tv._OUTGROWN)
+    assert counters_module.zeroed_counters(dev, 1, "test.owner") is big
+    assert any(t is small for t in counters_module._OUTGROWN)
 
 
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float32])

@@ -6,7 +6,7 @@ namespace gemma4_mtp {
 
 static_assert(kMaxCentroids == centroid::kMaxCentroids, "launchers.h and the kernel agree");
 
-int64_t centroid_logits_workspace_bytes(const CentroidParams& p) { return centroid_workspace_bytes(p); }
+int64_t prepare_centroid_logits(CentroidParams& p, int num_sms) { return centroid_prepare(p, num_sms); }
 
 cudaError_t launch_centroid_logits(DType dtype, const CentroidParams& p, cudaStream_t stream) {
   return with_dtype(dtype, [&](auto tag) { return centroid_logits<decltype(tag)>(p, stream); });

@@ -10,6 +10,9 @@
 
 namespace gemma4_mtp {
 
+// Fills p.plan for this device; returns the bytes of p.partials and, in *counters, the number of int32
+// p.counters a launch needs (zero before the first launch, left zero by every launch).
+int64_t prepare_fused_concat_down_proj(DType dtype, DownProjParams& p, int num_sms, int64_t* counters);
 cudaError_t launch_fused_concat_down_proj(DType dtype, const DownProjParams& p, cudaStream_t stream);
 
 // Fills p.num_splits for this device; returns the workspace size in bytes (0: none).
@@ -19,7 +22,9 @@ bool attention_layout_supported(DType dtype, const AttentionParams& p);
 cudaError_t launch_q_only_paged_attention(DType dtype, const AttentionParams& p, cudaStream_t stream);
 
 constexpr int kMaxCentroids = 4096;
-int64_t centroid_logits_workspace_bytes(const CentroidParams& p);
+constexpr int kCentroidCounters = 2;
+// Fills p.grid, p.chunks, p.rows for this device; returns the workspace size in bytes.
+int64_t prepare_centroid_logits(CentroidParams& p, int num_sms);
 cudaError_t launch_centroid_logits(DType dtype, const CentroidParams& p, cudaStream_t stream);
 
 // Fills the plan fields of p (after its pointers and strides: the plan depends on their alignment);

@@ -1,27 +1,38 @@
-"""Triton `centroid_logits` (SPEC §4.3): the E2B/E4B two-stage LM head.
+"""Triton `centroid_logits` (SPEC §4.3): the E2B/E4B two-stage LM head in one launch.
 
 Design. The dense head would read 262144 x 256 bf16 (128 MiB); this one reads the centroids
-(2048 x 256, 1 MiB) and the 32 x 128 = 4096 candidate rows (2 MiB), so it is latency bound: the
-aim is few, short, well-spread launches.
-1. `_scores` grid (C / BLOCK_C, T / BLOCK_T): scores[T, C] = hidden @ centroids^T in fp32 through
-   tl.dot; BLOCK_C = 16 gives 128 programs for C = 2048 so the 1 MiB centroid read is spread over
-   the GPU. The [T, C] fp32 scores (8 KiB per token) are the only intermediate.
-2. `_candidates` grid (T, top_k): program (t, j) takes the cluster of rank j itself, with no sort
-   and no cross-program step: scores become distinct int64 keys (order-preserving fp32 bits, then
-   C - 1 - c so equal scores rank the lower cluster first) and a radix select (6 steps of one
-   256-bin histogram over the row, 8 key bits per step) finds the key with exactly j keys above
-   it; the 8 KiB score row comes from L2. It then gathers the cluster's V / C rows of lm_head
-   through token_ordering, dots them with hidden[t] in fp32, and either keeps a running argmax
-   (ties to the lowest vocabulary id) and writes one (logit, id) pair ("argmax": nothing of size
-   K reaches memory), writes ids and logits at [t, j * V/C ...] ("sparse": cluster order, then
-   token_ordering order), or scatters the logits into the dense row ("dense": the row is
-   pre-filled with fill_value).
-3. `_argmax` grid (T): the best of the top_k pairs, ties to the lowest id.
-Expected on H100/H200 (E2B, T = 1): ~3 MiB of reads, i.e. < 1 us of bandwidth, so the three
-launches (~2 us each un-graphed, ~1 us in a CUDA graph) plus the 6 dependent select steps of stage 2
-dominate: ~4-6 us against ~30-40 us for the dense 128 MiB head + argmax (about 6-8x, short of the
-20x target; reaching it needs stages 1-3 fused into one persistent launch with a grid-wide
-barrier, which we do not attempt untested).
+(2048 x 256, 1 MiB) and the 32 x 128 = 4096 candidate rows per token (2 MiB), so at T = 1 it is bound
+by launches and dependent memory latencies, not bytes (0.75 us at 4.2 TB/s). One kernel, `grid`
+programs (at most one per SM, a cooperative launch so that all are resident), three phases:
+1. Scores: program p scores centroid blocks p, p + grid, ... (BLOCK_C = 16 centroids x all tokens,
+   tl.dot, fp32) into a [T, C] fp32 workspace, after issuing L2 prefetches of its share of
+   token_ordering (1-2 MiB) so that phase 2's id lookups hit L2.
+   -- grid-wide barrier: a counter whose top bit flips when every program has arrived --
+2. Candidates: token t's K candidate rows are cut into `chunks` items per cluster (finer only while
+   T * top_k items would leave programs idle: 4 chunks of 32 rows at T = 1). Program p owns a
+   contiguous range of items; whenever its range enters a new token it selects that token's top_k
+   clusters itself, in rank order: the score row (8 KiB, from L2) becomes distinct int64 keys
+   (order-preserving fp32 bits, then C - 1 - c so that equal scores rank the lower cluster first);
+   the top K2 = next_pow2(top_k) keys lie in the K2 rows of 8 keys with the largest row maxima, so
+   one tl.topk over the 256 row maxima and one over the 256 keys of those rows give them (two
+   bitonic top-k networks over 256 elements instead of a 6-step radix select over 2048, whose
+   tl.histogram steps made the previous kernel cost ~30 us). It then gathers the item's rows of
+   lm_head through token_ordering and dots them with hidden[t] in fp32: "sparse" writes ids and
+   logits at [t, j * V/C + r] (cluster order, then token_ordering order), "dense" scatters into the
+   row pre-filled with fill_value, "argmax" keeps a running (logit, lowest id) per token and stores
+   one partial per (token, program); nothing of size K reaches memory.
+3. The last program to finish (a second counter) reduces the argmax partials of every token and
+   resets both counters (no per-call memset: gemma4_mtp_kernels._counters).
+An out-of-range id in token_ordering (not validated on the GPU) is never dereferenced: its logit is
+NaN and its sparse id -1, it is skipped by the dense scatter, and it makes its token's argmax
+(-1, NaN), as in the CUDA backend.
+Under the interpreter programs run one after another, so a spinning barrier cannot work there: the
+same kernel is launched twice (phase 1, then phases 2-3), the barrier compiled out. Only the GPU runs
+the one-launch form.
+Expected on H200 (E2B, T = 1): launch ~1.3 us + centroid read ~0.8 us + barrier ~0.5 us + selection
+~1 us + candidate gather ~1 us (L2 id lookups, one DRAM round trip for the rows) + election ~0.5 us
+≈ 5 us, against 45 us for the dense head + argmax. T = 64 streams ~64 x 2 MiB of candidate rows
+(tokens sharing a cluster hit L2): ~32-40 us at 80-100% of copy bandwidth.
 """
 from __future__ import annotations
 
@@ -29,117 +40,206 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import dot_precision, interpreting, mma, pow2_at_least
+from .._counters import zeroed_counters
+from ._common import dot_precision, interpreting, mma, num_sms, pow2_at_least
+
+NO_ID = tl.constexpr(2147483647)
+BAD_ID = tl.constexpr(-1)
+ROW = 8  # keys per row of the first selection level
+LINE = 128  # bytes per L2 prefetch
+COUNTERS = 2  # barrier, done
 
 
 @triton.jit
-def _scores(h_ptr, c_ptr, s_ptr, T, C, Hd, s_h, s_c,
-            BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-            PREC: tl.constexpr, INTERP: tl.constexpr):
-    cs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    ts = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-    acc = tl.zeros((BLOCK_C, BLOCK_T), dtype=tl.float32)
-    for k0 in range(0, Hd, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        cen = tl.load(c_ptr + cs.to(tl.int64)[:, None] * s_c + k[None, :], mask=(cs[:, None] < C) & (k[None, :] < Hd),
-                      other=0.0)
-        hid = tl.load(h_ptr + ts.to(tl.int64)[None, :] * s_h + k[:, None], mask=(ts[None, :] < T) & (k[:, None] < Hd),
-                      other=0.0)
-        acc = mma(cen, hid, acc, PREC, INTERP)
-    tl.store(s_ptr + ts.to(tl.int64)[None, :] * C + cs[:, None], acc, mask=(cs[:, None] < C) & (ts[None, :] < T))
+def _grid_barrier(cnt_ptr):
+    """Program 0 adds 2^31 - (grid - 1), the others 1: the counter's top bit flips exactly when every
+    program has arrived, whatever its value (cooperative groups' grid sync). bar.sync orders the
+    program's stores before the release; the loads after it are .cg (L2)."""
+    tl.debug_barrier()
+    ptr = cnt_ptr.to(tl.pointer_type(tl.uint32))
+    grid = tl.num_programs(0).to(tl.uint32)
+    one = tl.full((), 1, tl.uint32)
+    add = tl.where(tl.program_id(0) == 0, tl.full((), 0x80000000, tl.uint32) - (grid - one), one)
+    old = tl.atomic_add(ptr, add, sem="release", scope="gpu")
+    now = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+    flip = tl.full((), 0x80000000, tl.uint32)
+    while ((old ^ now) & flip) == 0:
+        now = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
 
 
 @triton.jit
-def _candidates(h_ptr, s_ptr, order_ptr, lm_ptr, best_ptr, best_id_ptr, ids_ptr, logit_ptr, dense_ptr,
-                C, V, Hd, CS, top_k, s_h, s_lm, s_dense,
-                BLOCK_CC: tl.constexpr, IDX_BITS: tl.constexpr, KEY_DIGITS: tl.constexpr,
-                BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                OUTPUT: tl.constexpr):
-    t = tl.program_id(0)
-    j = tl.program_id(1)
-    cc = tl.arange(0, BLOCK_CC)
-    score = tl.load(s_ptr + t.to(tl.int64) * C + cc, mask=cc < C, other=0.0)
+def _keys(score_row, c, C, IDX_BITS: tl.constexpr):
+    """Distinct int64 keys of clusters c (padding -1): order bits of the score, then C - 1 - c."""
+    ok = (c >= 0) & (c < C)
+    score = tl.load(score_row + c, mask=ok, other=0.0, cache_modifier=".cg")
     score = tl.where(score == 0.0, 0.0, score)  # -0.0 ties with +0.0, as in the reference's sort
     bits = score.to(tl.int32, bitcast=True)
-    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64) + 2147483648  # order-preserving, >= 0
-    keys = tl.where(cc < C, (ordered << IDX_BITS) | (C - 1 - cc).to(tl.int64), -1)
-    # radix select, 8 bits per step from the top: the key with exactly j keys above it (keys are
-    # distinct); each step is one histogram of the next digit among keys matching the prefix so far
-    need = j + 1
-    prefix = tl.zeros((), dtype=tl.int64)
-    bins = tl.arange(0, 256)
-    for p in tl.static_range(KEY_DIGITS):
-        shift = 8 * (KEY_DIGITS - 1 - p)
-        match = (cc < C) & ((keys >> (shift + 8)) == prefix)
-        hist = tl.histogram(((keys >> shift) & 255).to(tl.int32), 256, mask=match)
-        at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # keys with digit >= bin
-        digit = tl.max(tl.where(at_least >= need, bins, -1), axis=0)
-        need -= tl.sum(tl.where(bins > digit, hist, 0), axis=0)
-        prefix = (prefix << 8) | digit.to(tl.int64)
-    cluster = (C - 1 - (prefix & ((1 << IDX_BITS) - 1))).to(tl.int64)
-
-    h_row = h_ptr + t.to(tl.int64) * s_h
-    best = float("-inf")
-    best_id = 2147483647
-    bad_seen = False
-    for r0 in range(0, CS, BLOCK_R):
-        r = r0 + tl.arange(0, BLOCK_R)
-        r_mask = r < CS
-        ids = tl.load(order_ptr + cluster * CS + r, mask=r_mask, other=0).to(tl.int64)
-        # token_ordering is not validated on the GPU: an id outside [0, V) is never dereferenced,
-        # its logit is NaN (and an argmax over it reports token -1, logit NaN)
-        id_ok = r_mask & (ids >= 0) & (ids < V)
-        logit = tl.zeros((BLOCK_R,), dtype=tl.float32)
-        for d0 in range(0, Hd, BLOCK_D):
-            d = d0 + tl.arange(0, BLOCK_D)
-            w = tl.load(lm_ptr + ids[:, None] * s_lm + d[None, :], mask=id_ok[:, None] & (d[None, :] < Hd), other=0.0)
-            h = tl.load(h_row + d, mask=d < Hd, other=0.0)
-            logit += tl.sum(w.to(tl.float32) * h.to(tl.float32)[None, :], axis=1)
-        logit = tl.where(id_ok | ~r_mask, logit, float("nan"))
-        if OUTPUT == "argmax":
-            bad_seen = bad_seen | (tl.sum((r_mask & ~id_ok).to(tl.int32), axis=0) > 0)
-            logit = tl.where(r_mask, logit, float("-inf"))
-            m = tl.max(logit, axis=0)
-            m_id = tl.min(tl.where(r_mask & (logit == m), ids.to(tl.int32), 2147483647), axis=0)
-            better = (m > best) | ((m == best) & (m_id < best_id))
-            best_id = tl.where(better, m_id, best_id)
-            best = tl.maximum(best, m)
-        elif OUTPUT == "sparse":
-            out = t.to(tl.int64) * top_k * CS + j * CS + r
-            tl.store(ids_ptr + out, ids, mask=r_mask)
-            tl.store(logit_ptr + out, logit, mask=r_mask)
-        else:
-            tl.store(dense_ptr + t.to(tl.int64) * s_dense + ids, logit, mask=id_ok)
-    if OUTPUT == "argmax":
-        tl.store(best_ptr + t.to(tl.int64) * top_k + j, tl.where(bad_seen, float("nan"), best))
-        tl.store(best_id_ptr + t.to(tl.int64) * top_k + j, best_id)
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64) + 2147483648
+    return tl.where(ok, (ordered << IDX_BITS) | (C - 1 - c).to(tl.int64), -1)
 
 
 @triton.jit
-def _argmax(best_ptr, best_id_ptr, token_ptr, logit_ptr, top_k, BLOCK_K: tl.constexpr):
-    t = tl.program_id(0)
-    k = tl.arange(0, BLOCK_K)
-    v = tl.load(best_ptr + t.to(tl.int64) * top_k + k, mask=k < top_k, other=float("-inf"))
-    i = tl.load(best_id_ptr + t.to(tl.int64) * top_k + k, mask=k < top_k, other=2147483647)
-    m = tl.max(v, axis=0)
-    bad = tl.sum((v != v).to(tl.int32), axis=0) > 0  # a NaN partial: an out-of-range candidate id
-    token = tl.min(tl.where(v == m, i, 2147483647), axis=0)
-    tl.store(token_ptr + t, tl.where(bad, -1, token).to(tl.int64))
-    tl.store(logit_ptr + t, tl.where(bad, float("nan"), m))
+def _top_clusters(score_row, C, BLOCK_CC: tl.constexpr, K2: tl.constexpr, ROW: tl.constexpr,
+                  IDX_BITS: tl.constexpr, TWO_LEVEL: tl.constexpr):
+    """The K2 largest keys of one token, descending. Keys are distinct, so the top K2 lie in the K2
+    rows (of ROW consecutive clusters) with the largest row maxima."""
+    keys = _keys(score_row, tl.arange(0, BLOCK_CC), C, IDX_BITS)
+    if TWO_LEVEL:
+        rowmax = tl.max(tl.reshape(keys, [BLOCK_CC // ROW, ROW]), axis=1)
+        rows = tl.topk(rowmax, K2)
+        first = (C - 1 - (rows & ((1 << IDX_BITS) - 1))) // ROW * ROW  # padding rows: negative, masked
+        cand = _keys(score_row, first[:, None] + tl.arange(0, ROW)[None, :], C, IDX_BITS)
+        top = tl.topk(tl.reshape(cand, [K2 * ROW]), K2)
+    else:
+        top = tl.topk(keys, K2)
+    return top
+
+
+@triton.jit
+def _head(h_ptr, c_ptr, order_ptr, lm_ptr, score_ptr, part_val_ptr, part_id_ptr, cnt_ptr, ids_ptr, logit_ptr, dense_ptr,
+          T, C, V, Hd, CS, top_k, chunks, rows, items, order_lines, s_h, s_c, s_lm, s_dense,
+          BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+          BLOCK_CC: tl.constexpr, K2: tl.constexpr, ROW: tl.constexpr, IDX_BITS: tl.constexpr,
+          TWO_LEVEL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
+          BLOCK_G: tl.constexpr, LINE_ELEMS: tl.constexpr, OUTPUT: tl.constexpr,
+          SCORES: tl.constexpr, CANDIDATES: tl.constexpr, BARRIER: tl.constexpr,
+          PREC: tl.constexpr, INTERP: tl.constexpr):
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    if SCORES:
+        if not INTERP:
+            for line in range(pid * BLOCK_P, order_lines, G * BLOCK_P):
+                lines = line + tl.arange(0, BLOCK_P)
+                tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
+                                          [order_ptr + lines.to(tl.int64) * LINE_ELEMS], dtype=tl.int32,
+                                          is_pure=False, pack=1)
+        for cb in range(pid, tl.cdiv(C, BLOCK_C), G):
+            cs = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+            for t0 in range(0, T, BLOCK_T):
+                ts = t0 + tl.arange(0, BLOCK_T)
+                acc = tl.zeros((BLOCK_C, BLOCK_T), dtype=tl.float32)
+                for k0 in range(0, Hd, BLOCK_K):
+                    k = k0 + tl.arange(0, BLOCK_K)
+                    cen = tl.load(c_ptr + cs.to(tl.int64)[:, None] * s_c + k[None, :],
+                                  mask=(cs[:, None] < C) & (k[None, :] < Hd), other=0.0)
+                    hid = tl.load(h_ptr + ts.to(tl.int64)[None, :] * s_h + k[:, None],
+                                  mask=(ts[None, :] < T) & (k[:, None] < Hd), other=0.0)
+                    acc = mma(cen, hid, acc, PREC, INTERP)
+                tl.store(score_ptr + ts.to(tl.int64)[None, :] * C + cs[:, None], acc,
+                         mask=(cs[:, None] < C) & (ts[None, :] < T))
+    if BARRIER:
+        _grid_barrier(cnt_ptr)
+    if CANDIDATES:
+        per_token = top_k * chunks
+        i1 = (pid + 1).to(tl.int64) * items // G
+        current = tl.full((), -1, tl.int64)
+        top = tl.zeros((K2,), dtype=tl.int64)
+        best = float("-inf")
+        best_id = NO_ID
+        bad = False
+        kk = tl.arange(0, K2)
+        for i in range(pid.to(tl.int64) * items // G, i1):
+            t = i // per_token
+            j = (i % per_token) // chunks
+            q = i % chunks
+            if t != current:
+                if OUTPUT == "argmax":
+                    if current >= 0:
+                        tl.store(part_val_ptr + current * G + pid, tl.where(bad, float("nan"), best))
+                        tl.store(part_id_ptr + current * G + pid, tl.where(bad, BAD_ID, best_id))
+                top = _top_clusters(score_ptr + t * C, C, BLOCK_CC, K2, ROW, IDX_BITS, TWO_LEVEL)
+                best = float("-inf")
+                best_id = NO_ID
+                bad = False
+                current = t
+            key = tl.sum(tl.where(kk == j, top, 0), axis=0)
+            cluster = C - 1 - (key & ((1 << IDX_BITS) - 1))
+            rr = tl.arange(0, BLOCK_R)
+            r = q * rows + rr
+            r_mask = (rr < rows) & (r < CS)
+            ids = tl.load(order_ptr + cluster * CS + r, mask=r_mask, other=0).to(tl.int64)
+            id_ok = r_mask & (ids >= 0) & (ids < V)
+            h_row = h_ptr + t * s_h
+            logit = tl.zeros((BLOCK_R,), dtype=tl.float32)
+            for d0 in range(0, Hd, BLOCK_D):
+                d = d0 + tl.arange(0, BLOCK_D)
+                w = tl.load(lm_ptr + ids[:, None] * s_lm + d[None, :], mask=id_ok[:, None] & (d[None, :] < Hd),
+                            other=0.0)
+                h = tl.load(h_row + d, mask=d < Hd, other=0.0)
+                logit += tl.sum(w.to(tl.float32) * h.to(tl.float32)[None, :], axis=1)
+            if OUTPUT == "argmax":
+                bad = bad | (tl.sum((r_mask & ~id_ok).to(tl.int32), axis=0) > 0)
+                logit = tl.where(r_mask, logit, float("-inf"))
+                m = tl.max(logit, axis=0)
+                m_id = tl.min(tl.where(r_mask & (logit == m), ids.to(tl.int32), NO_ID), axis=0)
+                better = (m > best) | ((m == best) & (m_id < best_id))
+                best_id = tl.where(better, m_id, best_id)
+                best = tl.maximum(best, m)
+            elif OUTPUT == "sparse":
+                out = t * top_k * CS + j * CS + r
+                tl.store(ids_ptr + out, tl.where(id_ok, ids, -1), mask=r_mask)
+                tl.store(logit_ptr + out, tl.where(id_ok, logit, float("nan")), mask=r_mask)
+            else:
+                tl.store(dense_ptr + t * s_dense + ids, logit, mask=id_ok)
+        if OUTPUT == "argmax":
+            if current >= 0:
+                tl.store(part_val_ptr + current * G + pid, tl.where(bad, float("nan"), best))
+                tl.store(part_id_ptr + current * G + pid, tl.where(bad, BAD_ID, best_id))
+        # the last program to get here has every partial, and every program is past the barrier
+        tl.debug_barrier()
+        done = tl.atomic_add(cnt_ptr + 1, 1, sem="acq_rel", scope="gpu")
+        if done == G - 1:
+            if OUTPUT == "argmax":
+                g = tl.arange(0, BLOCK_G)
+                for t in range(0, T):
+                    first = (tl.zeros((), tl.int64) + t) * per_token
+                    lo = ((first + 1) * G - 1) // items
+                    hi = ((first + per_token) * G - 1) // items
+                    prog = lo + g
+                    # programs that own items of t (ones with an empty range wrote nothing)
+                    owns = (prog <= hi) & (prog * items // G < (prog + 1) * items // G)
+                    v = tl.load(part_val_ptr + t * G + prog, mask=owns, other=float("-inf"), cache_modifier=".cg")
+                    vid = tl.load(part_id_ptr + t * G + prog, mask=owns, other=NO_ID, cache_modifier=".cg")
+                    any_bad = tl.sum((owns & (vid == BAD_ID)).to(tl.int32), axis=0) > 0
+                    m = tl.max(v, axis=0)
+                    tok = tl.min(tl.where(owns & (v == m), vid, NO_ID), axis=0)
+                    none = any_bad | (tok == NO_ID)
+                    tl.store(ids_ptr + t, tl.where(none, -1, tok).to(tl.int64))
+                    tl.store(logit_ptr + t, tl.where(none, float("nan"), m))
+            tl.store(cnt_ptr, 0)
+            tl.store(cnt_ptr + 1, 0)
 
 
 SCORE_TILES = dict(BLOCK_C=16, BLOCK_K=64)
+CENTROIDS_PER_PROGRAM = SCORE_TILES["BLOCK_C"]
+MIN_ROWS = 16
 
 
-def score_config(T: int) -> dict:
-    return dict(SCORE_TILES, BLOCK_T=min(64, pow2_at_least(T, 16)), num_warps=4, num_stages=3)
+def plan(T: int, top_k: int, CS: int, C: int, sms: int) -> dict:
+    """Programs and items of a call (mirrors csrc's centroid_plan): items are cut finer only while
+    T * top_k of them would leave SMs idle, never below MIN_ROWS rows."""
+    pairs = T * top_k
+    chunks = 1
+    while pairs * chunks * 2 <= sms and CS >= MIN_ROWS * chunks * 2:
+        chunks *= 2
+    rows = triton.cdiv(CS, chunks)
+    chunks = triton.cdiv(CS, rows)
+    items = pairs * chunks
+    grid = max(1, min(sms, max(items, triton.cdiv(C, CENTROIDS_PER_PROGRAM))))
+    return dict(grid=grid, chunks=chunks, rows=rows, items=items)
 
 
-def candidate_config(C: int, CS: int, Hd: int) -> dict:
+def launch_config(T: int, C: int, CS: int, Hd: int, top_k: int, rows: int) -> dict:
+    """Compile-time tiles of a call (also used by the AOT compile check)."""
     idx_bits = max(1, (C - 1).bit_length())
-    return dict(BLOCK_CC=pow2_at_least(C, 2), IDX_BITS=idx_bits, KEY_DIGITS=triton.cdiv(32 + idx_bits, 8),
-                BLOCK_R=min(128, pow2_at_least(CS, 2)), BLOCK_D=min(64, pow2_at_least(Hd, 16)),
-                num_warps=4 if C <= 2048 else 8, num_stages=2)
+    block_cc = pow2_at_least(C, 2)
+    k2 = pow2_at_least(top_k, 2)  # tl.topk needs k >= 2
+    block_r = pow2_at_least(rows, 2)  # a [BLOCK_R, BLOCK_D] tile of rows: 32 x 256 at T = 1, 128 x 128 at T = 64
+    return dict(SCORE_TILES, BLOCK_T=min(64, pow2_at_least(T, 16)), BLOCK_CC=block_cc, K2=k2, ROW=ROW,
+                IDX_BITS=idx_bits, TWO_LEVEL=block_cc >= k2 * ROW and block_cc > ROW,
+                BLOCK_R=block_r, BLOCK_D=min(16384 // block_r, 256, pow2_at_least(Hd, 16)), BLOCK_P=256,
+                num_warps=8, num_stages=2)
 
 
 def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, output="argmax", fill_value=None):
@@ -149,37 +249,39 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
     CS = V // C
     K = top_k * CS
     dev = hidden.device
-    scores = torch.empty(T, C, dtype=torch.float32, device=dev)
-    if T > 0:
-        sc = score_config(T)
-        _scores[(triton.cdiv(C, sc["BLOCK_C"]), triton.cdiv(T, sc["BLOCK_T"]))](
-            hidden, centroids, scores, T, C, Hd, hidden.stride(0), centroids.stride(0),
-            BLOCK_C=sc["BLOCK_C"], BLOCK_T=sc["BLOCK_T"], BLOCK_K=sc["BLOCK_K"], PREC=dot_precision(hidden.dtype),
-            INTERP=interpreting(dev), num_warps=sc["num_warps"], num_stages=sc["num_stages"])
-    best = best_id = ids = logits = dense = None
+    ids = logits = dense = None
     if output == "argmax":
-        best = torch.empty(T, top_k, dtype=torch.float32, device=dev)
-        best_id = torch.empty(T, top_k, dtype=torch.int32, device=dev)
+        ids = torch.empty(T, dtype=torch.int64, device=dev)
+        logits = torch.empty(T, dtype=torch.float32, device=dev)
     elif output == "sparse":
         ids = torch.empty(T, K, dtype=torch.int64, device=dev)
         logits = torch.empty(T, K, dtype=torch.float32, device=dev)
     else:
         dense = torch.full((T, V), fill_value, dtype=torch.float32, device=dev)
     if T > 0:
-        cfg = candidate_config(C, CS, Hd)
-        _candidates[(T, top_k)](hidden, scores, token_ordering, lm_head, best, best_id, ids, logits, dense,
-                                C, V, Hd, CS, top_k, hidden.stride(0), lm_head.stride(0), V,
-                                BLOCK_CC=cfg["BLOCK_CC"], IDX_BITS=cfg["IDX_BITS"],
-                                KEY_DIGITS=cfg["KEY_DIGITS"], BLOCK_R=cfg["BLOCK_R"],
-                                BLOCK_D=cfg["BLOCK_D"], OUTPUT=output, num_warps=cfg["num_warps"],
-                                num_stages=cfg["num_stages"])
-    if output == "sparse":
-        return ids, logits
+        pl = plan(T, top_k, CS, C, num_sms(dev))
+        cfg = launch_config(T, C, CS, Hd, top_k, pl["rows"])
+        G = pl["grid"]
+        scores = torch.empty(T, C, dtype=torch.float32, device=dev)
+        pval = torch.empty(T, G, dtype=torch.float32, device=dev)
+        pids = torch.empty(T, G, dtype=torch.int32, device=dev)
+        counters = zeroed_counters(dev, COUNTERS, "triton.centroid_logits")
+        line_elems = LINE // token_ordering.element_size()
+        interp = interpreting(dev)
+        args = (hidden, centroids, token_ordering, lm_head, scores, pval, pids, counters, ids, logits, dense,
+                T, C, V, Hd, CS, top_k, pl["chunks"], pl["rows"], pl["items"], triton.cdiv(V, line_elems),
+                hidden.stride(0), centroids.stride(0), lm_head.stride(0), V)
+        consts = dict(BLOCK_C=cfg["BLOCK_C"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"],
+                      BLOCK_CC=cfg["BLOCK_CC"], K2=cfg["K2"], ROW=cfg["ROW"], IDX_BITS=cfg["IDX_BITS"],
+                      TWO_LEVEL=cfg["TWO_LEVEL"], BLOCK_R=cfg["BLOCK_R"], BLOCK_D=cfg["BLOCK_D"],
+                      BLOCK_P=cfg["BLOCK_P"], BLOCK_G=pow2_at_least(G, 2), LINE_ELEMS=line_elems, OUTPUT=output,
+                      PREC=dot_precision(hidden.dtype), INTERP=interp, num_warps=cfg["num_warps"],
+                      num_stages=cfg["num_stages"])
+        if interp:  # programs run one after another: the barrier becomes a second launch
+            _head[(G,)](*args, SCORES=True, CANDIDATES=False, BARRIER=False, **consts)
+            _head[(G,)](*args, SCORES=False, CANDIDATES=True, BARRIER=False, **consts)
+        else:
+            _head[(G,)](*args, SCORES=True, CANDIDATES=True, BARRIER=True, launch_cooperative_grid=True, **consts)
     if output == "dense":
         return dense
-    token = torch.empty(T, dtype=torch.int64, device=dev)
-    logit = torch.empty(T, dtype=torch.float32, device=dev)
-    if T > 0:
-        _argmax[(T,)](best, best_id, token, logit, top_k, BLOCK_K=pow2_at_least(top_k, 2), num_warps=4,
-                      num_stages=1)
-    return token, logit
+    return ids, logits

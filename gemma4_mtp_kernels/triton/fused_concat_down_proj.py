@@ -12,18 +12,18 @@ Design. y[T, Hd] = W[Hd, 2Hb] @ concat(e, h)[T, 2Hb]^T is a skinny GEMM whose co
 - Split-K: E2B/E4B (Hd 256) give only Hd / BLOCK_N = 8 row tiles, far from filling 132 SMs, so each
   half's K blocks are divided among SPLIT_K programs. SPLIT_K is capped so that the fp32 partials
   (written and read back: 8 * SPLIT_K * T * Hd bytes) stay under ~1/4 of the weight bytes
-  (SPLIT_K <= Hb / (8 T)). Partials go to an fp32 workspace and a second tiny kernel sums them in a
-  fixed order: deterministic, and the output is fully written. (fp32 atomics would save that launch
-  but need a zeroed output and give run-to-run differences.) SPLIT_K = 1 is a single launch that
-  writes the output directly.
+  (SPLIT_K <= Hb / (8 T)). Each program writes its partial tile to an fp32 workspace; the last program
+  of a tile to finish (a per-tile counter, gemma4_mtp_kernels._counters: left zero, no memset) sums the
+  tile's partials in split order, so the result is deterministic and the output fully written, in the
+  same launch (the first GPU run had a second reduce launch: ~1.5 us of a 9 us E2B call). fp32 atomics
+  would need a zeroed output and give run-to-run differences. SPLIT_K = 1 writes the output directly.
 - Token ids are not range-checked on the GPU (that would sync); an id outside [0, V) loads NaN
   instead of its embedding row, so its output row is NaN: never an out-of-bounds read, never a
   plausible wrong number.
 Expected on H100/H200: the weight stream dominates (Hd * 2Hb * 2 bytes, plus T * 2Hb * 2 bytes of
 activations read from L2 per row tile). At T = 1..16 the MMA work is negligible, so with >= 2
 programs per SM and 64-wide K tiles this should reach ~70-80% of copy bandwidth for 26B/31B
-(11-21 MiB); E2B/E4B (1.5-2.5 MiB, < 1 us of traffic) are bound by launch latency (~3-5 us with the
-reduce launch) rather than bytes.
+(11-21 MiB); E2B/E4B (1.5-2.5 MiB, < 1 us of traffic) are bound by launch latency rather than bytes.
 """
 from __future__ import annotations
 
@@ -31,14 +31,15 @@ import torch
 import triton
 import triton.language as tl
 
+from .._counters import zeroed_counters
 from ._common import cast, dot_precision, interpreting, mma, num_sms, pow2_at_least
 
 
 @triton.jit
-def _down_proj_kernel(tok_ptr, emb_ptr, hid_ptr, w_ptr, dst_ptr,
-                      T, V, Hb, Hd, kb_per_split, scale,
-                      stride_emb, stride_hid, stride_w, stride_split, stride_t,
-                      BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+def _down_proj_kernel(tok_ptr, emb_ptr, hid_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr,
+                      T, V, Hb, Hd, kb_per_split, split_k, scale,
+                      stride_emb, stride_hid, stride_w, stride_t,
+                      BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                       PREC: tl.constexpr, INTERP: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
@@ -70,22 +71,27 @@ def _down_proj_kernel(tok_ptr, emb_ptr, hid_ptr, w_ptr, dst_ptr,
         w = tl.load(w_rows + Hb + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         h = tl.load(hid_rows + k[:, None], mask=k_mask[:, None] & t_mask[None, :], other=0.0)
         acc = mma(w, h, acc, PREC, INTERP)
-    dst = dst_ptr + pid_s * stride_split + t.to(tl.int64)[None, :] * stride_t + n[:, None]
-    tl.store(dst, cast(acc, dst_ptr.dtype.element_ty, INTERP), mask=n_mask[:, None] & t_mask[None, :])
-
-
-@triton.jit
-def _split_k_reduce_kernel(part_ptr, out_ptr, numel, split_k, BLOCK: tl.constexpr, INTERP: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(split_k):  # fixed order: deterministic
-        acc += tl.load(part_ptr + s * numel + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + offs, cast(acc, out_ptr.dtype.element_ty, INTERP), mask=mask)
+    tile_mask = n_mask[:, None] & t_mask[None, :]
+    at = t.to(tl.int64)[None, :] * stride_t + n[:, None]
+    if SPLIT:
+        numel = T.to(tl.int64) * Hd
+        tl.store(part_ptr + pid_s * numel + at, acc, mask=tile_mask)
+        # the tile's last program to finish sums the partials in split order (deterministic);
+        # bar.sync orders this program's stores before the release, the loads after the acquire are .cg
+        tl.debug_barrier()
+        tile = pid_t * tl.num_programs(0) + pid_n
+        done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if done == split_k - 1:
+            total = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+            for s in range(0, split_k):
+                total += tl.load(part_ptr + s * numel + at, mask=tile_mask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + at, cast(total, out_ptr.dtype.element_ty, INTERP), mask=tile_mask)
+            tl.store(cnt_ptr + tile, 0)
+    else:
+        tl.store(out_ptr + at, cast(acc, out_ptr.dtype.element_ty, INTERP), mask=tile_mask)
 
 
 BLOCK_K = 64
-REDUCE_BLOCK = 1024
 
 
 def launch_config(T: int, Hb: int, Hd: int, sms: int) -> dict:
@@ -111,22 +117,16 @@ def fused_concat_down_proj(token_ids, embed_table, hidden, weight, *, embed_scal
     scale = float(torch.tensor(embed_scale, dtype=embed_table.dtype).float())
     cfg = launch_config(T, Hb, Hd, num_sms(hidden.device))
     split = cfg["split_k"]
-    if split == 1:
-        dst, stride_split = out, 0
-    else:
-        dst = torch.empty(split, T, Hd, dtype=torch.float32, device=hidden.device)
-        stride_split = dst.stride(0)
     grid = (triton.cdiv(Hd, cfg["BLOCK_N"]), triton.cdiv(T, cfg["BLOCK_T"]), split)
+    part = cnt = None
+    if split > 1:
+        part = torch.empty(split, T, Hd, dtype=torch.float32, device=hidden.device)
+        cnt = zeroed_counters(hidden.device, grid[0] * grid[1], "triton.fused_concat_down_proj")
     _down_proj_kernel[grid](
-        token_ids, embed_table, hidden, weight, dst,
-        T, embed_table.shape[0], Hb, Hd, cfg["kb_per_split"], scale,
-        embed_table.stride(0), hidden.stride(0), weight.stride(0), stride_split, Hd,
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"],
+        token_ids, embed_table, hidden, weight, out, part, cnt,
+        T, embed_table.shape[0], Hb, Hd, cfg["kb_per_split"], split, scale,
+        embed_table.stride(0), hidden.stride(0), weight.stride(0), Hd,
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"], SPLIT=split > 1,
         PREC=dot_precision(weight.dtype), INTERP=interpreting(hidden.device), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
-    if split > 1:
-        numel = T * Hd
-        _split_k_reduce_kernel[(triton.cdiv(numel, REDUCE_BLOCK),)](dst, out, numel, split, BLOCK=REDUCE_BLOCK,
-                                                                      num_stages=1,
-                                                                      INTERP=interpreting(out.device))
     return out

@@ -25,12 +25,10 @@ C. The last row of each request to become final (a per-request counter) walks th
 Padding rows are read like the others (their decision is never visited): gating the loads on
 parents[u] would put a dependent DRAM round trip in front of every program's loads.
 Counters. One zeroed int32 buffer per device (B * N row counters for A, B * N for B, B * N row states,
-B request counters, the ticket), cached and grown on demand (`_counters`): every counter is reset to
-0 by the program that consumed it last, so no per-call memset is needed and the launch replays in a
-CUDA graph. A call captured into a graph before the cache is big enough gets a graph-private buffer
-(its zeroing memset is captured too); outgrown buffers stay alive because captured graphs hold their
-addresses. Launches that overlap in time on one device (concurrent streams or graph replays) would
-share the counters: they are not supported.
+B request counters, the ticket), cached and grown on demand (`gemma4_mtp_kernels._counters`): every
+counter is reset to 0 by the program that consumed it last, so no per-call memset is needed and the
+launch replays in a CUDA graph. Launches that overlap in time on one device (concurrent streams or
+graph replays) would share the counters: they are not supported.
 Ordering (the interpreter runs programs one after another, in ticket order, so only this argument
 covers it). A program's published values are scalar stores; `tl.debug_barrier()` (bar.sync) then
 orders every thread's stores before the counter increment, an `atom.acq_rel.gpu` issued by one
@@ -54,6 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._counters import zeroed_counters
 from .._types import VerifyResult
 from ._common import device_helper, num_sms, pow2_at_least
 
@@ -316,25 +315,7 @@ LAUNCH = (4, 3)
 # instead of 6-8). Greedy-only calls take 32-48 registers either way.
 SAMPLING_MAXNREG = 128
 MAX_CHUNK = 16384
-MIN_COUNTERS = 1 << 16  # 3 * B * N + B + 1 up to 64 K without regrowing (256 KiB)
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-_OUTGROWN: list[torch.Tensor] = []  # captured graphs may still hold their addresses
-
-
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """At least n zeroed int32 counters for one launch on `device` (the kernel leaves them zero)."""
-    buf = _COUNTERS.get(device)
-    if buf is not None and buf.numel() >= n:
-        return buf
-    fresh = torch.zeros(max(n, MIN_COUNTERS), dtype=torch.int32, device=device)
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return fresh  # graph-private memory: its zeroing replays with the graph, so it is not cached
-    if buf is not None:
-        _OUTGROWN.append(buf)
-    _COUNTERS[device] = fresh
-    return fresh
-
-
+COUNTER_OWNER = "triton.tree_verify"  # its cached counters in gemma4_mtp_kernels._counters
 # Programs per SM a launch should have at least: a step's loads are not pipelined, so each program
 # keeps one step (4 KB of bf16) in flight; greedy programs (32-56 registers, 4 warps, depending on
 # the Triton version and target) fit 9-16 per SM, 36-64 KB in flight, enough for the copy bandwidth.
@@ -376,7 +357,7 @@ def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, unifo
     # draft launches: residual mass per granule, and each row's (max, normaliser) for phase B
     gres = torch.empty_like(gmax) if has_draft else None
     mz = torch.empty(rows, 2, dtype=torch.float32, device=dev) if has_draft else None
-    counters = _counters(dev, 3 * rows + B + 1)
+    counters = zeroed_counters(dev, 3 * rows + B + 1, COUNTER_OWNER)
     sq_b, sq_n = (draft_probs.stride(0), draft_probs.stride(1)) if has_draft else (0, 0)
     items = rows * nch * (2 if has_draft else 1)
     _verify[(items,)](draft_tokens, parents, target_logits, draft_probs, temperature, uniforms, gmax, gsum, garg, gres,

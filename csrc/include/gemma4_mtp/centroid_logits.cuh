@@ -1,244 +1,429 @@
-// Two-stage centroid LM head. Launches, all on one stream with no host synchronisation:
-//   scores:     s[t, c] = hidden[t] . centroids[c]      one warp per centroid, all tokens per pass
-//   topk:       the top_k clusters per token            one CTA per token, bitonic sort of
-//                                                       (score, index) keys in registers, shuffles
-//                                                       and shared memory
-//   candidates: logit = hidden[t] . lm_head[id] over the K = top_k * V / C gathered rows, one warp per
-//               row; writes sparse/dense logits, or a per-CTA (max, lowest id) for argmax
-//   argmax:     final reduction of the per-CTA maxima (argmax output only)
+// Two-stage centroid LM head in ONE launch: `grid` co-resident programs (a cooperative launch, at most
+// one per SM) run three phases.
+//   1. scores: s[t, c] = hidden[t] . centroids[c] (fp32), one warp per centroid; meanwhile the
+//      token_ordering array is prefetched into L2, so that phase 2's id lookups are L2 hits.
+//   -- grid-wide barrier (sense-reversing counter) --
+//   2. candidates: the K = top_k * V / C candidate rows of every token are cut into items (a cluster's
+//      rows, or a chunk of them when T * top_k programs would leave SMs idle). Program p owns a
+//      contiguous range of items; for each token of its range it selects that token's top_k clusters
+//      itself (radix select over the order bits of the C scores read from L2, then the rank of each
+//      selected cluster), then computes the items' logits: each warp loads 8 candidate rows at once,
+//      lanes split the hidden dimension. Sparse and dense outputs are written directly; argmax keeps
+//      a running (logit, id) per program and token.
+//   3. the last program to finish (a counter) reduces the argmax partials of every token and resets
+//      the counters for the next launch.
+// Why one launch: at E2B/E4B shapes the bytes (1 MiB of centroids, 2 MiB of candidate rows per token)
+// take < 1 us at H200 bandwidth, so launches and dependent memory latencies are the cost; a program
+// selecting for its own tokens replaces a second barrier (the selection is redundant across the
+// programs of one token, ~0.5 us each, overlapping nothing but saving a barrier round trip).
 // Nothing of size K or V is written for argmax.
 #pragma once
 
 #include <cmath>
 
+#include "gemma4_mtp/centroid_logic.h"
 #include "gemma4_mtp/common.cuh"
 #include "gemma4_mtp/params.h"
-#include "gemma4_mtp/plan.h"
-#include "gemma4_mtp/topk_logic.h"
-#include "gemma4_mtp/tree_logic.h"
 
 namespace gemma4_mtp {
 namespace centroid {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTokens = 8;
-constexpr int kSortThreads = 1024;
-constexpr int kMaxCentroids = 4096;  // sort keys live in 32 KB of shared memory
-constexpr int kCandRows = 32;        // candidate rows per CTA
+constexpr int kMaxCentroids = 4096;
+constexpr int kCentroidsPerProgram = 16;  // phase 1 wants C / 16 programs
+constexpr int kRowBatch = 8;              // candidate rows a warp loads before reducing any
+constexpr int kScoreTokens = 32;          // tokens a warp scores per pass over a centroid row
 
 struct Workspace {
-  float* scores;     // [T, C]
-  int32_t* clusters;  // [T, top_k]
-  ArgMax* partial;   // [T, candidate CTAs]
+  float* scores;    // [T, C]
+  ArgMax* partial;  // [T, grid]: argmax of program p's candidates of token t
 };
 
-inline int64_t candidate_ctas(const CentroidParams& p) {
-  return ceil_div(static_cast<int64_t>(p.top_k) * (p.V / p.C), kCandRows);
-}
-
 inline int64_t workspace_bytes(const CentroidParams& p) {
-  return round_up(int64_t{4} * p.T * p.C, 16) + round_up(int64_t{4} * p.T * p.top_k, 16) +
-         int64_t{8} * p.T * candidate_ctas(p);
+  return round_up(int64_t{4} * p.T * p.C, 16) + int64_t{8} * p.T * p.grid;
 }
 
 inline Workspace carve(const CentroidParams& p) {
   char* base = static_cast<char*>(p.workspace);
-  Workspace w;
-  w.scores = reinterpret_cast<float*>(base);
-  base += round_up(int64_t{4} * p.T * p.C, 16);
-  w.clusters = reinterpret_cast<int32_t*>(base);
-  base += round_up(int64_t{4} * p.T * p.top_k, 16);
-  w.partial = reinterpret_cast<ArgMax*>(base);
-  return w;
+  return Workspace{reinterpret_cast<float*>(base), reinterpret_cast<ArgMax*>(base + round_up(int64_t{4} * p.T * p.C, 16))};
 }
 
-// Dot product of one row with the hidden vector of token t; lanes split the row, result in every lane.
-template <class T, int VEC>
-__device__ __forceinline__ float warp_dot(const T* __restrict__ row, const T* __restrict__ h, int Hd, int lane) {
-  float s = 0.f;
-  for (int k = lane * VEC; k < Hd; k += 32 * VEC) {
-    float a[VEC], x[VEC];
-    load_float<VEC>(row + k, a);
-    load_float<VEC>(h + k, x);
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) s = fmaf(a[e], x[e], s);
-  }
-  return warp_sum(s);
-}
+struct Shared {
+  uint64_t cand[kMaxCentroids];  // the selected clusters' keys, in index order
+  int16_t sel[kMaxCentroids];    // rank -> cluster of the current token
+  uint32_t hist[kRadixBins];     // zero outside a radix pass
+  uint32_t warp_total[kWarps];
+  RadixStep step;
+  ArgMax best[kWarps];
+  int last;
+};
 
-template <class T, int VEC>
-__global__ void __launch_bounds__(kThreads) scores_kernel(CentroidParams p, Workspace w) {
-  const int lane = threadIdx.x & 31;
-  const int c = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  if (c >= p.C) return;
-  const T* cen = static_cast<const T*>(p.centroids) + static_cast<int64_t>(c) * p.centroid_stride;
-  const T* hid = static_cast<const T*>(p.hidden);
-  for (int t0 = 0; t0 < p.T; t0 += kTokens) {
-    const int nt = min(kTokens, p.T - t0);
-    float acc[kTokens];
-#pragma unroll
-    for (int j = 0; j < kTokens; ++j) acc[j] = 0.f;
-    for (int k = lane * VEC; k < p.Hd; k += 32 * VEC) {
-      float a[VEC];
-      load_float<VEC>(cen + k, a);
-#pragma unroll
-      for (int j = 0; j < kTokens; ++j) {
-        if (j < nt) {
-          float x[VEC];
-          load_float<VEC>(hid + static_cast<int64_t>(t0 + j) * p.hidden_stride + k, x);
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) acc[j] = fmaf(a[e], x[e], acc[j]);
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kTokens; ++j) {
-      const float s = warp_sum(acc[j]);
-      if (lane == 0 && j < nt) w.scores[static_cast<int64_t>(t0 + j) * p.C + c] = s;
-    }
-  }
-}
-
-// Descending bitonic sort of ELEMS * kSortThreads keys (padding keys 0 sort last). Thread t holds keys
-// ELEMS*t .. ELEMS*t + ELEMS-1 in registers: partners closer than ELEMS are in the thread, closer than
-// 32 * ELEMS in the warp (shuffles); only the longer strides go through shared memory.
-template <int ELEMS>
-__global__ void __launch_bounds__(kSortThreads) topk_kernel(CentroidParams p, Workspace w) {
-  constexpr int n = ELEMS * kSortThreads;
-  static_assert(n <= kMaxCentroids, "keys fit the shared buffer");
-  __shared__ uint64_t keys[n];
-  const int t = blockIdx.x;
-  const uint32_t base = threadIdx.x * ELEMS;
-  uint64_t v[ELEMS];
-#pragma unroll
-  for (int e = 0; e < ELEMS; ++e) {
-    const uint32_t i = base + e;
-    v[e] = i < static_cast<uint32_t>(p.C) ? topk_key(w.scores[static_cast<int64_t>(t) * p.C + i], i) : 0;
-  }
-  for (uint32_t k = 2; k <= n; k <<= 1) {
-    for (uint32_t j = k >> 1; j > 0; j >>= 1) {
-      if (j < ELEMS) {
-        // the register index must be a compile-time constant: one branch per in-thread stride
-#pragma unroll
-        for (uint32_t jj = 1; jj < ELEMS; jj <<= 1) {
-          if (jj == j) {
-            uint64_t old[ELEMS];
-#pragma unroll
-            for (int e = 0; e < ELEMS; ++e) old[e] = v[e];
-#pragma unroll
-            for (int e = 0; e < ELEMS; ++e) v[e] = bitonic_exchange(base + e, jj, k, old[e], old[e ^ jj]);
-          }
-        }
-      } else if (j < 32 * ELEMS) {
-#pragma unroll
-        for (int e = 0; e < ELEMS; ++e) {
-          const uint64_t theirs = __shfl_xor_sync(0xffffffffu, v[e], static_cast<int>(j / ELEMS));
-          v[e] = bitonic_exchange(base + e, j, k, v[e], theirs);
-        }
-      } else {
-#pragma unroll
-        for (int e = 0; e < ELEMS; ++e) keys[base + e] = v[e];
-        __syncthreads();
-#pragma unroll
-        for (int e = 0; e < ELEMS; ++e) v[e] = bitonic_exchange(base + e, j, k, v[e], keys[(base + e) ^ j]);
-        __syncthreads();  // the buffer is rewritten by the next shared-memory stage
-      }
-    }
-  }
-#pragma unroll
-  for (int e = 0; e < ELEMS; ++e)
-    if (base + e < static_cast<uint32_t>(p.top_k))
-      w.clusters[static_cast<int64_t>(t) * p.top_k + base + e] = static_cast<int32_t>(topk_key_index(v[e]));
-}
-
-template <class T, int VEC>
-__global__ void __launch_bounds__(kThreads) candidates_kernel(CentroidParams p, Workspace w) {
-  __shared__ ArgMax best_warp[kWarps];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int t = blockIdx.y;
-  const int64_t cs = p.V / p.C;
-  const int64_t K = static_cast<int64_t>(p.top_k) * cs;
-  const T* h = static_cast<const T*>(p.hidden) + static_cast<int64_t>(t) * p.hidden_stride;
-  const T* lm = static_cast<const T*>(p.lm_head);
-  ArgMax best = argmax_identity();
-  for (int r = warp; r < kCandRows; r += kWarps) {
-    const int64_t kpos = static_cast<int64_t>(blockIdx.x) * kCandRows + r;
-    if (kpos >= K) break;
-    const int64_t cluster = w.clusters[static_cast<int64_t>(t) * p.top_k + kpos / cs];
-    const int64_t o = cluster * cs + kpos % cs;
-    const int64_t id = p.ordering_int64 ? static_cast<const int64_t*>(p.token_ordering)[o]
-                                        : static_cast<int64_t>(static_cast<const int32_t*>(p.token_ordering)[o]);
-    const bool valid = id >= 0 && id < p.V;
-    const float logit = valid ? warp_dot<T, VEC>(lm + id * p.lm_head_stride, h, p.Hd, lane) : NAN;
-    if (lane == 0) {
-      if (p.output == CentroidOutput::kSparse) {
-        p.ids[t * K + kpos] = valid ? id : -1;
-        p.logits[t * K + kpos] = logit;
-      } else if (p.output == CentroidOutput::kDense) {
-        if (valid) p.logits[static_cast<int64_t>(t) * p.V + id] = logit;
-      } else if (valid) {
-        best = argmax_merge(best, ArgMax{logit, static_cast<int>(id)});
-      }
-    }
-  }
-  if (p.output != CentroidOutput::kArgmax) return;
-  if (lane == 0) best_warp[warp] = best;
+// Every program arrives once; program 0 adds 2^31 - (grid - 1), the others 1, so the top bit of the
+// counter flips exactly when all have arrived, whatever it was (cooperative groups' grid sync).
+__device__ __forceinline__ void grid_barrier(int32_t* counter) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    ArgMax b = best_warp[0];
-    for (int i = 1; i < kWarps; ++i) b = argmax_merge(b, best_warp[i]);
-    w.partial[static_cast<int64_t>(t) * gridDim.x + blockIdx.x] = b;
+    uint32_t* c = reinterpret_cast<uint32_t*>(counter);
+    const uint32_t add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
+    __threadfence();  // this block's writes (ordered before by bar.sync) precede the arrival
+    const uint32_t old = atomicAdd(c, add);
+    while (((old ^ load_acquire(c)) & 0x80000000u) == 0) {
+    }
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ uint32_t warp_inclusive_scan(uint32_t v, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint32_t u = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += u;
+  }
+  return v;
+}
+
+// Exclusive prefix sum of v over the block's threads in thread order (two barriers).
+__device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t v, Shared& sh, int lane, int warp) {
+  const uint32_t incl = warp_inclusive_scan(v, lane);
+  if (lane == 31) sh.warp_total[warp] = incl;
+  __syncthreads();
+  uint32_t before = 0;
+  for (int w = 0; w < warp; ++w) before += sh.warp_total[w];
+  __syncthreads();
+  return before + incl - v;
+}
+
+// Phase 1. Centroid c is scored by global warp c (mod grid * kWarps) for all tokens, 32 at a time,
+// each lane a slice of the hidden dimension; one transposed warp reduction gives lane j token j's sum.
+template <class T, int VEC>
+__device__ void score_centroids(const CentroidParams& p, const Workspace& w, int lane, int warp) {
+  const T* hid = static_cast<const T*>(p.hidden);
+  for (int c = blockIdx.x * kWarps + warp; c < p.C; c += gridDim.x * kWarps) {
+    const T* cen = static_cast<const T*>(p.centroids) + static_cast<int64_t>(c) * p.centroid_stride;
+    if (p.T == 1) {
+      float acc = 0.f;
+      for (int k = lane * VEC; k < p.Hd; k += 32 * VEC) {
+        float a[VEC], x[VEC];
+        load_float<VEC>(cen + k, a);
+        load_float<VEC>(hid + k, x);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc = fmaf(a[e], x[e], acc);
+      }
+      acc = warp_sum(acc);
+      if (lane == 0) w.scores[c] = acc;
+      continue;
+    }
+    for (int t0 = 0; t0 < p.T; t0 += kScoreTokens) {
+      const int nt = min(kScoreTokens, p.T - t0);
+      float acc[kScoreTokens];
+#pragma unroll
+      for (int j = 0; j < kScoreTokens; ++j) acc[j] = 0.f;
+      for (int k = lane * VEC; k < p.Hd; k += 32 * VEC) {
+        float a[VEC];
+        load_float<VEC>(cen + k, a);
+#pragma unroll
+        for (int j = 0; j < kScoreTokens; ++j) {
+          if (j < nt) {
+            float x[VEC];
+            load_float<VEC>(hid + static_cast<int64_t>(t0 + j) * p.hidden_stride + k, x);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[j] = fmaf(a[e], x[e], acc[j]);
+          }
+        }
+      }
+      const float s = warp_transpose_sum(acc, lane);
+      if (lane < nt) w.scores[static_cast<int64_t>(t0 + lane) * p.C + c] = s;
+    }
   }
 }
 
-__global__ void argmax_kernel(CentroidParams p, Workspace w, int parts) {
-  const int t = blockIdx.x;
-  ArgMax best = argmax_identity();
-  for (int i = threadIdx.x; i < parts; i += 32) best = argmax_merge(best, w.partial[static_cast<int64_t>(t) * parts + i]);
+// Phase 2a. The top_k clusters of token t, rank -> cluster in sh.sel. Thread i holds the order bits of
+// scores E*i .. E*i + E-1 (index order = thread order, for the tie rule and the compaction).
+template <int E>
+__device__ void select_clusters(const CentroidParams& p, const Workspace& w, int64_t t, Shared& sh, int lane,
+                                int warp) {
+  __syncthreads();  // sh.sel of the previous token is no longer read
+  const float* row = w.scores + t * p.C;
+  const int base = threadIdx.x * E;
+  uint32_t key[E];
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    ArgMax other{__shfl_xor_sync(0xffffffffu, best.value, o), __shfl_xor_sync(0xffffffffu, best.index, o)};
-    best = argmax_merge(best, other);
+  for (int e = 0; e < E; ++e) key[e] = base + e < p.C ? orderable_bits(__ldcg(row + base + e)) : 0u;
+  RadixState st = radix_init(static_cast<uint32_t>(p.top_k));
+  for (int pass = 0; pass < kRadixPasses; ++pass) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const bool in = base + e < p.C && radix_in_play(st, key[e]);
+      const uint32_t d = radix_digit(st, key[e]);
+      // lanes with the same digit add once (no same-address atomics within a warp)
+      const uint32_t peers = __match_any_sync(0xffffffffu, in ? d : 0xffffffffu);
+      if (in && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[d], static_cast<uint32_t>(__popc(peers)));
+    }
+    __syncthreads();
+    if (warp == 0) {
+      // lane l scans digits 255 - 8l down to 248 - 8l and clears them for the next pass
+      const uint32_t d0 = 255u - 8u * lane;
+      uint32_t c[8], local = 0;
+#pragma unroll
+      for (int b = 0; b < 8; ++b) {
+        c[b] = sh.hist[d0 - b];
+        sh.hist[d0 - b] = 0;
+        local += c[b];
+      }
+      const uint32_t above = warp_inclusive_scan(local, lane) - local;
+      RadixStep s;
+      if (radix_find(c, 8, d0, above, st.need, &s)) sh.step = s;
+    }
+    __syncthreads();
+    st = radix_advance(st, sh.step);
+    if (st.done) break;
+  }
+  // keys still in play after four passes have equal scores: their order among themselves is by index
+  uint32_t tie = 0;
+  if (!st.done) {
+    uint32_t n = 0;
+#pragma unroll
+    for (int e = 0; e < E; ++e) n += base + e < p.C && key[e] == st.prefix;
+    tie = block_exclusive_scan(n, sh, lane, warp);
+  }
+  // count, then (after the scan gives this thread's first slot) store, the selected keys in index order
+  uint32_t n_chosen = 0, tie_run = tie;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const bool valid = base + e < p.C;
+    n_chosen += valid && radix_selected(st, key[e], tie_run);
+    tie_run += valid && !st.done && key[e] == st.prefix;
+  }
+  uint32_t at = block_exclusive_scan(n_chosen, sh, lane, warp);
+  tie_run = tie;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const bool valid = base + e < p.C;
+    if (valid && radix_selected(st, key[e], tie_run)) sh.cand[at++] = topk_key(key[e], static_cast<uint32_t>(base + e));
+    tie_run += valid && !st.done && key[e] == st.prefix;
+  }
+  __syncthreads();
+  // rank of each selected key among the top_k: how many selected keys are larger
+  for (int m = warp; m < p.top_k; m += kWarps) {
+    const uint64_t mine = sh.cand[m];
+    uint32_t larger = 0;
+    for (int x = lane; x < p.top_k; x += 32) larger += sh.cand[x] > mine;
+    larger = __reduce_add_sync(0xffffffffu, larger);
+    if (lane == 0) sh.sel[larger] = static_cast<int16_t>(topk_key_index(mine));
+  }
+  __syncthreads();
+}
+
+// Phase 2b. Rows [r_lo, r_hi) of the cluster of rank j of token t.
+template <class T, int VEC>
+__device__ void score_candidates(const CentroidParams& p, int64_t t, int j, int r_lo, int r_hi, const Shared& sh,
+                                 ArgMax& best, int lane, int warp) {
+  const int64_t cs = p.V / p.C;
+  const int64_t cluster = sh.sel[j];
+  const T* h = static_cast<const T*>(p.hidden) + t * p.hidden_stride;
+  const T* lm = static_cast<const T*>(p.lm_head);
+  constexpr int B = kRowBatch;
+  for (int r0 = r_lo + warp; r0 < r_hi; r0 += kWarps * B) {
+    // lane b < B fetches the id of the warp's row b, then every lane gets all of them
+    int64_t mine = -1;
+    if (lane < B && r0 + lane * kWarps < r_hi) {
+      const int64_t o = cluster * cs + r0 + lane * kWarps;
+      mine = p.ordering_int64 ? __ldg(static_cast<const int64_t*>(p.token_ordering) + o)
+                              : static_cast<int64_t>(__ldg(static_cast<const int32_t*>(p.token_ordering) + o));
+    }
+    int64_t id[B];
+    bool ok[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      id[b] = __shfl_sync(0xffffffffu, mine, b);
+      ok[b] = r0 + b * kWarps < r_hi && id[b] >= 0 && id[b] < p.V;
+    }
+    float acc[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b) acc[b] = 0.f;
+    for (int k = lane * VEC; k < p.Hd; k += 32 * VEC) {
+      Packed<VEC, T> row[B];
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        if (ok[b]) {
+          load_packed<VEC>(lm + id[b] * p.lm_head_stride + k, row[b]);
+        } else {
+          zero_packed<VEC>(row[b]);
+        }
+      }
+      float x[VEC];
+      load_float<VEC>(h + k, x);
+#pragma unroll
+      for (int b = 0; b < B; ++b)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[b] = fmaf(to_float(row[b].e[e]), x[e], acc[b]);
+    }
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      const int r = r0 + b * kWarps;
+      if (r >= r_hi) break;
+      const float logit = warp_sum(acc[b]);
+      if (p.output == CentroidOutput::kArgmax) {
+        best = candidate_merge(best, ok[b] ? ArgMax{logit, static_cast<int>(id[b])} : ArgMax{NAN, kBadIndex});
+      } else if (lane == 0) {
+        if (p.output == CentroidOutput::kSparse) {
+          const int64_t at = t * p.top_k * cs + j * cs + r;
+          p.ids[at] = ok[b] ? id[b] : -1;
+          p.logits[at] = ok[b] ? logit : NAN;
+        } else if (ok[b]) {
+          p.logits[t * p.V + id[b]] = logit;
+        }
+      }
+    }
+  }
+}
+
+// The program's argmax over token t's candidates it scored, into w.partial[t, program].
+__device__ __forceinline__ void flush_argmax(const Workspace& w, int64_t t, ArgMax best, Shared& sh, int lane,
+                                             int warp) {
+  if (lane == 0) sh.best[warp] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    ArgMax b = sh.best[0];
+    for (int i = 1; i < kWarps; ++i) b = candidate_merge(b, sh.best[i]);
+    w.partial[t * gridDim.x + blockIdx.x] = b;
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ ArgMax load_partial(const ArgMax* a) {
+  const uint2 v = __ldcg(reinterpret_cast<const uint2*>(a));
+  return ArgMax{__uint_as_float(v.x), static_cast<int>(v.y)};
+}
+
+template <class T, int VEC, int E>
+__global__ void __launch_bounds__(kThreads, 1) head_kernel(CentroidParams p, Workspace w) {
+  __shared__ Shared sh;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int i = threadIdx.x; i < kRadixBins; i += kThreads) sh.hist[i] = 0;
+
+  // Phase 1 (+ the L2 prefetch of token_ordering: its lines are 128 bytes)
+  const int64_t order_bytes = p.V * (p.ordering_int64 ? 8 : 4);
+  for (int64_t off = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * 128; off < order_bytes;
+       off += static_cast<int64_t>(gridDim.x) * kThreads * 128)
+    prefetch_l2(static_cast<const char*>(p.token_ordering) + off);
+  score_centroids<T, VEC>(p, w, lane, warp);
+  grid_barrier(p.counters);
+
+  // Phase 2
+  const int64_t per_token = static_cast<int64_t>(p.top_k) * p.chunks;
+  const int64_t items = p.T * per_token;
+  const int64_t cs = p.V / p.C;
+  const int64_t i1 = items_begin(blockIdx.x + 1, gridDim.x, items);
+  int64_t current = -1;
+  ArgMax best = argmax_identity();
+  for (int64_t i = items_begin(blockIdx.x, gridDim.x, items); i < i1; ++i) {
+    const int64_t t = i / per_token;
+    const int j = static_cast<int>((i % per_token) / p.chunks);
+    const int q = static_cast<int>(i % p.chunks);
+    if (t != current) {
+      if (current >= 0 && p.output == CentroidOutput::kArgmax) flush_argmax(w, current, best, sh, lane, warp);
+      best = argmax_identity();
+      select_clusters<E>(p, w, t, sh, lane, warp);
+      current = t;
+    }
+    const int r_lo = q * p.rows;
+    score_candidates<T, VEC>(p, t, j, r_lo, static_cast<int>(min64(cs, r_lo + p.rows)), sh, best, lane, warp);
+  }
+  if (current >= 0 && p.output == CentroidOutput::kArgmax) flush_argmax(w, current, best, sh, lane, warp);
+
+  // Phase 3: the last program to get here has every partial (and every program is past the barrier)
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    sh.last = atomicAdd(p.counters + 1, 1) == static_cast<int>(gridDim.x) - 1;
+  }
+  __syncthreads();
+  if (!sh.last) return;
+  __threadfence();
+  if (p.output == CentroidOutput::kArgmax) {
+    for (int64_t t = warp; t < p.T; t += kWarps) {
+      const int64_t lo = program_of_item(t * per_token, gridDim.x, items);
+      const int64_t hi = program_of_item((t + 1) * per_token - 1, gridDim.x, items);
+      ArgMax b = argmax_identity();
+      for (int64_t q = lo + lane; q <= hi; q += 32)  // programs without items wrote no partial
+        if (items_begin(q, gridDim.x, items) < items_begin(q + 1, gridDim.x, items))
+          b = candidate_merge(b, load_partial(w.partial + t * gridDim.x + q));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const ArgMax other{__shfl_xor_sync(0xffffffffu, b.value, o), __shfl_xor_sync(0xffffffffu, b.index, o)};
+        b = candidate_merge(b, other);
+      }
+      if (lane == 0) {
+        const bool none = b.index == kBadIndex || b.index == kNoIndex;
+        p.ids[t] = none ? -1 : b.index;
+        p.logits[t] = none ? NAN : b.value;
+      }
+    }
   }
   if (threadIdx.x == 0) {
-    p.ids[t] = best.index == kNoIndex ? -1 : best.index;
-    p.logits[t] = best.index == kNoIndex ? NAN : best.value;
+    p.counters[0] = 0;
+    p.counters[1] = 0;
   }
+}
+
+template <class T, int VEC, int E>
+cudaError_t launch(const CentroidParams& p, cudaStream_t stream) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;  // all programs co-resident, or a launch error
+  attr[0].val.cooperative = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(p.grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, head_kernel<T, VEC, E>, p, carve(p));
 }
 
 template <class T, int VEC>
-cudaError_t launch_vec(const CentroidParams& p, cudaStream_t stream) {
-  const Workspace w = carve(p);
-  scores_kernel<T, VEC><<<static_cast<unsigned>(ceil_div(p.C, kWarps)), kThreads, 0, stream>>>(p, w);
-  if (p.C <= 2 * kSortThreads) {
-    topk_kernel<2><<<p.T, kSortThreads, 0, stream>>>(p, w);
-  } else {
-    topk_kernel<4><<<p.T, kSortThreads, 0, stream>>>(p, w);
-  }
-  const int64_t ctas = candidate_ctas(p);
-  candidates_kernel<T, VEC><<<dim3(static_cast<unsigned>(ctas), p.T), kThreads, 0, stream>>>(p, w);
-  if (p.output == CentroidOutput::kArgmax) argmax_kernel<<<p.T, 32, 0, stream>>>(p, w, static_cast<int>(ctas));
-  return cudaGetLastError();
+cudaError_t launch_keys(const CentroidParams& p, cudaStream_t stream) {
+  if (p.C <= 2 * kThreads) return launch<T, VEC, 2>(p, stream);
+  if (p.C <= 4 * kThreads) return launch<T, VEC, 4>(p, stream);
+  return launch<T, VEC, 8>(p, stream);
 }
 
 }  // namespace centroid
 
-inline int64_t centroid_workspace_bytes(const CentroidParams& p) { return centroid::workspace_bytes(p); }
+// Fills p.grid, p.chunks and p.rows for a device with num_sms SMs; returns the workspace bytes.
+inline int64_t centroid_prepare(CentroidParams& p, int num_sms) {
+  const CentroidPlan plan =
+      centroid_plan(p.T, p.top_k, p.C > 0 ? p.V / p.C : 1, p.C, num_sms, centroid::kCentroidsPerProgram);
+  p.grid = plan.grid;
+  p.chunks = plan.chunks;
+  p.rows = plan.rows;
+  return centroid::workspace_bytes(p);
+}
 
 // Launches the centroid head for element type T (float, __half, __nv_bfloat16). Requires
-// 1 <= top_k <= C <= 4096, V a nonzero multiple of C and p.workspace of centroid_workspace_bytes(p) bytes.
+// 1 <= top_k <= C <= 4096, V a nonzero multiple of C, centroid_prepare(p) and its workspace (16-byte
+// aligned), and p.counters zero before the first launch (every launch leaves them zero). Launches that
+// overlap in time must not share counters.
 template <class T>
 cudaError_t centroid_logits(const CentroidParams& p, cudaStream_t stream) {
   if (p.T <= 0) return cudaSuccess;
-  if (p.C < 1 || p.C > centroid::kMaxCentroids || p.top_k < 1 || p.top_k > p.C || p.V < p.C || p.V % p.C || p.Hd < 0 ||
-      p.workspace == nullptr || p.T > 65535)
+  if (p.C < 1 || p.C > centroid::kMaxCentroids || p.top_k < 1 || p.top_k > p.C || p.V < p.C || p.V % p.C ||
+      p.Hd < 0 || p.workspace == nullptr || p.counters == nullptr || p.grid < 1 || p.chunks < 1 || p.rows < 1 ||
+      static_cast<int64_t>(p.chunks) * p.rows < p.V / p.C)
     return cudaErrorInvalidValue;
+  if (!host_aligned16(p.workspace)) return cudaErrorMisalignedAddress;  // the partials are read 8 bytes at a time
+  // 16-byte loads of hidden, centroids and lm_head rows need aligned pointers and row strides; fp32 (a
+  // test dtype) reads element-wise: its 16-byte variant needs more than the 128 registers a 512-thread
+  // program may use on sm_80
   constexpr int V = kVec16<T>;
-  const bool vec = p.Hd % V == 0 && p.hidden_stride % V == 0 && p.centroid_stride % V == 0 &&
+  const bool vec = sizeof(T) == 2 && p.Hd % V == 0 && p.hidden_stride % V == 0 && p.centroid_stride % V == 0 &&
                    p.lm_head_stride % V == 0 && host_aligned16(p.hidden) && host_aligned16(p.centroids) &&
                    host_aligned16(p.lm_head);
-  return vec ? centroid::launch_vec<T, V>(p, stream) : centroid::launch_vec<T, 1>(p, stream);
+  if constexpr (sizeof(T) == 2) {
+    if (vec) return centroid::launch_keys<T, V>(p, stream);
+  }
+  return centroid::launch_keys<T, 1>(p, stream);
 }
 
 }  // namespace gemma4_mtp

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "gemma4_mtp/host_device.h"
 
@@ -67,6 +68,50 @@ __device__ __forceinline__ void load_float_cg(const T* __restrict__ p, float* ou
   }
 }
 
+// A 16-byte vector (or one element when N == 1) kept packed until converted, so that many loads can be
+// in flight without holding N floats each.
+template <int N, class T>
+struct Packed {
+  static_assert(N * sizeof(T) == 16, "vector loads are 16 bytes");
+  union {
+    uint4 raw;
+    T e[N];
+  };
+};
+
+template <class T>
+struct Packed<1, T> {
+  T e[1];
+};
+
+template <int N, class T>
+__device__ __forceinline__ void load_packed(const T* __restrict__ p, Packed<N, T>& out) {
+  if constexpr (N == 1) {
+    out.e[0] = *p;
+  } else {
+    out.raw = *reinterpret_cast<const uint4*>(p);
+  }
+}
+
+template <int N, class T>
+__device__ __forceinline__ void zero_packed(Packed<N, T>& out) {
+  if constexpr (N == 1) {
+    out.e[0] = from_float<T>(0.f);
+  } else {
+    out.raw = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// Hint: bring the 128-byte line holding p into L2 (no register, no wait).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// A load that sees every write published before a release that this thread's acquire synchronized with.
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
@@ -119,6 +164,27 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// D += A B for one m16n8k16 tile, fp32 accumulation (sm_80+). A: 4 registers of two T each, B: 2.
+template <class T>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  static_assert(sizeof(T) == 2, "bf16 / fp16 tensor-core mma");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+#endif
 }
 
 inline int device_sm_count() {

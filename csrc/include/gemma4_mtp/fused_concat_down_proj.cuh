@@ -1,13 +1,24 @@
 // fused_concat_down_proj: y[t] = W @ concat(round(E[token_t] * round(s)), h[t]) without materialising
-// the concat or the gathered embedding rows. Memory bound on W for the drafter's small T: each CTA
-// owns R rows of W, its 256 threads split the K = 2 * Hb dimension (16-byte loads), and up to 8 tokens
-// are accumulated per pass so W is read once per 8 tokens. fp32 accumulation; warp-shuffle reduction,
-// then across the CTA's warps in shared memory.
+// the concat or the gathered embedding rows. Memory bound on W (Hd x 2Hb: 1.5 MiB for E2B, 21 MiB for
+// 31B in bf16) for the drafter's T <= 64; the T x 2Hb activations are small and come from L2.
+//
+// bf16 / fp16 with 16-byte aligned rows: tensor cores (mma.sync m16n8k16, sm_80+), for every T (at
+// T = 1 the mma does 16x the needed multiply-adds for free; the cost is the weight stream). A CTA owns
+// 32 weight rows x up to 64 tokens and a range of 32-wide k steps; its 8 warps take every 8th step, each
+// lane loading one 16-byte vector per weight row and token row per step straight into mma fragments
+// (down_proj_logic.h: the same k permutation for both operands), several steps' loads issued before
+// any is consumed. The warps' tiles are summed in shared memory. When 32-row tiles alone cannot fill the
+// GPU (every drafter: Hd <= 1024 is at most 32 tiles), the k range is split over CTAs: each writes an
+// fp32 partial tile and the last CTA of a tile to finish (a counter, left zero) sums the partials in
+// split order (deterministic) and writes the output. One launch either way.
+// fp32, or rows that 16-byte loads cannot assume: the CUDA-core kernel below (R rows per CTA, 256
+// threads split K, up to 8 tokens per pass over W).
 #pragma once
 
 #include <cmath>
 
 #include "gemma4_mtp/common.cuh"
+#include "gemma4_mtp/down_proj_logic.h"
 #include "gemma4_mtp/params.h"
 #include "gemma4_mtp/plan.h"
 
@@ -25,7 +36,7 @@ constexpr int kTokens = 8;  // tokens accumulated per pass over W
 constexpr int kWeightLoadsInFlight = 4;
 
 template <class T, int VEC, int R>
-__global__ void __launch_bounds__(kThreads) kernel(DownProjParams p) {
+__global__ void __launch_bounds__(kThreads, 2) kernel(DownProjParams p) {
   const T* __restrict__ table = static_cast<const T*>(p.embed_table);
   const T* __restrict__ hidden = static_cast<const T*>(p.hidden);
   const T* __restrict__ weight = static_cast<const T*>(p.weight);
@@ -137,13 +148,264 @@ cudaError_t launch_vec(const DownProjParams& p, int rows_per_cta, cudaStream_t s
   return cudaGetLastError();
 }
 
+
+// ---------------------------------------------------------------- tensor-core path
+
+// Loads the lane's 8 elements of concat row r at k (zero past K or for a token past T); embedding
+// elements are only flagged here and converted by to_concat, so that every load of a step is issued
+// before the first conversion waits for one.
+template <class T>
+struct XLoad {
+  uint4 raw;
+  bool embed;  // raw holds embedding elements (scale and round them) ...
+  bool bad;    // ... of an out-of-range token id (the row becomes NaN)
+};
+
+template <class T>
+__device__ __forceinline__ XLoad<T> load_x(const T* erow, const T* hrow, int k, int Hb, bool live) {
+  XLoad<T> x{make_uint4(0u, 0u, 0u, 0u), false, false};
+  if (!live || hrow == nullptr) return x;
+  if (k < Hb) {
+    x.embed = true;
+    x.bad = erow == nullptr;
+    if (erow != nullptr) x.raw = __ldg(reinterpret_cast<const uint4*>(erow + k));
+  } else {
+    x.raw = __ldg(reinterpret_cast<const uint4*>(hrow + (k - Hb)));
+  }
+  return x;
+}
+
+// Gemma's scaled embedding: the product rounded to the table dtype (the scale already is).
+template <class T>
+__device__ __forceinline__ uint32_t scale_pair(uint32_t pair, float scale) {
+  union {
+    uint32_t u;
+    T e[2];
+  } v;
+  v.u = pair;
+  v.e[0] = from_float<T>(to_float(v.e[0]) * scale);
+  v.e[1] = from_float<T>(to_float(v.e[1]) * scale);
+  return v.u;
+}
+
+template <class T>
+__device__ __forceinline__ uint4 to_concat(const XLoad<T>& x, float scale) {
+  if (!x.embed) return x.raw;
+  if (x.bad) {
+    const uint32_t nan2 = std::is_same_v<T, __nv_bfloat16> ? 0x7fc07fc0u : 0x7e007e00u;
+    return make_uint4(nan2, nan2, nan2, nan2);
+  }
+  return make_uint4(scale_pair<T>(x.raw.x, scale), scale_pair<T>(x.raw.y, scale), scale_pair<T>(x.raw.z, scale),
+                    scale_pair<T>(x.raw.w, scale));
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// MT m16 tiles of tokens (16 * MT per CTA); U steps of loads in flight per warp before any mma.
+template <class T, int MT>
+__global__ void __launch_bounds__(kMmaWarps * 32, 1) mma_kernel(DownProjParams p, DownProjPlan plan) {
+  constexpr int U = MT == 1 ? 4 : 2;
+  constexpr int kTok = 16 * MT;
+  constexpr int kRegs = MT * kMmaRowTiles * 4;
+  __shared__ const T* erow[kTok];  // embedding row of each token (nullptr: id out of range)
+  __shared__ const T* hrow[kTok];  // hidden row (nullptr: token past T)
+  __shared__ float red[kMmaWarps / 2][kRegs][32];
+  __shared__ int last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n0 = blockIdx.x * kMmaRowsPerCta;
+  const int t0 = blockIdx.y * kTok;
+  const T* table = static_cast<const T*>(p.embed_table);
+  const T* weight = static_cast<const T*>(p.weight);
+  if (threadIdx.x < kTok) {
+    const int t = t0 + threadIdx.x;
+    const T* e = nullptr;
+    const T* h = nullptr;
+    if (t < p.T) {
+      const int64_t id = p.token_ids_int64 ? static_cast<const int64_t*>(p.token_ids)[t]
+                                           : static_cast<int64_t>(static_cast<const int32_t*>(p.token_ids)[t]);
+      if (id >= 0 && id < p.vocab) e = table + id * p.table_stride;
+      h = static_cast<const T*>(p.hidden) + static_cast<int64_t>(t) * p.hidden_stride;
+    }
+    erow[threadIdx.x] = e;
+    hrow[threadIdx.x] = h;
+  }
+  __syncthreads();
+  const float scale = to_float(from_float<T>(p.embed_scale));
+  const int K = 2 * p.Hb;
+  const int s_end = min(static_cast<int>(ceil_div(K, kMmaStepK)), (blockIdx.z + 1) * plan.steps_per_split);
+  const int lk = mma_lane_k(lane);
+  const T* wrow[kMmaRowTiles];
+#pragma unroll
+  for (int nt = 0; nt < kMmaRowTiles; ++nt) {
+    const int n = n0 + nt * 8 + mma_b_row(lane);
+    wrow[nt] = n < p.Hd ? weight + static_cast<int64_t>(n) * p.weight_stride : nullptr;
+  }
+  float acc[MT][kMmaRowTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kMmaRowTiles; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[mt][nt][c] = 0.f;
+
+  for (int s0 = blockIdx.z * plan.steps_per_split + warp; s0 < s_end; s0 += kMmaWarps * U) {
+    uint4 wf[U][kMmaRowTiles];
+    XLoad<T> xa[U][MT], xb[U][MT];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k = (s0 + u * kMmaWarps) * kMmaStepK + lk;
+      const bool live = s0 + u * kMmaWarps < s_end && k < K;
+#pragma unroll
+      for (int nt = 0; nt < kMmaRowTiles; ++nt)
+        wf[u][nt] = live && wrow[nt] != nullptr ? __ldg(reinterpret_cast<const uint4*>(wrow[nt] + k))
+                                                : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int ra = mt * 16 + mma_a_row(lane, 0), rb = mt * 16 + mma_a_row(lane, 1);
+        xa[u][mt] = load_x<T>(erow[ra], hrow[ra], k, p.Hb, live);
+        xb[u][mt] = load_x<T>(erow[rb], hrow[rb], k, p.Hb, live);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const uint4 a_lo = to_concat<T>(xa[u][mt], scale), a_hi = to_concat<T>(xb[u][mt], scale);
+#pragma unroll
+        for (int kb = 0; kb < 2; ++kb) {
+          uint32_t a[4];
+#pragma unroll
+          for (int r = 0; r < 4; ++r) a[r] = word((r & 1) ? a_hi : a_lo, mma_a_elem(kb, r) / 2);
+#pragma unroll
+          for (int nt = 0; nt < kMmaRowTiles; ++nt) {
+            const uint32_t b[2] = {word(wf[u][nt], mma_b_elem(kb, 0) / 2), word(wf[u][nt], mma_b_elem(kb, 1) / 2)};
+            mma_m16n8k16<T>(acc[mt][nt], a, b);
+          }
+        }
+      }
+  }
+
+  // sum the warps' tiles: halving, through shared memory
+#pragma unroll
+  for (int half = kMmaWarps / 2; half >= 1; half /= 2) {
+    if (warp >= half && warp < 2 * half) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kMmaRowTiles; ++nt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) red[warp - half][(mt * kMmaRowTiles + nt) * 4 + c][lane] = acc[mt][nt][c];
+    }
+    __syncthreads();
+    if (warp < half) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kMmaRowTiles; ++nt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[mt][nt][c] += red[warp][(mt * kMmaRowTiles + nt) * 4 + c][lane];
+    }
+    __syncthreads();
+  }
+
+  T* out = static_cast<T*>(p.out);
+  if (plan.splits == 1) {
+    if (warp == 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kMmaRowTiles; ++nt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const int t = t0 + mt * 16 + mma_c_token(lane, c), n = n0 + nt * 8 + mma_c_row(lane, c);
+            if (t < p.T && n < p.Hd) out[static_cast<int64_t>(t) * p.out_stride + n] = from_float<T>(acc[mt][nt][c]);
+          }
+    }
+    return;
+  }
+  // split k: an fp32 partial per split; the tile's last CTA sums them in split order
+  float* part = p.partials;
+  const int64_t tile_elems = static_cast<int64_t>(p.T) * p.Hd;
+  if (warp == 0) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kMmaRowTiles; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int t = t0 + mt * 16 + mma_c_token(lane, c), n = n0 + nt * 8 + mma_c_row(lane, c);
+          if (t < p.T && n < p.Hd) part[blockIdx.z * tile_elems + static_cast<int64_t>(t) * p.Hd + n] = acc[mt][nt][c];
+        }
+  }
+  __syncthreads();
+  int32_t* counter = p.counters + blockIdx.y * gridDim.x + blockIdx.x;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(counter, 1) == plan.splits - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int e = threadIdx.x; e < kTok * kMmaRowsPerCta; e += blockDim.x) {
+    const int t = t0 + e / kMmaRowsPerCta, n = n0 + e % kMmaRowsPerCta;
+    if (t >= p.T || n >= p.Hd) continue;
+    float sum = 0.f;
+    for (int s = 0; s < plan.splits; ++s) sum += __ldcg(part + s * tile_elems + static_cast<int64_t>(t) * p.Hd + n);
+    out[static_cast<int64_t>(t) * p.out_stride + n] = from_float<T>(sum);
+  }
+  if (threadIdx.x == 0) *counter = 0;
+}
+
+template <class T>
+cudaError_t launch_mma(const DownProjParams& p, const DownProjPlan& plan, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(plan.row_tiles), static_cast<unsigned>(plan.token_tiles),
+                  static_cast<unsigned>(plan.splits));
+  switch (plan.token_tiles_m16) {
+    case 1: mma_kernel<T, 1><<<grid, kMmaWarps * 32, 0, stream>>>(p, plan); break;
+    case 2: mma_kernel<T, 2><<<grid, kMmaWarps * 32, 0, stream>>>(p, plan); break;
+    case 3: mma_kernel<T, 3><<<grid, kMmaWarps * 32, 0, stream>>>(p, plan); break;
+    default: mma_kernel<T, 4><<<grid, kMmaWarps * 32, 0, stream>>>(p, plan); break;
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace down_proj
 
-// Launches the down projection for element type T (float, __half, __nv_bfloat16).
+// Whether the launch takes the tensor-core path: bf16 / fp16, and every row the kernel reads with
+// 16-byte loads starts 16-byte aligned (pointers, row strides, Hb).
+template <class T>
+bool down_proj_uses_mma(const DownProjParams& p) {
+  constexpr int V = kVec16<T>;
+  return sizeof(T) == 2 && p.Hb % V == 0 && p.table_stride % V == 0 && p.hidden_stride % V == 0 &&
+         p.weight_stride % V == 0 && host_aligned16(p.embed_table) && host_aligned16(p.hidden) &&
+         host_aligned16(p.weight);
+}
+
+// Fills p.plan (the tensor-core path's grid) for a device with num_sms SMs; returns the bytes of fp32
+// partials (p.partials) and, in *counters, the int32 counters (p.counters, zero before the first launch,
+// left zero) a launch needs.
+template <class T>
+int64_t down_proj_prepare(DownProjParams& p, int num_sms, int64_t* counters) {
+  p.plan = plan_down_proj(p.T, p.Hb, p.Hd, num_sms);
+  const bool split = down_proj_uses_mma<T>(p) && p.plan.splits > 1;
+  *counters = split ? down_proj_counters(p.plan) : 0;
+  return split ? int64_t{4} * p.plan.splits * p.T * p.Hd : 0;
+}
+
+// Launches the down projection for element type T (float, __half, __nv_bfloat16) after
+// down_proj_prepare(p).
 template <class T>
 cudaError_t fused_concat_down_proj(const DownProjParams& p, cudaStream_t stream) {
   if (p.T <= 0 || p.Hd <= 0) return cudaSuccess;
   if (p.Hb < 0) return cudaErrorInvalidValue;  // Hb == 0 is legal: y = 0
+  if (down_proj_uses_mma<T>(p)) {
+    if (p.plan.splits < 1 || p.plan.steps_per_split < 1 || p.plan.row_tiles < 1 || p.plan.token_tiles < 1)
+      return cudaErrorInvalidValue;
+    if (p.plan.splits > 1 && (p.partials == nullptr || p.counters == nullptr)) return cudaErrorInvalidValue;
+    if constexpr (sizeof(T) == 2) return down_proj::launch_mma<T>(p, p.plan, stream);
+  }
   constexpr int V = kVec16<T>;
   const bool vec = p.Hb % V == 0 && p.table_stride % V == 0 && p.hidden_stride % V == 0 &&
                    p.weight_stride % V == 0 && host_aligned16(p.embed_table) && host_aligned16(p.hidden) &&

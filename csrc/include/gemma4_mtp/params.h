@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "gemma4_mtp/down_proj_logic.h"
+
 namespace gemma4_mtp {
 
 enum class DType { kFloat32, kFloat16, kBFloat16 };
@@ -22,6 +24,10 @@ struct DownProjParams {
   int64_t vocab;
   int T, Hb, Hd;
   float embed_scale;  // rounded to the table dtype by the kernel
+  // filled by down_proj_prepare(): the tensor-core path's grid, and what a split k range needs
+  DownProjPlan plan;
+  float* partials;    // fp32 [splits, T, Hd]
+  int32_t* counters;  // one per output tile; zero before the first launch, left zero
 };
 
 // Q-only paged attention. Every query row of request b attends cache positions
@@ -49,6 +55,9 @@ struct AttentionParams {
 
 enum class CentroidOutput { kArgmax = 0, kSparse = 1, kDense = 2 };
 
+// Two-stage centroid head, one launch (centroid_logits.cuh). An id outside [0, V) in token_ordering is
+// never dereferenced: its logit is NaN and its sparse id -1, it is skipped in the dense output, and it
+// makes the argmax of its token (-1, NaN).
 struct CentroidParams {
   const void* hidden;     // [T, Hd]
   const void* centroids;  // [C, Hd]
@@ -61,7 +70,12 @@ struct CentroidParams {
   CentroidOutput output;
   int64_t* ids;  // argmax: [T]; sparse: [T, K]
   float* logits;  // argmax: [T]; sparse: [T, K]; dense: [T, V] already filled with the fill value
-  void* workspace;  // centroid_workspace_bytes()
+  void* workspace;  // prepare_centroid_logits() bytes
+  int32_t* counters;  // 2 int32, zero before the first launch; every launch leaves them zero
+  // filled by prepare_centroid_logits():
+  int grid;    // programs of the launch (co-resident: cooperative launch)
+  int chunks;  // items per (token, cluster)
+  int rows;    // candidate rows per item
 };
 
 struct TreeVerifyParams {

@@ -1,7 +1,11 @@
-// Ordering of (score, index) pairs for the centroid top-k: one 64-bit key whose descending order is
-// "higher score first, then lower index", which is the stable descending sort of the reference.
-// The kernel sorts keys with a bitonic network whose steps are bitonic_exchange; the host tests run
-// the same network, every element deciding on its own, on the CPU (csrc/tests/test_topk.cpp).
+// Ordering and selection logic of the centroid head (centroid_logits.cuh), tested on the CPU by
+// csrc/tests/test_topk.cpp:
+// - the order of (score, index) pairs: higher score first, then lower index (the reference's stable
+//   descending sort), NaN above +inf, -0 == +0;
+// - the radix select that picks the top_k clusters of one token: 4 passes over the 32 order bits of
+//   the scores, 8 bits each, narrowing a prefix until the keys that share it are exactly the ones
+//   still needed (early exit) or the full 32 bits are fixed (then equal scores go by lower index);
+// centroid_logic.h has the rest (argmax partials, work plan). tree_logic.h uses orderable_bits.
 #pragma once
 
 #include "gemma4_mtp/host_device.h"
@@ -15,27 +19,68 @@ G4_HD uint32_t orderable_bits(float f) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-G4_HD uint64_t topk_key(float score, uint32_t index) {
-  return (static_cast<uint64_t>(orderable_bits(score)) << 32) | static_cast<uint32_t>(~index);
+// One 64-bit key per (score order bits, index) whose descending order is the reference's order.
+G4_HD uint64_t topk_key(uint32_t order_bits, uint32_t index) {
+  return (static_cast<uint64_t>(order_bits) << 32) | static_cast<uint32_t>(~index);
 }
 
 G4_HD uint32_t topk_key_index(uint64_t key) { return ~static_cast<uint32_t>(key & 0xffffffffu); }
 
-// One compare-exchange of a descending bitonic sort over a power-of-two array: element i and its
-// partner i ^ j in the merge stage of size k. Returns whether a[i] and a[i ^ j] must be swapped
-// (call only for i < (i ^ j)).
-G4_HD bool bitonic_should_swap(uint32_t i, uint32_t k, uint64_t a_i, uint64_t a_partner) {
-  const bool descending = (i & k) == 0;
-  return descending ? (a_i < a_partner) : (a_i > a_partner);
+constexpr int kRadixBins = 256;
+constexpr int kRadixPasses = 4;
+
+// Where the key of rank `need` (1-based, among the keys still in play) falls in one pass.
+struct RadixStep {
+  uint32_t digit;  // its digit in this pass
+  uint32_t above;  // keys in play with a larger digit (all selected)
+  uint32_t count;  // keys in play with this digit
+};
+
+// Scans n bins of digits d0, d0 - 1, ..., d0 - n + 1 (descending) with counts c[0..n); `above` keys in
+// play have a digit above d0. Returns whether the rank-`need` key has one of these digits (then *out
+// says which). The kernel's lanes each scan 8 bins after a warp prefix sum gives them `above`.
+G4_HD bool radix_find(const uint32_t* c, int n, uint32_t d0, uint32_t above, uint32_t need, RadixStep* out) {
+  for (int b = 0; b < n; ++b) {
+    if (above < need && above + c[b] >= need) {
+      *out = RadixStep{d0 - static_cast<uint32_t>(b), above, c[b]};
+      return true;
+    }
+    above += c[b];
+  }
+  return false;
 }
 
-// The same step seen from either side of the pair: the new value of element i, given its value and
-// its partner's. Both elements of a pair evaluate it independently (the kernel's threads and lanes
-// exchange values instead of swapping in place).
-G4_HD uint64_t bitonic_exchange(uint32_t i, uint32_t j, uint32_t k, uint64_t mine, uint64_t theirs) {
-  const uint32_t partner = i ^ j;
-  if (i < partner) return bitonic_should_swap(i, k, mine, theirs) ? theirs : mine;
-  return bitonic_should_swap(partner, k, theirs, mine) ? theirs : mine;
+// The state of one selection: keys whose bits under `mask` equal `prefix` are still in play, and
+// `need` of them are to be selected.
+struct RadixState {
+  uint32_t prefix, mask, need;
+  int pass;
+  bool done;  // every key in play is selected
+};
+
+G4_HD RadixState radix_init(uint32_t k) { return RadixState{0u, 0u, k, 0, false}; }
+
+G4_HD bool radix_in_play(RadixState s, uint32_t key) { return (key & s.mask) == s.prefix; }
+
+G4_HD uint32_t radix_digit(RadixState s, uint32_t key) { return (key >> (24 - 8 * s.pass)) & 0xffu; }
+
+G4_HD RadixState radix_advance(RadixState s, RadixStep step) {
+  const int shift = 24 - 8 * s.pass;
+  s.prefix |= step.digit << shift;
+  s.mask |= 0xffu << shift;
+  s.need -= step.above;
+  s.done = step.count == s.need;
+  s.pass += 1;
+  return s;
+}
+
+// Whether a key is selected once the passes are over. If they ended without `done`, the keys still in
+// play all have the same 32 bits (equal scores) and `tie_order` is the key's position among them in
+// ascending index: the `need` lowest indices are selected.
+G4_HD bool radix_selected(RadixState s, uint32_t key, uint32_t tie_order) {
+  const uint32_t high = key & s.mask;
+  if (high != s.prefix) return high > s.prefix;
+  return s.done || tie_order < s.need;
 }
 
 }  // namespace gemma4_mtp
