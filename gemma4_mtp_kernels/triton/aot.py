@@ -230,6 +230,28 @@ def scenarios() -> Iterator[Scenario]:
     yield from _adapter_scenarios()
 
 
+def defined_kernels() -> set[str]:
+    """Every Triton kernel of the package: a module-level @triton.jit function that its module launches
+    (`name[grid](...)`); jit functions only called from kernels are device helpers."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from triton.runtime.jit import JITFunction
+
+    from .. import triton as package
+
+    names = set()
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        source = inspect.getsource(module)
+        for name, obj in vars(module).items():
+            if isinstance(obj, JITFunction) and obj.__module__ == module.__name__ \
+                    and re.search(rf"\b{re.escape(name)}\[", source):
+                names.add(name)
+    return names
+
+
 def launches(sms_counts=SMS) -> list[Launch]:
     """Every distinct launch (one per compile) the scenarios make, on GPUs with each SM count."""
     seen: dict[tuple, Launch] = {}
@@ -287,4 +309,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, action="append", choices=ARCHS,
                         help="compile for this SM architecture only (repeatable; default: all)")
-    json.dump(report(tuple(parser.parse_args().arch or ARCHS)), sys.stdout, indent=1)
+    parser.add_argument("--kernels", action="store_true", help="list the package's Triton kernels instead")
+    args = parser.parse_args()
+    json.dump(sorted(defined_kernels()) if args.kernels else report(tuple(args.arch or ARCHS)), sys.stdout, indent=1)
