@@ -59,6 +59,8 @@ def count_step(name: str, B: int = 1, ctx: int = 8192, *, Q: int = 1, k: int = 1
     Hb = drafter.config.backbone_hidden_size
     tokens = torch.empty(B, Q, dtype=torch.int64, device="meta")
     hidden = torch.empty(B, Q, Hb, dtype=torch.bfloat16, device="meta")
+    with recording(sms):  # a first step allocates the launchers' cached counters (one memset, once)
+        drafter.top_tokens(drafter.step(dctx, tokens, hidden)[0], k)
     counter = KernelCounter()
     with recording(sms) as triton_launches, counter:
         last, _ = drafter.step(dctx, tokens, hidden)
@@ -74,6 +76,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--drafter", nargs="*", default=None, help="drafter names (default: all four)")
     p.add_argument("--batch", type=int, nargs="*", default=[1])
+    p.add_argument("--queries", type=int, nargs="*", default=[1], help="queries per request (tree level width)")
     p.add_argument("--k", type=int, nargs="*", default=[1], help="top_tokens k (tree branching)")
     args = p.parse_args(argv)
     from gemma4_mtp_kernels.drafter_shapes import DRAFTERS
@@ -81,7 +84,8 @@ def main(argv=None) -> int:
     import triton
     if triton.knobs.runtime.interpret:
         sys.exit("unset TRITON_INTERPRET: launch counting records the real @triton.jit launches")
-    rows = [count_step(n, B, k=k) for n in (args.drafter or list(DRAFTERS)) for B in args.batch for k in args.k]
+    rows = [count_step(n, B, Q=Q, k=k) for n in (args.drafter or list(DRAFTERS)) for B in args.batch
+            for Q in args.queries for k in args.k]
     json.dump(rows, sys.stdout, indent=1)
     return 0
 

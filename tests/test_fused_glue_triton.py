@@ -52,7 +52,7 @@ def test_linear_split_and_direct_paths():
     """Few row tiles split K (partials + the last split's fixup); many tokens store directly."""
     sms = num_sms(torch.device("cpu"))
     assert launch_config(1, 1024, 32, sms)["split_k"] > 1
-    assert launch_config(1, 16384, 1024, 132)["split_k"] == 16  # 31B o_proj on an H200
+    assert launch_config(1, 16384, 1024, 132)["split_k"] == 16  # 31B o_proj on an H200: 16 blocks each
     assert launch_config(64, 128, 256, sms)["split_k"] == 1
     linear(1, 1024, 32, torch.bfloat16, "none")
     linear(2, 1000, 40, torch.float32, "layer")  # split with the prologue, ragged last K block

@@ -7,5 +7,5 @@ def dense_lm_head(hidden, lm_head, *, output="topk", k=1):
     if output == "dense":
         return scores
     # a stable descending sort puts ties in ascending id order (and NaN first, as torch sorts it)
-    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :k]
+    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :k].contiguous()
     return order, scores.gather(1, order)

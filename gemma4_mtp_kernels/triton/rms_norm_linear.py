@@ -159,14 +159,19 @@ def token_block(T: int) -> int:
     return min(64, pow2_at_least(T, 16))
 
 
+MIN_KB_PER_SPLIT = 8  # K blocks per program: a weight stream long enough for the 3-stage pipeline
+
+
 def launch_config(T: int, H: int, N: int, sms: int) -> dict:
-    """Tiles and split count (also what the AOT compile check records): >= 2 programs per SM, with
-    the fp32 partials (8 * SPLIT_K * T * N bytes written and read back) capped at ~1/4 of the weight."""
+    """Tiles and split count (also what the AOT compile check records): up to 2 programs per SM,
+    each streaming >= 8 K blocks (the first GPU run's down projection, which splits 22 MiB into
+    5-block runs, reached 38% of copy bandwidth), with the fp32 partials (8 * SPLIT_K * T * N bytes
+    written and read back) capped at ~1/4 of the weight."""
     block_t = token_block(T)
     block_n = 32 if N <= 512 else 64
     tiles = triton.cdiv(N, block_n) * triton.cdiv(max(T, 1), block_t)
     nkb = triton.cdiv(H, BLOCK_K)
-    split = max(1, min(triton.cdiv(2 * sms, tiles), nkb, H // (8 * max(T, 1))))
+    split = max(1, min(triton.cdiv(2 * sms, tiles), nkb // MIN_KB_PER_SPLIT, H // (8 * max(T, 1))))
     kb_per_split = max(1, triton.cdiv(nkb, split))
     split = max(1, triton.cdiv(nkb, kb_per_split))
     return dict(BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=BLOCK_K, split_k=split, kb_per_split=kb_per_split,

@@ -20,13 +20,13 @@ from .layers import DecoderLayer, RMSNorm, rope_inv_freq
 QUERY_POSITIONS = ("last_cached", "next")
 
 
-def real_shape_config(name: str, *, num_layers: int = 4) -> DrafterConfig:
+def real_shape_config(name: str | dict, *, num_layers: int = 4) -> DrafterConfig:
     """The config of a real Gemma 4 drafter (gemma4_mtp_kernels.drafter_shapes: "E2B", "E4B", "26B-A4B",
-    "31B") with Hugging Face's default RoPE and the 3 sliding + 1 full layer pattern, for benchmarks and
-    launch counts at real shapes with random (or meta) weights."""
+    "31B", or a dict of the same keys) with Hugging Face's default RoPE and the 3 sliding + 1 full
+    layer pattern, for benchmarks and launch counts at real shapes with random (or meta) weights."""
     from gemma4_mtp_kernels.drafter_shapes import DRAFTERS
 
-    d = DRAFTERS[name]
+    d = DRAFTERS[name] if isinstance(name, str) else name
     types = tuple(SLIDING if (i + 1) % num_layers else FULL for i in range(num_layers))
     attention = {SLIDING: AttentionSpec(d["D_swa"], d["Hkv_swa"], "default", 10_000.0, 1.0, 1.0, d["window"]),
                  FULL: AttentionSpec(d["D_full"], d["Hkv_full"], "proportional", 1_000_000.0, 0.25, 1.0, None)}
@@ -73,7 +73,8 @@ class DraftContext:
 
 
 class Gemma4MTPDrafter(nn.Module):
-    """Draft steps over a borrowed target cache. `backend` goes to every gemma4_mtp_kernels op."""
+    """Draft steps over a borrowed target cache. `backend` goes to every gemma4_mtp_kernels op (the
+    fused glue ops take `glue_backend`)."""
 
     def __init__(self, config: DrafterConfig, *, backend: str = "auto"):
         super().__init__()
@@ -91,6 +92,14 @@ class Gemma4MTPDrafter(nn.Module):
             self.register_buffer("token_ordering", torch.arange(V))
         for lt, spec in t.attention.items():
             self.register_buffer(f"{lt}_inv_freq", rope_inv_freq(spec), persistent=False)
+
+    @property
+    def glue_backend(self) -> str:
+        """The backend of the fused glue ops (rms_norm_*, dense_lm_head): the drafter's, except that
+        backend="cuda" runs them on Triton. The four ops have CUDA kernels; the glue does not (a
+        CUDA version pays only where a kernel is bandwidth bound and Triton is not at the floor:
+        see README "Fused glue")."""
+        return "triton" if self.backend == "cuda" else self.backend
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -156,7 +165,7 @@ class Gemma4MTPDrafter(nn.Module):
         T = B * Q
         t = self.config.text
         Hb = self.config.backbone_hidden_size
-        be, eps = self.backend, t.rms_norm_eps
+        be, glue_be, eps = self.backend, self.glue_backend, t.rms_norm_eps
         x = K.fused_concat_down_proj(token_ids.reshape(-1), ctx.embed_table, hidden.reshape(T, Hb),
                                      self.pre_projection.weight, embed_scale=ctx.embed_scale, backend=be)
         residual, delta, prev = x, None, None  # residual stream, block output still to add, its layer
@@ -170,20 +179,20 @@ class Gemma4MTPDrafter(nn.Module):
                 q_in, stream = delta, glue["residual_out"]
             q = K.rms_norm_q_rope(q_in, attn.q_proj.weight, attn.q_norm.weight, ctx.positions,
                                   getattr(self, f"{lt}_inv_freq"), norm_weight=layer.input_layernorm.weight, eps=eps,
-                                  backend=be, **glue)
+                                  backend=glue_be, **glue)
             o = K.q_only_paged_attention(q.view(B, Q, -1, attn.head_dim), ctx.k_cache[lt], ctx.v_cache[lt],
                                          ctx.block_table[lt], ctx.seq_lens, scale=1.0, window=ctx.window[lt],
                                          backend=be)
-            a = K.rms_norm_linear(o.view(T, -1), attn.o_proj.weight, backend=be)
+            a = K.rms_norm_linear(o.view(T, -1), attn.o_proj.weight, backend=glue_be)
             residual = torch.empty_like(x)
             m = K.rms_norm_gate_up(a, layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight,
                                    norm_weight=layer.pre_feedforward_layernorm.weight, eps=eps, residual=stream,
                                    residual_norm_weight=layer.post_attention_layernorm.weight, residual_out=residual,
-                                   backend=be)
-            delta, prev = K.rms_norm_linear(m, layer.mlp.down_proj.weight, backend=be), layer
+                                   backend=glue_be)
+            delta, prev = K.rms_norm_linear(m, layer.mlp.down_proj.weight, backend=glue_be), layer
         last = torch.empty_like(x)
         proj = K.rms_norm_linear(delta, self.post_projection.weight, norm_weight=self.norm.weight, eps=eps,
-                                 normed_out=last, backend=be, **self._glue(prev, residual, keep=False))
+                                 normed_out=last, backend=glue_be, **self._glue(prev, residual, keep=False))
         return last.view(B, Q, -1), proj.view(B, Q, Hb)
 
     @staticmethod
@@ -205,14 +214,14 @@ class Gemma4MTPDrafter(nn.Module):
             out = K.centroid_logits(flat, self.centroids.weight, self.token_ordering, self.lm_head_weight,
                                     top_k=self.config.centroid_top_k, output="dense", backend=self.backend)
         else:
-            out = K.dense_lm_head(flat, self.lm_head_weight, output="dense", backend=self.backend)
+            out = K.dense_lm_head(flat, self.lm_head_weight, output="dense", backend=self.glue_backend)
         return out.view(*last.shape[:-1], -1)
 
     def top_tokens(self, last: torch.Tensor, k: int) -> torch.Tensor:
         """The k highest-scoring tokens [..., k] (int64), best first, ties to the lower id."""
         flat = last.reshape(-1, last.shape[-1])
         if not self.config.use_ordered_embeddings:
-            ids, _ = K.dense_lm_head(flat, self.lm_head_weight, k=k, backend=self.backend)
+            ids, _ = K.dense_lm_head(flat, self.lm_head_weight, k=k, backend=self.glue_backend)
             return ids.view(*last.shape[:-1], k)
         if k == 1:
             tok, _ = K.centroid_logits(flat, self.centroids.weight, self.token_ordering, self.lm_head_weight,
@@ -237,10 +246,10 @@ class Gemma4MTPDrafter(nn.Module):
 # ---- real shapes, random weights (benchmarks, launch counts, compile coverage) --------------------
 
 
-def random_drafter(name: str, *, device="cpu", dtype=torch.bfloat16, backend: str = "auto", seed: int = 0
+def random_drafter(name: str | dict, *, device="cpu", dtype=torch.bfloat16, backend: str = "auto", seed: int = 0
                    ) -> Gemma4MTPDrafter:
-    """A drafter at the real shapes of `name` with random O(1)-activation weights (on the meta device:
-    no storage, no values)."""
+    """A drafter at the shapes of `name` (see real_shape_config) with random O(1)-activation weights
+    (on the meta device: no storage, no values)."""
     with torch.device(device):
         drafter = Gemma4MTPDrafter(real_shape_config(name), backend=backend)
     if torch.device(device).type != "meta":
