@@ -12,10 +12,12 @@ from benchmarks import plot, run_all, timer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-OPS = ("fused_concat_down_proj", "q_only_paged_attention", "centroid_logits", "tree_verify", "drafter_step", "draft_round")
+OPS = ("fused_concat_down_proj", "q_only_paged_attention", "centroid_logits", "tree_verify", "dense_lm_head",
+       "drafter_step", "draft_round")
 COMPOSITIONS = {  # the PyTorch baselines that run anywhere: each must run and agree with the reference
     "hf_torch", "hf_torch_compile", "torch_gather_sdpa", "torch_gather_sdpa_compile", "hf_masked_embedder",
     "hf_masked_embedder_compile", "torch_argmax_python_walk", "torch_compile_argmax_python_walk", "torch_eager",
+    "fp32_copy_sort",
 }
 
 

@@ -121,3 +121,24 @@ def test_outputs_may_not_alias_inputs():
 def test_unavailable_backend_raises():
     with pytest.raises(g.BackendUnavailableError, match="rms_norm_q_rope"):
         _q(backend="cuda")()
+
+
+@pytest.mark.parametrize("op", ["rms_norm_linear", "rms_norm_gate_up", "rms_norm_q_rope", "dense_lm_head"])
+def test_fullgraph_through_the_dispatcher_on_cpu(op):
+    """torch.compile(fullgraph=True) traces validation, dispatch and the reference (backend torch)."""
+    gen = torch.Generator().manual_seed(5)
+    x, kw = make_prologue(3, 64, torch.float32, "layer", gen)
+    if op == "rms_norm_linear":
+        args = (x, weight(40, 64, torch.float32, gen))
+    elif op == "rms_norm_gate_up":
+        args = (x, weight(40, 64, torch.float32, gen), weight(40, 64, torch.float32, gen))
+    elif op == "rms_norm_q_rope":
+        args = (x, weight(128, 64, torch.float32, gen), torch.ones(64), torch.tensor([4, 5, 6]), rope_inv_freq(64))
+    else:
+        args, kw = (x, weight(100, 64, torch.float32, gen)), dict(k=3)
+    fn = getattr(g, op)
+    want = fn(*args, backend="torch", **kw)
+    torch._dynamo.reset()
+    got = torch.compile(lambda *a: fn(*a, backend="torch", **kw), fullgraph=True, backend="eager")(*args)
+    for a, b in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]):
+        assert torch.equal(a, b)

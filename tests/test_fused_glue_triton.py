@@ -128,3 +128,19 @@ def test_real_shapes_on_gpu(name, T):
     linear(T, d["inter"], Hd, torch.bfloat16, "none", device="cuda")
     linear(T, Hd, d["Hb"], torch.bfloat16, "layer", device="cuda")
     assert not _counters(torch.device("cuda"), 1).any()
+
+
+@pytest.mark.gpu
+def test_compiled_drafter_step_on_gpu():
+    """torch.compile(fullgraph=True) of a whole E2B step (Triton glue, the four ops' Triton kernels)
+    equals the eager step."""
+    from gemma4_mtp.drafter import random_drafter, synthetic_context
+    drafter = random_drafter("E2B", device="cuda", backend="triton")
+    ctx = synthetic_context(drafter, 2, 4096, device="cuda")
+    tokens = torch.tensor([[5], [70000]], device="cuda")
+    hidden = torch.randn(2, 1, 1536, device="cuda").to(torch.bfloat16)
+    want = drafter.step(ctx, tokens, hidden)
+    torch._dynamo.reset()
+    got = torch.compile(lambda t, h: drafter.step(ctx, t, h), fullgraph=True)(tokens, hidden)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)

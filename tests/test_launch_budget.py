@@ -60,6 +60,26 @@ def test_a_tree_level_is_within_budget(counts):
         assert r["launches"] <= budget, f"{r['drafter']} B={r['B']} Q={r['Q']} k={r['k']}: {r['launches']} > {budget}"
 
 
+@pytest.fixture(scope="module")
+def rounds():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "python_api"), env.get("PYTHONPATH", "")])
+    p = subprocess.run([sys.executable, "-m", "benchmarks.launch_count", "--rounds", "--drafter", "E2B", "31B"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout)
+
+
+def test_a_chain_round_is_four_steps_and_a_verify(counts, rounds):
+    """The round's bookkeeping (the pending token and each level's tokens written into [B, N]) adds a
+    copy per level: a k = 4 chain round stays within 1.1x of four steps plus one tree_verify."""
+    for r in rounds:
+        if r["widths"] == [1, 1, 1, 1]:
+            step = next(c["launches"] for c in counts if c["drafter"] == r["drafter"] and (c["B"], c["Q"], c["k"]) == (1, 1, 1))
+            assert r["launches"] <= 1.1 * (4 * step + 1), r
+            print(f"{r['drafter']} chain round: {r['launches']} launches = 4 x {step} + verify + {r['torch_ops']}")
+
+
 def test_the_dense_head_has_no_fp32_copy_and_no_sort(counts):
     for r in counts:
         if "_head_kernel" in r["triton_kernels"]:
