@@ -21,7 +21,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRITON36 = ROOT / ".triton36"
 KERNELS = {"_down_proj_kernel", "_split_k_reduce_kernel", "_attn_kernel", "_merge_kernel", "_scores", "_candidates",
-           "_argmax", "_verify"}
+           "_argmax", "_verify", "_norm_linear_kernel", "_gate_up_kernel", "_q_rope_kernel", "_head_kernel",
+           "_topk_merge_kernel"}
 
 
 def _compile_all(extra_path: pathlib.Path | None) -> tuple[str, list[dict]]:
@@ -84,3 +85,10 @@ def test_the_awkward_paths_are_recorded(compiled):
     assert greedy and all(r["none_args"] == ["q_ptr", "temp_ptr", "unif_ptr"] for r in greedy)
     assert any(r["constexprs"]["HAS_TEMP"] and not r["constexprs"]["HAS_DRAFT"] for r in verify)
     assert any(r["constexprs"]["HAS_DRAFT"] for r in verify)
+    # the fused glue: split-K fixups and direct stores, each prologue, both head outputs
+    linear = names["_norm_linear_kernel"]
+    assert {r["constexprs"]["SPLIT"] for r in linear} == {True, False}
+    assert any(r["constexprs"]["HAS_RES"] and r["constexprs"]["WRITE_N"] for r in linear)  # post_projection
+    q = names["_q_rope_kernel"]
+    assert {r["constexprs"]["D"] for r in q} == {256, 512} and {r["constexprs"]["HAS_RES"] for r in q} == {True, False}
+    assert {r["constexprs"]["DENSE"] for r in names["_head_kernel"]} == {True, False}

@@ -124,16 +124,19 @@ def _topk_merge_kernel(key_ptr, id_ptr, out_id_ptr, out_val_ptr, T, n_cand, k,
 BLOCK_K = 64
 
 
-def launch_config(T: int, V: int, sms: int) -> dict:
+def launch_config(T: int, V: int, sms: int, KP: int = 1) -> dict:
     """~2 programs per SM along V, each a run of whole BLOCK_V-row tiles; 128-row tiles up to 16
     tokens, 64 rows and 8 warps above (the [BLOCK_V, BLOCK_T] accumulator, keys and ids stay in
-    registers: 64 tokens with k = 8 spilled at 4 warps)."""
+    registers: 64 tokens with k = 8 spilled at 4 warps). Register caps from the sm_80 / sm_90 compiles:
+    without one, ptxas fit the dense and small-k launches in 64-96 registers by saving predicates to
+    the stack (8 bytes per thread); with one, the large lists (k = 64, or k = 8 over 64 tokens) spill."""
     block_t = min(64, pow2_at_least(T, 16))
     block_v = 128 if block_t <= 16 else 64
     tiles = triton.cdiv(V, block_v)
     per_prog = triton.cdiv(tiles, min(tiles, 2 * sms))
     return dict(BLOCK_V=block_v, BLOCK_T=block_t, BLOCK_K=BLOCK_K, tiles_per_prog=per_prog,
-                programs=triton.cdiv(tiles, per_prog), num_warps=4 if block_t <= 16 else 8, num_stages=3)
+                programs=triton.cdiv(tiles, per_prog), num_warps=4 if block_t <= 16 else 8, num_stages=3,
+                maxnreg=(168 if KP <= 8 else None) if block_t <= 16 else (128 if KP <= 2 else None))
 
 
 def dense_lm_head(hidden, lm_head, *, output="topk", k=1):
@@ -148,8 +151,8 @@ def dense_lm_head(hidden, lm_head, *, output="topk", k=1):
         out_vals = torch.empty(T, k, dtype=torch.float32, device=dev)
     if T == 0:
         return out if dense else (out_ids, out_vals)
-    cfg = launch_config(T, V, num_sms(dev))
     KP = pow2_at_least(k, 1) if not dense else 1
+    cfg = launch_config(T, V, num_sms(dev), KP)
     P = cfg["programs"]
     keys = ids = None
     if not dense:
@@ -160,7 +163,7 @@ def dense_lm_head(hidden, lm_head, *, output="topk", k=1):
         hidden, lm_head, out if dense else None, keys, ids, T, V, Hd, cfg["tiles_per_prog"], hidden.stride(0),
         lm_head.stride(0), V, DENSE=dense, KP=KP, BLOCK_V=cfg["BLOCK_V"], BLOCK_T=cfg["BLOCK_T"],
         BLOCK_K=cfg["BLOCK_K"], PREC=dot_precision(hidden.dtype), INTERP=interp, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
+        num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"])
     if dense:
         return out
     MT = min(16, pow2_at_least(T, 1))

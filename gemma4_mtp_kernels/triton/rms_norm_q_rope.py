@@ -109,11 +109,16 @@ def _q_rope_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, qw_ptr, pos_pt
                         EPI_T, BLOCK_T, dt, INTERP)
 
 
+MAXNREG = 168
+
+
 def launch_config(T: int, N: int, D: int) -> dict:
     """BLOCK_N divides D (>= 64): 32-row slices for E2B/E4B (32-64 programs), 64 for 26B/31B (128-256).
-    The epilogue handles 2048 / D tokens at a time ([D, tokens] fp32 tiles of ~16 values per thread)."""
+    The epilogue handles 2048 / D tokens at a time ([D, tokens] fp32 tiles of ~16 values per thread).
+    Register cap 168: left alone, ptxas fit the D 512 epilogue of some sm_80 launches in 64 registers
+    by saving predicates to the stack (8 bytes per thread); the cap lets it take 72-168 and save none."""
     return dict(BLOCK_N=32 if N <= 2048 else 64, BLOCK_T=token_block(T), BLOCK_K=BLOCK_K, EPI_T=max(1, 2048 // D),
-                num_warps=4, num_stages=3)
+                num_warps=4, num_stages=3, maxnreg=MAXNREG)
 
 
 def rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, *, norm_weight=None, eps=1e-6, residual=None,
@@ -136,5 +141,5 @@ def rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, *, norm_weigh
         *ptrs, weight, q_norm_weight, positions, inv_freq, ws, cnt, out, hout, T, H, N, Hq, T // positions.shape[0],
         float(eps), *strides, weight.stride(0), hout.stride(0), D=D, BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"],
         BLOCK_K=cfg["BLOCK_K"], EPI_T=cfg["EPI_T"], PREC=dot_precision(x.dtype), INTERP=interpreting(x.device),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **flags)
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"], **flags)
     return out
