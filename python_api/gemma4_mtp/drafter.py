@@ -159,8 +159,8 @@ class Gemma4MTPDrafter(nn.Module):
         The Q queries of a request (tree branches of one level) share one attention call. Per layer:
         q (input norm, q_proj, q_norm, RoPE; the previous layer's post-feedforward norm, residual add
         and layer scalar in its prologue), attention, o_proj, gate/up (post-attention norm, residual
-        add, pre-feedforward norm in its prologue), down_proj: 5 ops, 6-7 launches, rounded where
-        Hugging Face rounds (see gemma4_mtp_kernels.rms_norm_linear)."""
+        add, pre-feedforward norm in its prologue), down_proj: 5 ops, 6 launches (attention's split-KV
+        merge included), rounded where Hugging Face rounds (see gemma4_mtp_kernels.rms_norm_linear)."""
         B, Q = token_ids.shape
         T = B * Q
         t = self.config.text

@@ -102,8 +102,10 @@ class DraftGraphs:
     captured as CUDA graphs and replayed (capture=True, the default on CUDA), or run eagerly from the
     same buffers (capture=False: what the CPU tests check, the graph's exact inputs and outputs)."""
 
-    def __init__(self, drafter: Gemma4MTPDrafter, *, table_width: int, buckets=BUCKETS, capture: bool | None = None):
+    def __init__(self, drafter: Gemma4MTPDrafter, *, table_width: int, buckets=BUCKETS, capture: bool | None = None,
+                 max_rounds: int = 32):
         self.drafter, self.table_width, self.buckets = drafter, table_width, tuple(buckets)
+        self.max_rounds = max_rounds  # distinct (bucket, shape, ...) rounds kept; beyond, rounds run eagerly
         self.device = drafter.pre_projection.weight.device
         self.dtype = drafter.pre_projection.weight.dtype
         self.capture = self.device.type == "cuda" if capture is None else capture
@@ -118,17 +120,20 @@ class DraftGraphs:
 
     def draft(self, ctx: DraftContext, pending: torch.Tensor, hidden: torch.Tensor, widths) -> torch.Tensor:
         """`draft_tree` for this round by replaying the captured graph of its bucket and shape (captured
-        on first use); a batch beyond the largest bucket or a block table wider than the static one
-        runs eagerly."""
+        on first use); a batch beyond the largest bucket, a block table wider than the static one or
+        a new round once `max_rounds` are kept (a growing heuristic chain) runs eagerly."""
         widths = tuple(widths)
         B = pending.shape[0]
         bucket = self.bucket(B)
         if bucket is None or any(t.shape[1] > self.table_width for t in ctx.block_table.values()):
             return draft_tree(self.drafter, ctx, pending, hidden, widths)
-        # a round reads the target's caches and embedding table where they were at capture
-        where = tuple((t, ctx.k_cache[t].data_ptr(), ctx.v_cache[t].data_ptr()) for t in sorted(ctx.k_cache))
-        key = (bucket, widths, where, ctx.embed_table.data_ptr())
+        # a round reads the target's caches and embedding table where they were at capture, and bakes in
+        # the sliding windows (query-position convention) and the embedding scale
+        where = tuple((t, ctx.k_cache[t].data_ptr(), ctx.v_cache[t].data_ptr(), ctx.window[t]) for t in sorted(ctx.k_cache))
+        key = (bucket, widths, where, ctx.embed_table.data_ptr(), ctx.embed_scale)
         rnd = self.rounds.get(key)
+        if rnd is None and len(self.rounds) >= self.max_rounds:
+            return draft_tree(self.drafter, ctx, pending, hidden, widths)
         if rnd is None:
             rnd = _Round(self, ctx, bucket, widths)
             if self.capture:
