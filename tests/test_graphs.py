@@ -71,7 +71,7 @@ def test_static_buffers_agree_with_the_round(pair):
     """The graph runner's own path without the capture: padded buckets (3 rows in 4, then 2 after
     a batch of 5 left stale rows in a bucket of 8), block tables narrower than the static ones."""
     target, drafter = pair
-    runner = DraftGraphs(drafter, table_width=target.num_blocks, buckets=(1, 4, 8), capture=False)
+    runner = DraftGraphs(drafter, table_width=target.num_blocks, buckets=(1, 4, 8), capture=False, keep_after=1)
     for lengths, widths in (((13, 5, 9), (2, 2, 1)), ((7, 30, 2, 11, 4), (1, 1, 1)), ((6, 21), (1, 1, 1)),
                             ((17,), (2, 1))):
         reqs, pending, hidden = prefilled(target, lengths, seed=sum(lengths))
@@ -87,7 +87,7 @@ def test_static_buffers_agree_with_the_round(pair):
 
 def test_batch_beyond_the_buckets_runs_eagerly(pair):
     target, drafter = pair
-    runner = DraftGraphs(drafter, table_width=target.num_blocks, buckets=(1, 2), capture=False)
+    runner = DraftGraphs(drafter, table_width=target.num_blocks, buckets=(1, 2), capture=False, keep_after=1)
     reqs, pending, hidden = prefilled(target, (5, 6, 7), seed=0)
     try:
         ctx = drafter.context(target, reqs)
@@ -111,7 +111,7 @@ def test_rounds_are_keyed_by_window_and_capped(pair):
     """The query-position convention changes the sliding window baked into a round: another round;
     past max_rounds (a growing heuristic chain) new rounds run eagerly, still the same tokens."""
     target, drafter = pair
-    runner = DraftGraphs(drafter, table_width=target.num_blocks, buckets=(4,), capture=False, max_rounds=3)
+    runner = DraftGraphs(drafter, table_width=target.num_blocks, buckets=(4,), capture=False, max_rounds=3, keep_after=1)
     reqs, pending, hidden = prefilled(target, (13, 5, 9), seed=7)
     try:
         for qp in ("last_cached", "next"):
@@ -122,6 +122,20 @@ def test_rounds_are_keyed_by_window_and_capped(pair):
             ctx = drafter.context(target, reqs)
             assert torch.equal(runner.draft(ctx, pending, hidden, widths), draft_tree(drafter, ctx, pending, hidden, widths))
         assert len(runner.rounds) == 3
+    finally:
+        for r in reqs:
+            target.release(r)
+
+
+def test_a_round_is_kept_from_its_second_use(pair):
+    target, drafter = pair
+    runner = DraftGraphs(drafter, table_width=target.num_blocks, buckets=(4,), capture=False)
+    reqs, pending, hidden = prefilled(target, (13, 5), seed=8)
+    try:
+        ctx = drafter.context(target, reqs)
+        want = draft_tree(drafter, ctx, pending, hidden, (1, 1))
+        assert torch.equal(runner.draft(ctx, pending, hidden, (1, 1)), want) and not runner.rounds
+        assert torch.equal(runner.draft(ctx, pending, hidden, (1, 1)), want) and len(runner.rounds) == 1
     finally:
         for r in reqs:
             target.release(r)

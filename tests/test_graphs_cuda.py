@@ -31,7 +31,7 @@ def prompts():
 @pytest.mark.parametrize("widths", [(1, 1, 1, 1), (2, 2, 1)], ids=str)
 def test_replay_equals_eager_round(target, prompts, backend, widths):
     drafter = load_drafter(T.ASSETS / "drafter", device=DEV, backend=backend)
-    runner = DraftGraphs(drafter, table_width=target.num_blocks, buckets=(2, 4, 8))
+    runner = DraftGraphs(drafter, table_width=target.num_blocks, buckets=(2, 4, 8), keep_after=1)
     for batch in (prompts[:3], prompts[:2], prompts[1:5], prompts[:3]):
         reqs = [target.new_request() for _ in batch]
         try:
@@ -52,7 +52,7 @@ def test_replay_equals_eager_round(target, prompts, backend, widths):
 def test_real_shape_round(name):
     drafter = random_drafter(name, device=DEV, backend="triton")
     ctx = synthetic_context(drafter, 3, 8192, device=DEV)
-    runner = DraftGraphs(drafter, table_width=ctx.block_table["full_attention"].shape[1], buckets=(4,))
+    runner = DraftGraphs(drafter, table_width=ctx.block_table["full_attention"].shape[1], buckets=(4,), keep_after=1)
     g = torch.Generator(device=DEV).manual_seed(0)
     for widths in ((1, 1, 1, 1), (2, 2, 1)):
         pending = torch.randint(0, drafter.config.text.vocab_size, (3,), generator=g, device=DEV)
@@ -71,4 +71,5 @@ def test_decode_loop_with_graphs(target, prompts, shape):
     for b in range(len(prompts)):
         assert torch.equal(graphed.ids[b], eager.ids[b]) and torch.equal(graphed.ids[b], base.ids[b])
     assert graphed.stats.accepted_per_round == eager.stats.accepted_per_round
-    assert drafter._draft_graphs and all(r.captures for r in drafter._draft_graphs.values())
+    if "draft_schedule" not in shape:  # a constant shape is replayed from its second round on
+        assert drafter._draft_graphs and all(r.captures for r in drafter._draft_graphs.values())

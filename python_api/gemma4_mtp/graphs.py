@@ -103,9 +103,13 @@ class DraftGraphs:
     same buffers (capture=False: what the CPU tests check, the graph's exact inputs and outputs)."""
 
     def __init__(self, drafter: Gemma4MTPDrafter, *, table_width: int, buckets=BUCKETS, capture: bool | None = None,
-                 max_rounds: int = 32):
+                 max_rounds: int = 32, keep_after: int = 2):
         self.drafter, self.table_width, self.buckets = drafter, table_width, tuple(buckets)
         self.max_rounds = max_rounds  # distinct (bucket, shape, ...) rounds kept; beyond, rounds run eagerly
+        # a round is kept (captured) from its keep_after-th use: the shapes cut short by the token
+        # budget at the end of a request come once and would cost a capture each (~3 eager rounds)
+        self.keep_after = keep_after
+        self.uses: dict[tuple, int] = {}
         self.device = drafter.pre_projection.weight.device
         self.dtype = drafter.pre_projection.weight.dtype
         self.capture = self.device.type == "cuda" if capture is None else capture
@@ -120,8 +124,9 @@ class DraftGraphs:
 
     def draft(self, ctx: DraftContext, pending: torch.Tensor, hidden: torch.Tensor, widths) -> torch.Tensor:
         """`draft_tree` for this round by replaying the captured graph of its bucket and shape (captured
-        on first use); a batch beyond the largest bucket, a block table wider than the static one or
-        a new round once `max_rounds` are kept (a growing heuristic chain) runs eagerly."""
+        at its `keep_after`-th use); a batch beyond the largest bucket, a block table wider than the
+        static one, a round's first uses or a new round once `max_rounds` are kept (a growing heuristic
+        chain) run eagerly."""
         widths = tuple(widths)
         B = pending.shape[0]
         bucket = self.bucket(B)
@@ -132,7 +137,8 @@ class DraftGraphs:
         where = tuple((t, ctx.k_cache[t].data_ptr(), ctx.v_cache[t].data_ptr(), ctx.window[t]) for t in sorted(ctx.k_cache))
         key = (bucket, widths, where, ctx.embed_table.data_ptr(), ctx.embed_scale)
         rnd = self.rounds.get(key)
-        if rnd is None and len(self.rounds) >= self.max_rounds:
+        self.uses[key] = self.uses.get(key, 0) + 1
+        if rnd is None and (len(self.rounds) >= self.max_rounds or self.uses[key] < self.keep_after):
             return draft_tree(self.drafter, ctx, pending, hidden, widths)
         if rnd is None:
             rnd = _Round(self, ctx, bucket, widths)
