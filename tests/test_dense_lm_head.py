@@ -9,7 +9,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("k", [1, 4, 64])
+@pytest.mark.parametrize("k", [1, 4, 16])
 def test_topk_against_fp64(k, dtype):
     hidden, lm_head = make(3, 48, 300, dtype, torch.Generator().manual_seed(k))
     check_topk(hidden, lm_head, k, "torch", what=f"k={k} {dtype}")
@@ -45,7 +45,7 @@ def test_nan_ranks_first_and_signed_zeros_tie():
     (dict(hidden=torch.randn(8), lm_head=torch.randn(10, 8)), ValueError, "hidden must be a 2-d tensor"),
     (dict(hidden=torch.randn(2, 8), lm_head=torch.randn(0, 8)), ValueError, "lm_head must be at least one row"),
     (dict(hidden=torch.randn(2, 8), lm_head=torch.randn(10, 8), k=11), ValueError, "k must be <= min"),
-    (dict(hidden=torch.randn(2, 8), lm_head=torch.randn(100, 8), k=65), ValueError, "k must be <= min"),
+    (dict(hidden=torch.randn(2, 8), lm_head=torch.randn(100, 8), k=17), ValueError, "k must be <= min"),
     (dict(hidden=torch.randn(2, 8), lm_head=torch.randn(10, 8), k=0), ValueError, "k must be >= 1"),
     (dict(hidden=torch.randn(2, 8), lm_head=torch.randn(10, 8), k=True), TypeError, "k must be an int"),
     (dict(hidden=torch.randn(2, 8), lm_head=torch.randn(10, 8), output="sparse"), ValueError, "output must be one of"),

@@ -21,7 +21,6 @@ from .._types import VerifyResult
 # The kernels' limits that the public ops do not impose (see csrc/include/gemma4_mtp/*.cuh).
 MAX_CENTROIDS = 4096
 MAX_CENTROID_TOKENS = 65535
-MAX_DENSE_HEAD_K = 16
 DENSE_HEAD_SMEM = 48 * 1024  # 8 hidden rows staged in shared memory
 
 
@@ -142,8 +141,6 @@ def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, unifo
 def dense_lm_head(hidden, lm_head, *, output="topk", k=1):
     op = "dense_lm_head"
     T, Hd = hidden.shape
-    if output == "topk" and k > MAX_DENSE_HEAD_K:
-        raise ValueError(f"{op}: k must be <= {MAX_DENSE_HEAD_K} for the cuda backend, got {k}; use backend='triton'")
     if 8 * Hd * hidden.element_size() > DENSE_HEAD_SMEM:
         raise ValueError(f"{op}: hidden must have at most {DENSE_HEAD_SMEM // (8 * hidden.element_size())} columns "
                          f"for the cuda backend, got {Hd}; use backend='triton'")

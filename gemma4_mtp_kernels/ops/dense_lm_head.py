@@ -6,7 +6,7 @@ from .._dispatch import resolve
 
 OP = "dense_lm_head"
 OUTPUTS = ("topk", "dense")
-MAX_K = 64
+MAX_K = 16  # tree branching; the Triton kernel unrolls one selection pass per rank
 
 
 def dense_lm_head(hidden, lm_head, *, output="topk", k=1, backend="auto"):
@@ -15,7 +15,7 @@ def dense_lm_head(hidden, lm_head, *, output="topk", k=1, backend="auto"):
     hidden [T, Hd]; lm_head [V, Hd]. Logits are fp32: hidden @ lm_head.T with fp32 accumulation of
     the (exact) products, no fp32 copy of the head. output="topk" -> (ids [T, k] int64, logits [T, k]
     fp32), best first, ties to the lower id (a NaN logit ranks above every number, as torch sorts);
-    output="dense" -> logits [T, V] fp32 (for sampling). 1 <= k <= min(V, 64).
+    output="dense" -> logits [T, V] fp32 (for sampling). 1 <= k <= min(V, 16).
     """
     C.tensor(OP, "hidden", hidden, ndim=2, dtypes=C.FLOAT_DTYPES)
     C.tensor(OP, "lm_head", lm_head, ndim=2, dtypes=C.FLOAT_DTYPES)

@@ -5,7 +5,7 @@
 
 namespace gemma4_mtp {
 
-constexpr int kMaxDenseHeadK = 16;
+constexpr int kMaxDenseHeadK = 16;  // the public op's limit (gemma4_mtp_kernels.ops.dense_lm_head.MAX_K)
 
 struct DenseHeadParams {
   const void* hidden;    // [T, Hd], row stride hidden_stride (elements)
