@@ -113,7 +113,7 @@ def hf_assistant(shape, B, ctx):
     def factory(inp):
         transformers = external("transformers")
         dev, dtype = inp["hidden"].device, inp["hidden"].dtype
-        key = ("hf", str(shape), str(dev), dtype)
+        key = (str(shape), "hf", str(dev), dtype)  # kept with the drafters of this shape
         if key not in _BUILT:
             _BUILT[key] = _build_hf(transformers, shape, dev, dtype)
         model = _BUILT[key]

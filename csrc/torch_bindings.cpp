@@ -366,7 +366,8 @@ void dense_lm_head(const at::Tensor& hidden, const at::Tensor& lm_head, int64_t 
   TORCH_CHECK(gemma4_mtp::dense_lm_head_smem_bytes(dt, Hd) <= 48 * 1024,
               "gemma4_mtp: dense_lm_head stages 8 hidden rows in 48 KiB of shared memory: Hd ", Hd, " is too wide");
   const bool is_dense = output == "dense";
-  TORCH_CHECK(is_dense || output == "topk", "gemma4_mtp: dense_lm_head output must be 'topk' or 'dense', got ", std::string(output));
+  TORCH_CHECK(is_dense || output == "topk", "gemma4_mtp: dense_lm_head output must be 'topk' or 'dense', got ",
+              std::string(output));
   TORCH_CHECK(1 <= k && k <= gemma4_mtp::kMaxDenseHeadK && k <= V, "gemma4_mtp: dense_lm_head k must be in [1, min(",
               gemma4_mtp::kMaxDenseHeadK, ", V)], got ", k);
   gemma4_mtp::DenseHeadParams p{};

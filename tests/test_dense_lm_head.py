@@ -41,7 +41,8 @@ def test_nan_ranks_first_and_signed_zeros_tie():
 @pytest.mark.parametrize("call,error,match", [
     (dict(hidden=torch.randn(2, 8), lm_head=torch.randn(10, 9)), ValueError, "lm_head must be of size 8 in dim 1"),
     (dict(hidden=torch.randn(2, 8), lm_head=torch.randn(10, 8, dtype=torch.bfloat16)), TypeError, "same dtype"),
-    (dict(hidden=torch.randn(2, 8, dtype=torch.float64), lm_head=torch.randn(10, 8)), TypeError, "hidden must be of dtype"),
+    (dict(hidden=torch.randn(2, 8, dtype=torch.float64), lm_head=torch.randn(10, 8)), TypeError,
+     "hidden must be of dtype"),
     (dict(hidden=torch.randn(8), lm_head=torch.randn(10, 8)), ValueError, "hidden must be a 2-d tensor"),
     (dict(hidden=torch.randn(2, 8), lm_head=torch.randn(0, 8)), ValueError, "lm_head must be at least one row"),
     (dict(hidden=torch.randn(2, 8), lm_head=torch.randn(10, 8), k=11), ValueError, "k must be <= min"),

@@ -71,8 +71,8 @@ def _gate_up(**change):
 
 
 def _q(**change):
-    a = dict(x=torch.randn(4, 8), weight=torch.randn(128, 8), q_norm_weight=torch.ones(64), positions=torch.tensor([1, 2]),
-             inv_freq=torch.ones(32))
+    a = dict(x=torch.randn(4, 8), weight=torch.randn(128, 8), q_norm_weight=torch.ones(64),
+             positions=torch.tensor([1, 2]), inv_freq=torch.ones(32))
     a.update(change)
     return lambda: g.rms_norm_q_rope(**a)
 

@@ -22,7 +22,8 @@ def linear(T, H, N, dtype, kind, device="cpu", **kw):
 
 
 def gate_up(T, H, I, dtype, kind, device="cpu", **kw):
-    return check_glue("rms_norm_gate_up", "triton", device, T, H, I, dtype, kind, gen=GEN().manual_seed(T + H + I), **kw)
+    return check_glue("rms_norm_gate_up", "triton", device, T, H, I, dtype, kind, gen=GEN().manual_seed(T + H + I),
+                      **kw)
 
 
 def q_rope(T, H, Hq, D, dtype, kind, device="cpu", **kw):

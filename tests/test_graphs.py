@@ -111,16 +111,19 @@ def test_rounds_are_keyed_by_window_and_capped(pair):
     """The query-position convention changes the sliding window baked into a round: another round;
     past max_rounds (a growing heuristic chain) new rounds run eagerly, still the same tokens."""
     target, drafter = pair
-    runner = DraftGraphs(drafter, table_width=target.num_blocks, buckets=(4,), capture=False, max_rounds=3, keep_after=1)
+    runner = DraftGraphs(drafter, table_width=target.num_blocks, buckets=(4,), capture=False, max_rounds=3,
+                         keep_after=1)
     reqs, pending, hidden = prefilled(target, (13, 5, 9), seed=7)
     try:
         for qp in ("last_cached", "next"):
             ctx = drafter.context(target, reqs, qp)
-            assert torch.equal(runner.draft(ctx, pending, hidden, (1, 1)), draft_tree(drafter, ctx, pending, hidden, (1, 1)))
+            want = draft_tree(drafter, ctx, pending, hidden, (1, 1))
+            assert torch.equal(runner.draft(ctx, pending, hidden, (1, 1)), want)
         assert len(runner.rounds) == 2
         for widths in ((1,), (1, 1, 1), (2, 1)):
             ctx = drafter.context(target, reqs)
-            assert torch.equal(runner.draft(ctx, pending, hidden, widths), draft_tree(drafter, ctx, pending, hidden, widths))
+            want = draft_tree(drafter, ctx, pending, hidden, widths)
+            assert torch.equal(runner.draft(ctx, pending, hidden, widths), want)
         assert len(runner.rounds) == 3
     finally:
         for r in reqs:

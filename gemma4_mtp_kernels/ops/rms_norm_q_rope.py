@@ -38,7 +38,8 @@ def rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, *, norm_weigh
     C.dim(OP, "weight", weight, 1, H, "H = x.shape[1]")
     N = weight.shape[0]
     if N == 0 or N % D:
-        C.fail_value(OP, "weight", f"a positive multiple of the head dim {D} rows (Hq * D)", f"shape {tuple(weight.shape)}")
+        C.fail_value(OP, "weight", f"a positive multiple of the head dim {D} rows (Hq * D)",
+                     f"shape {tuple(weight.shape)}")
     C.dim(OP, "inv_freq", inv_freq, 0, D // 2, "D / 2 = q_norm_weight.shape[0] / 2")
     P = positions.shape[0]
     if (P == 0 and T > 0) or (P > 0 and T % P):

@@ -134,7 +134,8 @@ class DraftGraphs:
             return draft_tree(self.drafter, ctx, pending, hidden, widths)
         # a round reads the target's caches and embedding table where they were at capture, and bakes in
         # the sliding windows (query-position convention) and the embedding scale
-        where = tuple((t, ctx.k_cache[t].data_ptr(), ctx.v_cache[t].data_ptr(), ctx.window[t]) for t in sorted(ctx.k_cache))
+        where = tuple((t, ctx.k_cache[t].data_ptr(), ctx.v_cache[t].data_ptr(), ctx.window[t])
+                      for t in sorted(ctx.k_cache))
         key = (bucket, widths, where, ctx.embed_table.data_ptr(), ctx.embed_scale)
         rnd = self.rounds.get(key)
         self.uses[key] = self.uses.get(key, 0) + 1
