@@ -27,7 +27,8 @@ if __package__ in (None, ""):  # python benchmarks/run_all.py
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "benchmarks"
 
-MODULES = ("bench_q_only_attention", "bench_centroid_logits", "bench_fused_concat_down_proj", "bench_tree_verify")
+MODULES = ("bench_q_only_attention", "bench_centroid_logits", "bench_fused_concat_down_proj", "bench_tree_verify",
+           "bench_dense_lm_head", "bench_drafter_step")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/dense_lm_head.h"
 #include "ops/launchers.h"
 
 namespace {
@@ -393,6 +394,66 @@ void tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents, cons
   check_launch(gemma4_mtp::launch_tree_verify(dt, p, at::cuda::getCurrentCUDAStream()), "tree_verify");
 }
 
+// output "topk": ids / logits [T, k] (dense unused, may be empty); "dense": dense [T, V] fp32 (ids /
+// logits unused). The top-k lists of kernel 1 go to a workspace from the caching allocator.
+void dense_lm_head(const at::Tensor& hidden, const at::Tensor& lm_head, int64_t k, c10::string_view output,
+                   at::Tensor& ids, at::Tensor& logits, at::Tensor& dense) {
+  const auto dev = hidden.device();
+  check_tensor(hidden, "hidden", 2, dev);
+  check_tensor(lm_head, "lm_head", 2, dev);
+  const DType dt = float_dtype(hidden, "hidden");
+  check_dtype(lm_head, "lm_head", hidden.scalar_type());
+  const int64_t T = hidden.size(0), Hd = hidden.size(1), V = lm_head.size(0);
+  TORCH_CHECK(lm_head.size(1) == Hd, "gemma4_mtp: lm_head must have Hd = ", Hd, " columns, got ", lm_head.sizes());
+  TORCH_CHECK(V >= 1 && T <= INT32_MAX && V <= INT32_MAX && Hd <= INT32_MAX,
+              "gemma4_mtp: dense_lm_head sizes must fit 32-bit indices (and V >= 1): hidden ", hidden.sizes(),
+              ", lm_head ", lm_head.sizes());
+  check_inner(hidden, "hidden");
+  check_inner(lm_head, "lm_head");
+  TORCH_CHECK(gemma4_mtp::dense_lm_head_smem_bytes(dt, Hd) <= 48 * 1024,
+              "gemma4_mtp: dense_lm_head stages 8 hidden rows in 48 KiB of shared memory: Hd ", Hd, " is too wide");
+  const bool is_dense = output == "dense";
+  TORCH_CHECK(is_dense || output == "topk", "gemma4_mtp: dense_lm_head output must be 'topk' or 'dense', got ",
+              std::string(output));
+  TORCH_CHECK(1 <= k && k <= gemma4_mtp::kMaxDenseHeadK && k <= V, "gemma4_mtp: dense_lm_head k must be in [1, min(",
+              gemma4_mtp::kMaxDenseHeadK, ", V)], got ", k);
+  gemma4_mtp::DenseHeadParams p{};
+  if (is_dense) {
+    check_tensor(dense, "dense", 2, dev);
+    check_dtype(dense, "dense", at::kFloat);
+    check_shape(dense, "dense", {T, V});
+    check_inner(dense, "dense");
+    p.dense = dense.data_ptr<float>();
+    p.dense_stride = dense.stride(0);
+  } else {
+    check_tensor(ids, "ids", 2, dev);
+    check_tensor(logits, "logits", 2, dev);
+    check_dtype(ids, "ids", at::kLong);
+    check_dtype(logits, "logits", at::kFloat);
+    check_shape(ids, "ids", {T, k});
+    check_shape(logits, "logits", {T, k});
+    check_contiguous(ids, "ids");
+    check_contiguous(logits, "logits");
+    p.out_ids = ids.data_ptr<int64_t>();
+    p.out_logits = logits.data_ptr<float>();
+  }
+  if (T == 0) return;
+
+  const c10::cuda::CUDAGuard guard(dev);
+  p.hidden = hidden.data_ptr();
+  p.lm_head = lm_head.data_ptr();
+  p.hidden_stride = stride(hidden, 0);
+  p.head_stride = stride(lm_head, 0);
+  p.T = static_cast<int>(T);
+  p.V = static_cast<int>(V);
+  p.Hd = static_cast<int>(Hd);
+  p.k = static_cast<int>(k);
+  const int64_t ws_bytes = gemma4_mtp::prepare_dense_lm_head(p, sm_count());
+  at::Tensor ws = at::empty({ws_bytes}, hidden.options().dtype(at::kByte));
+  p.partial = ws_bytes ? reinterpret_cast<uint64_t*>(ws.data_ptr()) : nullptr;
+  check_launch(gemma4_mtp::launch_dense_lm_head(dt, p, at::cuda::getCurrentCUDAStream()), "dense_lm_head");
+}
+
 }  // namespace
 
 TORCH_LIBRARY(gemma4_mtp, m) {
@@ -405,6 +466,8 @@ TORCH_LIBRARY(gemma4_mtp, m) {
   m.def("tree_verify(Tensor draft_tokens, Tensor parents, Tensor target_logits, Tensor? temperature, "
         "Tensor? uniforms, Tensor? draft_probs, Tensor(a!) accept_len, Tensor(b!) accepted_nodes, "
         "Tensor(c!) output_tokens, Tensor(d!) last_node) -> ()");
+  m.def("dense_lm_head(Tensor hidden, Tensor lm_head, int k, str output, Tensor(a!) ids, Tensor(b!) logits, "
+        "Tensor(c!) dense) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(gemma4_mtp, CUDA, m) {
@@ -412,6 +475,7 @@ TORCH_LIBRARY_IMPL(gemma4_mtp, CUDA, m) {
   m.impl("q_only_paged_attention", &q_only_paged_attention);
   m.impl("centroid_logits", &centroid_logits);
   m.impl("tree_verify", &tree_verify);
+  m.impl("dense_lm_head", &dense_lm_head);
 }
 
 // The extension is imported as the Python module gemma4_mtp_kernels._C only for its side effect of

@@ -14,10 +14,12 @@ from benchmarks import plot, run_all, timer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-OPS = ("fused_concat_down_proj", "q_only_paged_attention", "centroid_logits", "tree_verify")
+OPS = ("fused_concat_down_proj", "q_only_paged_attention", "centroid_logits", "tree_verify", "dense_lm_head",
+       "drafter_step", "draft_round")
 COMPOSITIONS = {  # the PyTorch baselines that run anywhere: each must run and agree with the reference
     "hf_torch", "hf_torch_compile", "torch_gather_sdpa", "torch_gather_sdpa_compile", "hf_masked_embedder",
-    "hf_masked_embedder_compile", "torch_argmax_python_walk", "torch_compile_argmax_python_walk",
+    "hf_masked_embedder_compile", "torch_argmax_python_walk", "torch_compile_argmax_python_walk", "torch_eager",
+    "fp32_copy_sort",
 }
 
 
@@ -281,6 +283,10 @@ def test_gpu_case_grid_is_well_formed():
     assert ("q_only_paged_attention", "E2B full D=512 B=1 Q=1 ctx=8192") in labels
     assert ("q_only_paged_attention", "31B sliding D=256 B=1 Q=1 ctx=8192") in labels
     assert ("centroid_logits", "E2B argmax T=1") in labels
+    # issue 11: steps and rounds of the four drafters at B = 1 / 8 / 32, 8K / 32K, the targets first
+    assert ("drafter_step", "E2B step B=1 ctx=8192") in labels and ("drafter_step", "31B step B=32 ctx=32768") in labels
+    assert ("draft_round", "31B chain round k=4 B=1 ctx=8192") in labels
+    assert ("draft_round", "E4B tree round (2,2,1) B=8 ctx=32768") in labels
 
 
 def test_rotating_sets_cover_three_l2s():

@@ -92,3 +92,10 @@ def test_the_awkward_paths_are_recorded(compiled):
     assert greedy and all({"q_ptr", "temp_ptr", "unif_ptr"} <= set(r["none_args"]) for r in greedy)
     assert any(r["constexprs"]["HAS_TEMP"] and not r["constexprs"]["HAS_DRAFT"] for r in verify)
     assert any(r["constexprs"]["HAS_DRAFT"] for r in verify)
+    # the fused glue: split-K fixups and direct stores, each prologue, both head outputs
+    linear = names["_norm_linear_kernel"]
+    assert {r["constexprs"]["SPLIT"] for r in linear} == {True, False}
+    assert any(r["constexprs"]["HAS_RES"] and r["constexprs"]["WRITE_N"] for r in linear)  # post_projection
+    q = names["_q_rope_kernel"]
+    assert {r["constexprs"]["D"] for r in q} == {256, 512} and {r["constexprs"]["HAS_RES"] for r in q} == {True, False}
+    assert {r["constexprs"]["DENSE"] for r in names["_head_kernel"]} == {True, False}

@@ -3,7 +3,7 @@
 The extension is imported lazily, on first use, so that `import gemma4_mtp_kernels` works where it
 was not built; `extension_status()` says why it is unusable when it is.
 
-The four functions below follow the backend contract (public signature minus `backend=`, arguments
+The functions below follow the backend contract (public signature minus `backend=`, arguments
 already validated by gemma4_mtp_kernels.ops). They allocate the outputs the caller did not pass and
 call the custom ops, which write them in place; the ops allocate their small workspaces from the
 caching allocator, so the calls are safe inside CUDA-graph capture and under torch.compile.
@@ -20,6 +20,7 @@ from .._types import VerifyResult
 
 # The kernels' limits that the public ops do not impose (see csrc/include/gemma4_mtp/*.cuh).
 MAX_CENTROIDS = 4096
+DENSE_HEAD_SMEM = 48 * 1024  # 8 hidden rows staged in shared memory
 
 
 # torch.compile evaluates this at trace time instead of tracing the import (the dispatcher calls it).
@@ -134,3 +135,22 @@ def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, unifo
     _ops().tree_verify(draft_tokens, parents, target_logits, temperature, uniforms, draft_probs,
                        accept_len, accepted, tokens, last)
     return VerifyResult(accept_len, accepted, tokens, last)
+
+
+def dense_lm_head(hidden, lm_head, *, output="topk", k=1):
+    op = "dense_lm_head"
+    T, Hd = hidden.shape
+    if 8 * Hd * hidden.element_size() > DENSE_HEAD_SMEM:
+        raise ValueError(f"{op}: hidden must have at most {DENSE_HEAD_SMEM // (8 * hidden.element_size())} columns "
+                         f"for the cuda backend, got {Hd}; use backend='triton'")
+    dev = hidden.device
+    empty = torch.empty((0, 0), dtype=torch.float32, device=dev)
+    if output == "dense":
+        dense = torch.empty((T, lm_head.shape[0]), dtype=torch.float32, device=dev)
+        _ops().dense_lm_head(hidden, lm_head, 1, output, torch.empty((0, 0), dtype=torch.int64, device=dev), empty,
+                             dense)
+        return dense
+    ids = torch.empty((T, k), dtype=torch.int64, device=dev)
+    logits = torch.empty((T, k), dtype=torch.float32, device=dev)
+    _ops().dense_lm_head(hidden, lm_head, int(k), output, ids, logits, empty)
+    return ids, logits

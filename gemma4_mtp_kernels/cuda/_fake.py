@@ -23,3 +23,8 @@ def _centroid_logits(hidden, centroids, token_ordering, lm_head, top_k, output, 
 def _tree_verify(draft_tokens, parents, target_logits, temperature, uniforms, draft_probs, accept_len,
                  accepted_nodes, output_tokens, last_node):
     return None
+
+
+@torch.library.register_fake("gemma4_mtp::dense_lm_head")
+def _dense_lm_head(hidden, lm_head, k, output, ids, logits, dense):
+    return None

@@ -222,12 +222,88 @@ def _adapter_scenarios() -> Iterator[Scenario]:
                            _meta((d["Hd"], 2 * d["Hb"]), dtype), embed_scale=1.0, backend="triton"))
 
 
+def _prologue(dtype, T, H, kind):
+    """Prologue keyword arguments of the fused glue ops: "none", "norm" (the first layer's input
+    norm), "layer" (post-norm + residual add + pre-norm, h written out), "scaled" (and the layer
+    scalar: a layer boundary)."""
+    if kind == "none":
+        return {}
+    kw = dict(norm_weight=_meta((H,), dtype), eps=1e-6)
+    if kind in ("layer", "scaled"):
+        kw.update(residual=_meta((T, H), dtype), residual_norm_weight=_meta((H,), dtype),
+                  residual_out=_meta((T, H), dtype))
+    if kind == "scaled":
+        kw["layer_scalar"] = _meta((1,), dtype)
+    return kw
+
+
+def _glue_scenarios() -> Iterator[Scenario]:
+    """The fused glue ops at every projection of the real drafters: q (sliding and full head dims,
+    first layer and layer boundary, tree levels sharing a position), o_proj and down_proj (split-K),
+    gate/up, post_projection (final norm written out), and the dense LM head (top-k and dense)."""
+    for (dname, dtype), (name, d), T in itertools.product(DTYPES.items(), DRAFTERS.items(), (1, 8, 64)):
+        Hd, Hq = d["Hd"], d["Hq"]
+        kinds = ("norm", "scaled") if dname == "bf16" else ("scaled",)
+        for D, kind in itertools.product((d["D_swa"], d["D_full"]), kinds):
+            def q(D=D, kind=kind, Q=1, pos=torch.int64):
+                return lambda: g.rms_norm_q_rope(_meta((T, Hd), dtype), _meta((Hq * D, Hd), dtype), _meta((D,), dtype),
+                                                 _meta((T // Q,), pos), _meta((D // 2,), torch.float32),
+                                                 backend="triton", **_prologue(dtype, T, Hd, kind))
+            yield Scenario(f"q_rope {dname} {name} T={T} D={D} {kind}", dname, q())
+            if dname == "bf16" and T == 8:
+                yield Scenario(f"q_rope {dname} {name} T={T} D={D} {kind}, 4 queries per position, int32",
+                               dname, q(Q=4, pos=torch.int32))
+            K = Hq * D
+            yield Scenario(f"linear (o_proj) {dname} {name} T={T} K={K}", dname,
+                           lambda K=K: g.rms_norm_linear(_meta((T, K), dtype), _meta((Hd, K), dtype), backend="triton"))
+        yield Scenario(f"linear (down_proj) {dname} {name} T={T}", dname,
+                       lambda: g.rms_norm_linear(_meta((T, d["inter"]), dtype), _meta((Hd, d["inter"]), dtype),
+                                                 backend="triton"))
+        for kind in kinds:
+            yield Scenario(f"gate_up {dname} {name} T={T} {kind}", dname,
+                           lambda kind=kind: g.rms_norm_gate_up(_meta((T, Hd), dtype), _meta((d["inter"], Hd), dtype),
+                                                                _meta((d["inter"], Hd), dtype), backend="triton",
+                                                                **_prologue(dtype, T, Hd, kind)))
+        post = _prologue(dtype, T, Hd, "scaled")
+        post.update(residual_out=None, normed_out=_meta((T, Hd), dtype))
+        yield Scenario(f"linear (post_projection) {dname} {name} T={T}", dname,
+                       lambda post=post: g.rms_norm_linear(_meta((T, Hd), dtype), _meta((d["Hb"], Hd), dtype),
+                                                           backend="triton", **post))
+        if d["centroids"] is None:
+            for output, k in (("topk", 1), ("topk", 2), ("topk", 8), ("dense", 1)):
+                yield Scenario(f"lm_head {dname} {name} T={T} {output} k={k}", dname,
+                               lambda output=output, k=k: g.dense_lm_head(_meta((T, Hd), dtype),
+                                                                          _meta((d["vocab"], Hd), dtype),
+                                                                          output=output, k=k, backend="triton"))
+    yield Scenario("lm_head bf16 31B T=1 topk k=16", "bf16",
+                   lambda: g.dense_lm_head(_meta((1, 1024), torch.bfloat16), _meta((VOCAB, 1024), torch.bfloat16),
+                                           k=16, backend="triton"))
+
+
+def _step_scenarios() -> Iterator[Scenario]:
+    """The product path: a whole `Gemma4MTPDrafter.step` + `top_tokens` of each real drafter (every
+    weight, cache and activation a meta tensor) for chain steps and tree levels, so that what is
+    compiled is what the decode loop launches. Needs the gemma4_mtp package (python_api/) importable."""
+    from gemma4_mtp.drafter import random_drafter, synthetic_context
+
+    for name, B, Q, k in itertools.product(DRAFTERS, (1, 8, 32), (1, 2), (1, 2)):
+        def call(name=name, B=B, Q=Q, k=k):
+            drafter = random_drafter(name, device="meta", backend="triton")
+            ctx = synthetic_context(drafter, B, 8192, device="meta")
+            Hb = drafter.config.backbone_hidden_size
+            last, _ = drafter.step(ctx, _meta((B, Q), torch.int64), _meta((B, Q, Hb), torch.bfloat16))
+            return drafter.top_tokens(last, k)
+        yield Scenario(f"drafter step bf16 {name} B={B} Q={Q} top {k}", "bf16", call)
+
+
 def scenarios() -> Iterator[Scenario]:
     yield from _down_proj_scenarios()
     yield from _attention_scenarios()
     yield from _centroid_scenarios()
     yield from _tree_verify_scenarios()
     yield from _adapter_scenarios()
+    yield from _glue_scenarios()
+    yield from _step_scenarios()
 
 
 def defined_kernels() -> set[str]:

@@ -14,10 +14,28 @@ from torch import nn
 
 import gemma4_mtp_kernels as K
 
-from .config import DrafterConfig, TextConfig
-from .layers import DecoderLayer, RMSNorm, apply_rope, rope_inv_freq
+from .config import FULL, SLIDING, AttentionSpec, DrafterConfig, TextConfig
+from .layers import DecoderLayer, RMSNorm, rope_inv_freq
 
 QUERY_POSITIONS = ("last_cached", "next")
+
+
+def real_shape_config(name: str | dict, *, num_layers: int = 4) -> DrafterConfig:
+    """The config of a real Gemma 4 drafter (gemma4_mtp_kernels.drafter_shapes: "E2B", "E4B", "26B-A4B",
+    "31B", or a dict of the same keys) with Hugging Face's default RoPE and the 3 sliding + 1 full
+    layer pattern, for benchmarks and launch counts at real shapes with random (or meta) weights."""
+    from gemma4_mtp_kernels.drafter_shapes import DRAFTERS
+
+    d = DRAFTERS[name] if isinstance(name, str) else name
+    types = tuple(SLIDING if (i + 1) % num_layers else FULL for i in range(num_layers))
+    attention = {SLIDING: AttentionSpec(d["D_swa"], d["Hkv_swa"], "default", 10_000.0, 1.0, 1.0, d["window"]),
+                 FULL: AttentionSpec(d["D_full"], d["Hkv_full"], "proportional", 1_000_000.0, 0.25, 1.0, None)}
+    text = TextConfig(vocab_size=d["vocab"], hidden_size=d["Hd"], intermediate_size=d["inter"], num_layers=num_layers,
+                      num_heads=d["Hq"], layer_types=types, attention=attention, rms_norm_eps=1e-6,
+                      attention_k_eq_v=False, final_logit_softcapping=None, tie_word_embeddings=True,
+                      eos_token_ids=(1,), pad_token_id=0)
+    ordered = d["centroids"] is not None
+    return DrafterConfig(text, d["Hb"], ordered, d["centroids"] or 2048, d["top_k"] or 32)
 
 
 class DrafterAttention(nn.Module):
@@ -55,7 +73,8 @@ class DraftContext:
 
 
 class Gemma4MTPDrafter(nn.Module):
-    """Draft steps over a borrowed target cache. `backend` goes to every gemma4_mtp_kernels op."""
+    """Draft steps over a borrowed target cache. `backend` goes to every gemma4_mtp_kernels op (the
+    fused glue ops take `glue_backend`)."""
 
     def __init__(self, config: DrafterConfig, *, backend: str = "auto"):
         super().__init__()
@@ -73,6 +92,14 @@ class Gemma4MTPDrafter(nn.Module):
             self.register_buffer("token_ordering", torch.arange(V))
         for lt, spec in t.attention.items():
             self.register_buffer(f"{lt}_inv_freq", rope_inv_freq(spec), persistent=False)
+
+    @property
+    def glue_backend(self) -> str:
+        """The backend of the fused glue ops (rms_norm_*, dense_lm_head): the drafter's, except that
+        backend="cuda" runs them on Triton. The four ops have CUDA kernels; the glue does not (a
+        CUDA version pays only where a kernel is bandwidth bound and Triton is not at the floor:
+        see README "Fused glue")."""
+        return "triton" if self.backend == "cuda" else self.backend
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -130,27 +157,54 @@ class Gemma4MTPDrafter(nn.Module):
              ) -> tuple[torch.Tensor, torch.Tensor]:
         """token_ids [B, Q], hidden [B, Q, Hb] -> (final normed hidden [B, Q, Hd], post_projection [B, Q, Hb]).
 
-        The Q queries of a request (tree branches of one level) share one attention call."""
+        The Q queries of a request (tree branches of one level) share one attention call. Per layer:
+        q (input norm, q_proj, q_norm, RoPE; the previous layer's post-feedforward norm, residual add
+        and layer scalar in its prologue), attention, o_proj, gate/up (post-attention norm, residual
+        add, pre-feedforward norm in its prologue), down_proj: 5 ops, 6 launches (attention's split-KV
+        merge included), rounded where Hugging Face rounds (see gemma4_mtp_kernels.rms_norm_linear)."""
         B, Q = token_ids.shape
-        Hb = self.config.backbone_hidden_size
-        x = K.fused_concat_down_proj(token_ids.reshape(-1), ctx.embed_table, hidden.reshape(B * Q, Hb),
-                                     self.pre_projection.weight, embed_scale=ctx.embed_scale, backend=self.backend)
-        pos = ctx.positions.repeat_interleave(Q)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, lambda h, i=i: self._attention(i, h, pos, ctx, B, Q))
-        last = self.norm(x)
-        return last.view(B, Q, -1), self.post_projection(last).view(B, Q, Hb)
-
-    def _attention(self, i, h, pos, ctx, B, Q):
+        T = B * Q
         t = self.config.text
-        lt = t.layer_types[i]
-        attn = self.layers[i].self_attn
-        D = attn.head_dim
-        q = apply_rope(attn.q_norm(attn.q_proj(h).view(B * Q, -1, D)), pos, getattr(self, f"{lt}_inv_freq"))
-        o = K.q_only_paged_attention(q.reshape(B, Q, -1, D).contiguous(), ctx.k_cache[lt], ctx.v_cache[lt],
-                                     ctx.block_table[lt], ctx.seq_lens, scale=1.0, window=ctx.window[lt],
-                                     backend=self.backend)
-        return attn.o_proj(o.reshape(B * Q, -1))
+        Hb = self.config.backbone_hidden_size
+        be, glue_be, eps = self.backend, self.glue_backend, t.rms_norm_eps
+        x = K.fused_concat_down_proj(token_ids.reshape(-1), ctx.embed_table, hidden.reshape(T, Hb),
+                                     self.pre_projection.weight, embed_scale=ctx.embed_scale, backend=be)
+        residual, delta, prev = x, None, None  # residual stream, block output still to add, its layer
+        for i, layer in enumerate(self.layers):
+            lt = t.layer_types[i]
+            attn = layer.self_attn
+            if prev is None:  # the first layer reads the pre-projection's output as it is
+                q_in, glue, stream = x, {}, x
+            else:  # the previous layer's end (post-feedforward norm, residual add, layer scalar) in front
+                glue = self._glue(prev, residual, keep=True)
+                q_in, stream = delta, glue["residual_out"]
+            q = K.rms_norm_q_rope(q_in, attn.q_proj.weight, attn.q_norm.weight, ctx.positions,
+                                  getattr(self, f"{lt}_inv_freq"), norm_weight=layer.input_layernorm.weight, eps=eps,
+                                  backend=glue_be, **glue)
+            o = K.q_only_paged_attention(q.view(B, Q, -1, attn.head_dim), ctx.k_cache[lt], ctx.v_cache[lt],
+                                         ctx.block_table[lt], ctx.seq_lens, scale=1.0, window=ctx.window[lt],
+                                         backend=be)
+            a = K.rms_norm_linear(o.view(T, -1), attn.o_proj.weight, backend=glue_be)
+            residual = torch.empty_like(x)
+            m = K.rms_norm_gate_up(a, layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight,
+                                   norm_weight=layer.pre_feedforward_layernorm.weight, eps=eps, residual=stream,
+                                   residual_norm_weight=layer.post_attention_layernorm.weight, residual_out=residual,
+                                   backend=glue_be)
+            delta, prev = K.rms_norm_linear(m, layer.mlp.down_proj.weight, backend=glue_be), layer
+        last = torch.empty_like(x)
+        proj = K.rms_norm_linear(delta, self.post_projection.weight, norm_weight=self.norm.weight, eps=eps,
+                                 normed_out=last, backend=glue_be, **self._glue(prev, residual, keep=False))
+        return last.view(B, Q, -1), proj.view(B, Q, Hb)
+
+    @staticmethod
+    def _glue(layer: DecoderLayer, residual: torch.Tensor, *, keep: bool) -> dict:
+        """The end of `layer` as a prologue: residual + post_feedforward_layernorm(delta), times its
+        layer_scalar; with keep, into a new residual_out buffer (the next layer's residual stream)."""
+        glue = dict(residual=residual, residual_norm_weight=layer.post_feedforward_layernorm.weight,
+                    layer_scalar=layer.layer_scalar)
+        if keep:
+            glue["residual_out"] = torch.empty_like(residual)
+        return glue
 
     # ---- LM head -----------------------------------------------------------------------------
 
@@ -161,23 +215,89 @@ class Gemma4MTPDrafter(nn.Module):
             out = K.centroid_logits(flat, self.centroids.weight, self.token_ordering, self.lm_head_weight,
                                     top_k=self.config.centroid_top_k, output="dense", backend=self.backend)
         else:
-            out = flat.float() @ self.lm_head_weight.float().T
+            out = K.dense_lm_head(flat, self.lm_head_weight, output="dense", backend=self.glue_backend)
         return out.view(*last.shape[:-1], -1)
 
     def top_tokens(self, last: torch.Tensor, k: int) -> torch.Tensor:
         """The k highest-scoring tokens [..., k] (int64), best first, ties to the lower id."""
         flat = last.reshape(-1, last.shape[-1])
-        if k == 1 and self.config.use_ordered_embeddings:
+        if not self.config.use_ordered_embeddings:
+            ids, _ = K.dense_lm_head(flat, self.lm_head_weight, k=k, backend=self.glue_backend)
+            return ids.view(*last.shape[:-1], k)
+        if k == 1:
             tok, _ = K.centroid_logits(flat, self.centroids.weight, self.token_ordering, self.lm_head_weight,
                                        top_k=self.config.centroid_top_k, output="argmax", backend=self.backend)
             return tok.view(*last.shape[:-1], 1)
-        if self.config.use_ordered_embeddings:
-            ids, scores = K.centroid_logits(flat, self.centroids.weight, self.token_ordering, self.lm_head_weight,
-                                            top_k=self.config.centroid_top_k, output="sparse", backend=self.backend)
-        else:
-            scores = flat.float() @ self.lm_head_weight.float().T
-            ids = torch.arange(scores.shape[1], device=scores.device).expand_as(scores)
+        ids, scores = K.centroid_logits(flat, self.centroids.weight, self.token_ordering, self.lm_head_weight,
+                                        top_k=self.config.centroid_top_k, output="sparse", backend=self.backend)
         by_id = torch.argsort(ids, dim=1, stable=True)
         ids, scores = ids.gather(1, by_id), scores.gather(1, by_id)
         best = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :k]
         return ids.gather(1, best).view(*last.shape[:-1], k)
+
+    @property
+    def max_branch(self) -> int:
+        """The most children a tree node can get from `top_tokens` (its candidate count)."""
+        c = self.config
+        if c.use_ordered_embeddings:
+            return c.centroid_top_k * (c.text.vocab_size // c.num_centroids)
+        return min(c.text.vocab_size, K.DENSE_LM_HEAD_MAX_K)
+
+
+# ---- real shapes, random weights (benchmarks, launch counts, compile coverage) --------------------
+
+
+def random_drafter(name: str | dict, *, device="cpu", dtype=torch.bfloat16, backend: str = "auto", seed: int = 0
+                   ) -> Gemma4MTPDrafter:
+    """A drafter at the shapes of `name` (see real_shape_config) with random O(1)-activation weights
+    (on the meta device: no storage, no values)."""
+    with torch.device(device):
+        drafter = Gemma4MTPDrafter(real_shape_config(name), backend=backend)
+    if torch.device(device).type != "meta":
+        g = torch.Generator(device=device).manual_seed(seed)
+        with torch.no_grad():
+            for n, p in drafter.named_parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, p.shape[1] ** -0.5, generator=g)
+                else:  # norm weights away from 1
+                    p.normal_(1.0, 0.2, generator=g)
+            if drafter.config.use_ordered_embeddings:
+                drafter.token_ordering.copy_(torch.randperm(drafter.config.text.vocab_size, generator=g,
+                                                            device=device))
+    for p in drafter.parameters():
+        p.data = p.data.to(dtype)
+    for n, b in drafter.named_buffers():
+        if b.is_floating_point() and not n.endswith("inv_freq"):
+            b.data = b.data.to(dtype)
+    return drafter.eval()
+
+
+def synthetic_context(drafter: Gemma4MTPDrafter, B: int, length: int, *, device="cpu", dtype=torch.bfloat16,
+                      block_size: int = 16, seed: int = 0) -> DraftContext:
+    """A DraftContext as a target holding `length` positions per request would give it ("last_cached"):
+    random K/V in paged caches with the blocks of all requests shuffled; sliding layers keep the blocks
+    of their last window + 1 positions (older table entries are -1, released, as the target leaves them)."""
+    cfg = drafter.config
+    meta = torch.device(device).type == "meta"
+    g = None if meta else torch.Generator(device=device).manual_seed(seed)
+    blocks = -(-length // block_size)
+    k, v, tables, windows = {}, {}, {}, {}
+    for lt, spec in cfg.text.attention.items():
+        first = 0 if spec.window is None else max(0, length - spec.window - 1) // block_size
+        live = blocks - first
+        shape = (max(1, B * live), block_size, spec.num_kv_heads, spec.head_dim)
+        k[lt] = torch.empty(shape, dtype=dtype, device=device)
+        v[lt] = torch.empty(shape, dtype=dtype, device=device)
+        table = torch.full((B, blocks), -1, dtype=torch.int32, device=device)
+        if not meta:
+            k[lt].normal_(generator=g)
+            v[lt].normal_(generator=g)
+            perm = torch.randperm(B * live, generator=g, device=device).to(torch.int32)
+            table[:, first:] = perm.view(B, live)
+        tables[lt], windows[lt] = table, spec.window
+    Hb, V = cfg.backbone_hidden_size, cfg.text.vocab_size
+    embed = torch.empty(V, Hb, dtype=dtype, device=device)
+    if not meta:
+        embed.normal_(generator=g)
+    seq_lens = torch.full((B,), length, dtype=torch.int32, device=device)
+    return DraftContext(k, v, tables, windows, seq_lens, seq_lens.long() - 1, embed, float(Hb) ** 0.5)

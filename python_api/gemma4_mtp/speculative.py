@@ -18,6 +18,7 @@ import torch
 import gemma4_mtp_kernels as K
 
 from .drafter import QUERY_POSITIONS
+from .graphs import DraftGraphs, draft_tree, level_sizes, tree_parents
 
 SCHEDULES = ("constant", "heuristic")
 _FROM_TARGET = object()
@@ -106,25 +107,42 @@ def _check_args(max_new_tokens, num_draft_tokens, tree, temperature, query_posit
         raise ValueError(f"draft_schedule: expected one of {SCHEDULES}, got {draft_schedule!r}")
 
 
-def _draft(drafter, target, reqs, pending, hidden, shapes, query_position, sampler=None):
-    """Draft a tree per request. shapes[b] = per-depth branch counts of request b (all prefixes of one
-    shape, so every level has the same width across the requests that reach it).
+def _draft(drafter, target, reqs, pending, hidden, shapes, query_position, sampler=None, graphs=None):
+    """Draft a tree per request. shapes[b] = per-depth branch counts of request b, all prefixes of one
+    shape (a chain length or the tree cut to what the token budget can still take).
 
-    Children are the drafter's top-k tokens, or with `sampler(b, q) -> token` (chains only) one token
-    drawn from the drafter distribution q, which is then recorded for the node it was drawn at.
-    Returns per request (tokens [N] int64, parents list[int], draft q per node or None), node 0
-    being the pending token."""
-    dev = target.device
+    Children are the drafter's top-k tokens: every request drafts the longest shape on the device in
+    one `draft_tree` round (replayed as a CUDA graph when `graphs` is given) and keeps the prefix of
+    its own shape, whose nodes come first in breadth-first order. With `sampler(b, q) -> token`
+    (chains only) one token is drawn per step from the drafter distribution q on the host, which is
+    then recorded for the node it was drawn at. Returns per request (tokens [N] int64, parents
+    list[int], draft q per node or None), node 0 being the pending token."""
     if not any(shapes):  # nothing to draft (target-only decoding, or no token budget left)
         return [p.view(1).cpu() for p in pending], [[-1] for _ in reqs], None if sampler is None else [[]] * len(reqs)
     ctx = drafter.context(target, reqs, query_position)
+    if sampler is not None:
+        return _draft_sampled(drafter, ctx, pending, hidden, shapes, sampler, target.device)
+    widths = tuple(max(shapes, key=len))
+    pending, hidden = pending.to(target.device), hidden.view(len(reqs), -1)
+    if graphs is not None:
+        tokens = graphs.draft(ctx, pending, hidden, widths)
+    else:
+        tokens = draft_tree(drafter, ctx, pending, hidden, widths)
+    tokens = tokens.cpu()
+    parents = tree_parents(widths)
+    sizes = [1 + sum(level_sizes(shape)) for shape in shapes]
+    return [tokens[b, :n] for b, n in enumerate(sizes)], [parents[:n] for n in sizes], None
+
+
+def _draft_sampled(drafter, ctx, pending, hidden, shapes, sampler, dev):
+    """Chains whose tokens are drawn on the host from each request's generator: a request takes
+    part in exactly as many steps as its own chain is long, so it draws the same numbers in a batch
+    as alone."""
     tokens = [[int(t)] for t in pending]
-    parents = [[-1] for _ in reqs]
-    level_nodes = [[0] for _ in reqs]  # node indices of the current level, per request
-    level_tok = pending.view(-1, 1).to(dev)  # [B, Q]
-    level_hid = hidden.view(len(reqs), 1, -1)  # [B, Q, Hb]
-    rows = list(range(len(reqs)))
-    probs = [[] for _ in reqs] if sampler is not None else None
+    probs = [[] for _ in shapes]
+    level_tok = pending.view(-1, 1).to(dev)  # [B, 1]
+    level_hid = hidden.view(len(shapes), 1, -1).clone()  # [B, 1, Hb]
+    rows = list(range(len(shapes)))
     depth = 0
     while True:
         rows = [b for b in rows if len(shapes[b]) > depth]
@@ -132,29 +150,15 @@ def _draft(drafter, target, reqs, pending, hidden, shapes, query_position, sampl
             break
         sel = torch.tensor(rows, device=dev)
         last, proj = drafter.step(ctx.select(rows), level_tok[sel], level_hid[sel])
-        branch = shapes[rows[0]][depth]
-        if sampler is None:
-            children = drafter.top_tokens(last, branch)  # [R, Q, branch]
-        else:
-            q = sampler.distribution(drafter.logits(last)[:, 0])  # chains: Q = branch = 1
-            children = torch.tensor([[[sampler.draw(b, q[r])]] for r, b in enumerate(rows)], device=dev)
-            for r, b in enumerate(rows):
-                probs[b].append(q[r])
-        R, Q = children.shape[:2]
-        new_tok = torch.zeros(len(reqs), Q * branch, dtype=torch.long, device=dev)
-        new_hid = torch.zeros(len(reqs), Q * branch, proj.shape[-1], dtype=proj.dtype, device=dev)
-        new_tok[sel] = children.reshape(R, Q * branch)
-        new_hid[sel] = proj.repeat_interleave(branch, dim=1)
+        q = sampler.distribution(drafter.logits(last)[:, 0])
+        drawn = [sampler.draw(b, q[r]) for r, b in enumerate(rows)]
         for r, b in enumerate(rows):
-            nodes = []
-            for q in range(Q):
-                for c in range(branch):
-                    nodes.append(len(tokens[b]))
-                    tokens[b].append(int(children[r, q, c]))
-                    parents[b].append(level_nodes[b][q])
-            level_nodes[b] = nodes
-        level_tok, level_hid = new_tok, new_hid
+            tokens[b].append(drawn[r])
+            probs[b].append(q[r])
+        level_tok[sel] = torch.tensor(drawn, device=dev).view(-1, 1)
+        level_hid[sel] = proj
         depth += 1
+    parents = [list(range(-1, len(t) - 1)) for t in tokens]
     return [torch.tensor(t, dtype=torch.long) for t in tokens], parents, probs
 
 
@@ -196,7 +200,7 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
                          tree: Sequence[int] | None = None, temperature: float = 0.0, seed: int | None = None,
                          query_position: str = "last_cached", draft_schedule: str = "constant",
                          eos_token_id=_FROM_TARGET, sample_drafts: bool = False,
-                         verify_backend: str | None = None,
+                         verify_backend: str | None = None, cuda_graphs: bool | None = None,
                          on_tokens: Callable[[int, list[int]], None] | None = None) -> SpeculativeOutput:
     """Generate up to max_new_tokens tokens per prompt with speculative decoding.
 
@@ -217,6 +221,10 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
         softmax(logits / temperature) instead of taking its argmax, and verify with those draft
         probabilities (rejection sampling). Exact either way; acceptance differs.
     verify_backend: backend of tree_verify (default: the drafter's backend).
+    cuda_graphs: replay each draft round as a CUDA graph (graphs.DraftGraphs, one per batch bucket
+        and tree shape, captured on first use and kept on the drafter). None: on a CUDA drafter whose
+        backend is not "torch" (the reference attention reads sequence lengths on the host). Drafts
+        drawn with sample_drafts always run eagerly (host random numbers). Same tokens either way.
     on_tokens: called as on_tokens(request_index, tokens) with each request's newly emitted tokens,
         as soon as a round emits them (for streaming).
     """
@@ -245,12 +253,12 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
     sampler = _Sampler(float(temperature), seed, B, dev) if sampling else None
     if sample_drafts and (not sampling or tree is not None):
         raise ValueError("sample_drafts: needs temperature > 0 and a chain (tree=None)")
-    if tree is not None:
-        candidates = drafter.config.text.vocab_size
-        if drafter.config.use_ordered_embeddings:
-            candidates = drafter.config.centroid_top_k * (candidates // drafter.config.num_centroids)
-        if max(tree) > candidates:
-            raise ValueError(f"tree: branch count {max(tree)} exceeds the drafter head's candidate count {candidates}")
+    if tree is not None and max(tree) > drafter.max_branch:
+        raise ValueError(f"tree: branch count {max(tree)} exceeds the drafter head's candidate count "
+                         f"{drafter.max_branch}")
+    graphs = None
+    if drafter is not None and not sample_drafts:
+        graphs = _graphs(drafter, target, cuda_graphs)
 
     stats = SpeculativeStats(accepted_per_round=[[] for _ in prompts], draft_lengths=[[] for _ in prompts],
                              accepted_paths=[[] for _ in prompts], target_forwards=[1] * B, new_tokens=[0] * B)
@@ -280,7 +288,8 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
             act_reqs = [reqs[b] for b in act]
             sel = torch.tensor(act, device=dev)
             drafted, parents, q = _draft(drafter, target, act_reqs, pending[sel], hidden[sel], shapes,
-                                         query_position, _ActSampler(sampler, act) if sample_drafts else None)
+                                         query_position, _ActSampler(sampler, act) if sample_drafts else None,
+                                         graphs)
             out = target.forward_tree(act_reqs, drafted, parents)
             N = max(len(t) for t in drafted)
             draft_probs = None
@@ -316,6 +325,23 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
             target.release(r)
     stats.new_tokens = [len(o) for o in out_ids]
     return SpeculativeOutput([torch.tensor(o, dtype=torch.long) for o in out_ids], stats)
+
+
+def _graphs(drafter, target, cuda_graphs: bool | None) -> DraftGraphs | None:
+    """The drafter's captured rounds over `target` (kept on the drafter across calls), or None."""
+    on_cuda = drafter.pre_projection.weight.device.type == "cuda"
+    if cuda_graphs is None:
+        cuda_graphs = on_cuda and drafter.backend != "torch"
+    if not cuda_graphs:
+        return None
+    if not on_cuda:
+        raise ValueError("cuda_graphs: True needs a drafter on a CUDA device")
+    cache = drafter.__dict__.setdefault("_draft_graphs", {})
+    key = (id(target), target.num_blocks)
+    if key not in cache:
+        # a request's block table never holds more entries than the cache has blocks
+        cache[key] = DraftGraphs(drafter, table_width=target.num_blocks)
+    return cache[key]
 
 
 class _ActSampler:

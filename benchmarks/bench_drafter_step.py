@@ -1,0 +1,192 @@
+"""What an engine pays for: one drafter step, a k = 4 chain round and a (2, 2, 1) tree round, for the
+four real drafters (random weights at the real shapes, bf16), B = 1 / 8 / 32, context 8K / 32K.
+
+A step is `Gemma4MTPDrafter.step` + `top_tokens(last, 1)`; a round is `gemma4_mtp.graphs.draft_tree`
+(the k steps and the tree bookkeeping) + the `tree_verify` of its nodes over random target logits
+(the target forward in between is not the drafter's). Baselines:
+- `hf_assistant` (steps only): Hugging Face's Gemma4AssistantForCausalLM forward + argmax at the same
+  shapes (its shared K/V as HF holds it, [B, Hkv, n, D]), eager: the anchor, where transformers runs;
+- `triton`, `cuda`: our drafter with that backend (cuda: the four ops on CUDA, the fused glue on
+  Triton), the call captured and replayed as one CUDA graph by the timer;
+- `triton_eager`: the same calls eagerly, timed with events around them: on a GPU this is the host
+  time per call (Python, validation, launches), the GPU waiting on it;
+- `torch_eager`: the reference backend (the unfused composition, host reads in its attention).
+Floors: roofline.drafter_step, roofline.draft_round (chain), and the tree round's three steps with 1,
+2 and 4 queries per request plus the verify of its 11 nodes (roofline.draft_round counts 1 + 7).
+The check is a sanity check (random weights, bf16, different summation orders): at least 3/4 of the
+drafted tokens equal the reference backend's.
+"""
+from __future__ import annotations
+
+import copy
+from unittest import mock
+
+import torch
+
+import gemma4_mtp_kernels as gk
+
+from . import roofline
+from .common import Case, external
+
+SHAPES = {"step": None, "chain": (1, 1, 1, 1), "tree": (2, 2, 1)}
+# the dry run's drafter: the real layer pattern at toy sizes (head dims the attention supports)
+TINY = dict(Hb=64, Hd=32, inter=64, Hq=4, Hkv_swa=2, Hkv_full=1, D_swa=64, D_full=128, window=8, centroids=None,
+            top_k=None, vocab=256)
+TINY_CENTROIDS = dict(TINY, centroids=16, top_k=4)
+
+
+def round_cost(name: str, B: int, ctx: int, kind: str) -> roofline.Cost:
+    if kind == "step":
+        return roofline.drafter_step(name, B, ctx)
+    if kind == "chain":
+        return roofline.draft_round(name, B, ctx, 4)
+    cost = roofline.Cost(f"{name} tree round (2, 2, 1)")
+    for queries in (1, 2, 4):
+        cost = cost + roofline.drafter_step(name, B, ctx, Q=queries)
+    return cost + roofline.tree_verify(B, 11, roofline.DRAFTERS[name]["vocab"])
+
+
+_BUILT: dict = {}
+
+
+def _drafter(shape, device, dtype, seed):
+    """One random drafter per (shape, device, dtype, seed), kept while cases of that shape run (the
+    31B one holds 1.4 GB of weights)."""
+    from gemma4_mtp.drafter import random_drafter
+
+    key = (str(shape), str(device), dtype, seed)
+    if key not in _BUILT:
+        if any(k[0] != key[0] for k in _BUILT):
+            _BUILT.clear()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        _BUILT[key] = random_drafter(shape, device=device, dtype=dtype, backend="torch", seed=seed)
+    return _BUILT[key]
+
+
+def _inputs(shape, B, ctx, kind):
+    def make(device, dtype, seed):
+        from gemma4_mtp.drafter import synthetic_context
+        from gemma4_mtp.graphs import tree_parents
+
+        drafter = _drafter(shape, device, dtype, seed)
+        g = torch.Generator(device=device).manual_seed(seed)
+        V, Hb = drafter.config.text.vocab_size, drafter.config.backbone_hidden_size
+        inp = {"drafter": drafter, "ctx": synthetic_context(drafter, B, ctx, device=device, dtype=dtype, seed=seed),
+               "pending": torch.randint(0, V, (B,), generator=g, device=device),
+               "hidden": torch.randn(B, Hb, generator=g, device=device).to(dtype)}
+        if kind != "step":
+            parents = tree_parents(SHAPES[kind])
+            inp["parents"] = torch.tensor([parents] * B, dtype=torch.int32, device=device)
+            inp["logits"] = (4 * torch.randn(B, len(parents), V, generator=g, device=device)).to(dtype)
+        return inp
+    return make
+
+
+def _with_backend(drafter, backend):
+    """The same weights under another backend (a shallow copy shares the parameters)."""
+    d = copy.copy(drafter)
+    d.backend = backend
+    return d
+
+
+def run_ours(inp, backend, kind):
+    from gemma4_mtp.graphs import draft_tree
+
+    drafter = _with_backend(inp["drafter"], backend)
+    if kind == "step":
+        last, _ = drafter.step(inp["ctx"], inp["pending"].view(-1, 1), inp["hidden"].unsqueeze(1))
+        return drafter.top_tokens(last, 1).view(-1)
+    tokens = draft_tree(drafter, inp["ctx"], inp["pending"], inp["hidden"], SHAPES[kind])
+    verify = gk.tree_verify(tokens, inp["parents"], inp["logits"], backend=drafter.glue_backend)
+    return torch.cat([tokens.view(-1), verify.output_tokens.view(-1)])
+
+
+def ours(backend, kind):
+    def factory(inp):
+        return lambda: run_ours(inp, backend, kind)
+    return factory
+
+
+def hf_assistant(shape, B, ctx):
+    """Hugging Face's assistant forward (+ argmax of its logits) at the same shapes, random weights."""
+    def factory(inp):
+        transformers = external("transformers")
+        dev, dtype = inp["hidden"].device, inp["hidden"].dtype
+        key = (str(shape), "hf", str(dev), dtype)  # kept with the drafters of this shape
+        if key not in _BUILT:
+            _BUILT[key] = _build_hf(transformers, shape, dev, dtype)
+        model = _BUILT[key]
+        d = shape
+        n_swa = min(ctx, d["window"] + 1)  # what the target's sliding layer still holds
+        g = torch.Generator(device=dev).manual_seed(0)
+
+        def kv(Hkv, n, D):
+            return (torch.randn(B, Hkv, n, D, generator=g, device=dev).to(dtype),
+                    torch.randn(B, Hkv, n, D, generator=g, device=dev).to(dtype))
+        shared = {"sliding_attention": kv(d["Hkv_swa"], n_swa, d["D_swa"]),
+                  "full_attention": kv(d["Hkv_full"], ctx, d["D_full"])}
+        embeds = torch.randn(B, 1, 2 * d["Hb"], generator=g, device=dev).to(dtype)
+        positions = torch.full((B, 1), ctx, dtype=torch.long, device=dev)
+
+        def call():
+            out = model(inputs_embeds=embeds, position_ids=positions, shared_kv_states=dict(shared))
+            return out.logits[:, -1].argmax(-1)
+        return call
+    return factory
+
+
+def _build_hf(transformers, d, dev, dtype):
+    types = ["sliding_attention"] * 3 + ["full_attention"]
+    text = transformers.Gemma4TextConfig(
+        vocab_size=d["vocab"], hidden_size=d["Hd"], intermediate_size=d["inter"], num_hidden_layers=4,
+        num_attention_heads=d["Hq"], num_key_value_heads=d["Hkv_swa"], head_dim=d["D_swa"], global_head_dim=d["D_full"],
+        attention_k_eq_v=d["Hkv_full"] != d["Hkv_swa"], num_global_key_value_heads=d["Hkv_full"],
+        sliding_window=d["window"], layer_types=types, hidden_size_per_layer_input=0, vocab_size_per_layer_input=0,
+        tie_word_embeddings=True)
+    extra = dict(num_centroids=d["centroids"], centroid_intermediate_top_k=d["top_k"]) if d["centroids"] else {}
+    cfg = transformers.Gemma4AssistantConfig(text_config=text, backbone_hidden_size=d["Hb"],
+                                             use_ordered_embeddings=d["centroids"] is not None, **extra)
+    cfg._attn_implementation = "sdpa"
+    with torch.device(dev):
+        model = transformers.Gemma4AssistantForCausalLM(cfg)
+    return model.to(dtype).eval()
+
+
+def agree(out, ref) -> dict:
+    same = (out.cpu() == ref.cpu()).double().mean().item()
+    return {"ok": same >= 0.75, "agree": same}
+
+
+def cases(dry: bool) -> list[Case]:
+    if dry:
+        grid = [(f"tiny{'-centroids' if s['centroids'] else ''}", s, B, 64, kind)
+                for s, B, kind in ((TINY, 2, "step"), (TINY_CENTROIDS, 1, "step"), (TINY, 2, "chain"),
+                                   (TINY_CENTROIDS, 2, "tree"))]
+    else:
+        grid = [(n, roofline.DRAFTERS[n], B, ctx, kind) for n in roofline.DRAFTERS for B in (1, 8, 32)
+                for ctx in (8192, 32768) for kind in SHAPES]
+        # the issue's targets first (E2B and 31B, B = 1, 8K; steps, then rounds): later cases may not fit the budget
+        grid.sort(key=lambda c: (c[2] != 1 or c[3] != 8192, c[0] not in ("E2B", "31B"), c[2], c[3],
+                                 list(SHAPES).index(c[4]), c[0]))
+    out = []
+    for name, shape, B, ctx, kind in grid:
+        with mock.patch.dict(roofline.DRAFTERS, {name: shape}):  # the dry run's toy shapes, for this cost only
+            cost = round_cost(name, B, ctx, kind)
+        baselines = {}
+        if kind == "step":
+            baselines["hf_assistant"] = hf_assistant(shape, B, ctx)
+        baselines.update({"triton": ours("triton", kind), "cuda": ours("cuda", kind)})
+        if not dry:  # the same calls as "triton", timed eagerly: nothing more to exercise on a CPU
+            baselines["triton_eager"] = ours("triton", kind)
+        baselines["torch_eager"] = ours("torch", kind)
+        what = {"step": "step", "chain": "chain round k=4", "tree": "tree round (2,2,1)"}[kind]
+        out.append(Case(
+            op="drafter_step" if kind == "step" else "draft_round", label=f"{name} {what} B={B} ctx={ctx}",
+            params=dict(drafter=name, B=B, ctx=ctx, kind=kind, shape=list(SHAPES[kind] or ())), cost=cost,
+            make_inputs=_inputs(shape, B, ctx, kind), reference=lambda i, kind=kind: run_ours(i, "torch", kind),
+            baselines=baselines, default_compare=agree,
+            compare={"hf_assistant": lambda o, r: {"ok": None, "detail": "Hugging Face's weights: a different model"}},
+            eager=frozenset({"hf_assistant", "triton_eager", "torch_eager"})))
+    return out
+

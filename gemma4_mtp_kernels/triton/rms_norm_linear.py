@@ -1,0 +1,220 @@
+"""Triton `rms_norm_linear`, and the decoder-layer prologue that `rms_norm_gate_up` and
+`rms_norm_q_rope` share.
+
+Design. A drafter layer's glue (post-norms, residual adds, layer scalar, pre-norms) is a handful of
+row operations on T x Hd activations (T <= 64 tokens, Hd <= 1024: at most 128 KiB), between
+projections whose weights are 0.1 to 32 MiB. Rather than launching it, every program of the
+projection that consumes it recomputes it for its token tile from L2 ("prologue"):
+- stats: 1 / rms of x (when a residual is added) and of h (when h is normalised), one pass each
+  over the tile's rows;
+- in the K loop, h and n for the K block: n = round(round(h * inv_rms) * w) exactly where Hugging
+  Face rounds (rms_norm computes in fp32 and rounds once; the residual add and the layer scalar
+  each round), then n feeds tl.dot against the weight tile.
+One program (n-tile 0, split 0) also writes h / n to residual_out / normed_out: the next kernel
+reads h as its residual, the LM head reads the final n. The activations are read Hd / BLOCK_K + 2
+times per program from L2, ~1-6 KiB per token: small against its weight tile except at large T,
+where the T tiles divide it.
+Projection: grid (N / BLOCK_N, T / BLOCK_T, SPLIT_K); acc[BLOCK_N, BLOCK_T] = W_tile @ n_tile^T in
+fp32 via tl.dot (BLOCK_T = T rounded up to 16..64: each weight row is read once per T tile). When
+N / BLOCK_N tiles cannot fill the GPU (o_proj and down_proj: N = Hd = 256..1024 rows of up to
+16 K), K is split; each split writes an fp32 partial, and the last split program of a tile to
+finish (a per-tile counter, as tree_verify counts: bar.sync, then one atom.acq_rel.gpu, partials
+read back with .cg, the counter reset by its consumer so that the launch replays in a CUDA graph)
+sums the partials in split order (deterministic) and stores the rounded tile. No second launch.
+Expected on H100/H200: the weight stream dominates (31B o_proj 16-32 MiB, ~85% of copy bandwidth
+with >= 2 programs per SM); E2B (0.5-1 MiB) is launch bound (~2-3 us per launch in a graph).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import cast, device_helper, dot_precision, interpreting, mma, num_sms, pow2_at_least
+from .._counters import zeroed_counters
+
+COUNTER_OWNER = "triton.rms_norm_linear"  # its cached counters in gemma4_mtp_kernels._counters
+
+BLOCK_K = 64
+
+
+@device_helper
+def _tile(ptr, tok, tok_mask, k, k_mask, stride):
+    """Rows `tok` of a [T, H] tensor at columns k as fp32, k-major [BLOCK_K, BLOCK_T]."""
+    return tl.load(ptr + tok.to(tl.int64)[None, :] * stride + k[:, None], mask=k_mask[:, None] & tok_mask[None, :],
+                   other=0.0).to(tl.float32)
+
+
+@device_helper
+def _inv_rms(ptr, tok, tok_mask, H, eps, stride, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / sqrt(mean(x^2) + eps) of rows `tok` (fp32)."""
+    acc = tl.zeros((BLOCK_T,), dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = _tile(ptr, tok, tok_mask, k, k < H, stride)
+        acc += tl.sum(x * x, axis=0)
+    return tl.rsqrt(acc / H + eps)
+
+
+@device_helper
+def residual_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, k, k_mask, s_x, s_r, inv_x,
+                  HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """h at columns k (fp32 holding DTYPE values): x, or round(residual + round(rms_norm(x) * w)),
+    then round(h * layer_scalar)."""
+    h = _tile(x_ptr, tok, tok_mask, k, k_mask, s_x)
+    if HAS_RES:
+        w = tl.load(rw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+        n = cast(h * inv_x[None, :] * w[:, None], DTYPE, INTERP).to(tl.float32)
+        h = cast(_tile(res_ptr, tok, tok_mask, k, k_mask, s_r) + n, DTYPE, INTERP).to(tl.float32)
+        if HAS_SCALE:
+            h = cast(h * tl.load(sc_ptr).to(tl.float32), DTYPE, INTERP).to(tl.float32)
+    return h
+
+
+@device_helper
+def prologue_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, hout_ptr, tok, tok_mask, writer, H, eps, s_x, s_r, s_hout,
+                   HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr, WRITE_H: tl.constexpr,
+                   DTYPE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr):
+    """(1 / rms of x, 1 / rms of h) of the token tile; h goes to residual_out when `writer`."""
+    inv_x = tl.zeros((BLOCK_T,), dtype=tl.float32)
+    if HAS_RES:
+        inv_x = _inv_rms(x_ptr, tok, tok_mask, H, eps, s_x, BLOCK_T, BLOCK_K)
+    acc = tl.zeros((BLOCK_T,), dtype=tl.float32)
+    if HAS_NORM or WRITE_H:
+        for k0 in range(0, H, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = k < H
+            h = residual_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, k, k_mask, s_x, s_r, inv_x,
+                              HAS_RES, HAS_SCALE, DTYPE, INTERP)
+            acc += tl.sum(h * h, axis=0)
+            if WRITE_H:
+                tl.store(hout_ptr + tok.to(tl.int64)[None, :] * s_hout + k[:, None], h.to(DTYPE),
+                         mask=k_mask[:, None] & tok_mask[None, :] & writer)
+    return inv_x, tl.rsqrt(acc / H + eps)
+
+
+@device_helper
+def normed_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, tok, tok_mask, k, k_mask, s_x, s_r, inv_x, inv_h,
+                HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr, DTYPE: tl.constexpr,
+                INTERP: tl.constexpr):
+    """n at columns k, in DTYPE, k-major [BLOCK_K, BLOCK_T]: the projection's input."""
+    h = residual_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, k, k_mask, s_x, s_r, inv_x, HAS_RES, HAS_SCALE,
+                      DTYPE, INTERP)
+    if HAS_NORM:
+        w = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+        h = h * inv_h[None, :] * w[:, None]
+    return cast(h, DTYPE, INTERP)
+
+
+@triton.jit
+def _norm_linear_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, hout_ptr, nout_ptr,
+                        T, H, N, kb_per_split, splits, eps, s_x, s_r, s_w, s_out, s_hout, s_nout,
+                        HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr,
+                        WRITE_H: tl.constexpr, WRITE_N: tl.constexpr, SPLIT: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+                        PREC: tl.constexpr, INTERP: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    dt = out_ptr.dtype.element_ty
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    tok_mask = tok < T
+    inv_x, inv_h = prologue_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, hout_ptr, tok, tok_mask, (pid_n == 0) & (pid_s == 0),
+                                  H, eps, s_x, s_r, s_hout, HAS_RES, HAS_SCALE, HAS_NORM, WRITE_H, dt, BLOCK_T,
+                                  BLOCK_K, INTERP)
+    kb_lo = pid_s * kb_per_split
+    kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(H, BLOCK_K))
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * s_w
+    acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+    for kb in range(kb_lo, kb_hi):
+        k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_mask = k < H
+        x = normed_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, tok, tok_mask, k, k_mask, s_x, s_r, inv_x, inv_h,
+                        HAS_RES, HAS_SCALE, HAS_NORM, dt, INTERP)
+        if WRITE_N:  # the n-tile 0 programs of all splits cover every K block once
+            tl.store(nout_ptr + tok.to(tl.int64)[None, :] * s_nout + k[:, None], x,
+                     mask=k_mask[:, None] & tok_mask[None, :] & (pid_n == 0))
+        w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        acc = mma(w, x, acc, PREC, INTERP)
+    dst = tok.to(tl.int64)[None, :] * s_out + n[:, None]
+    mask = n_mask[:, None] & tok_mask[None, :]
+    if SPLIT:
+        # split-K: publish the partial; the tile's last split to arrive sums them in split order
+        tl.store(part_ptr + pid_s * T * N + tok.to(tl.int64)[None, :] * N + n[:, None], acc, mask=mask)
+        tl.debug_barrier()  # every thread's stores before the release (see tree_verify's design note)
+        cnt = cnt_ptr + pid_t * tl.num_programs(0) + pid_n
+        if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == splits - 1:
+            tl.store(cnt, 0)
+            total = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+            for s in range(splits):
+                total += tl.load(part_ptr + s * T * N + tok.to(tl.int64)[None, :] * N + n[:, None], mask=mask,
+                                 other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + dst, cast(total, dt, INTERP), mask=mask)
+    else:
+        tl.store(out_ptr + dst, cast(acc, dt, INTERP), mask=mask)
+
+
+def token_block(T: int) -> int:
+    """Tokens per program: T rounded up to 16..64 (tl.dot needs 16; each weight row is read once per tile)."""
+    return min(64, pow2_at_least(T, 16))
+
+
+MIN_KB_PER_SPLIT = 8  # K blocks per program: a weight stream long enough for the 3-stage pipeline
+
+
+def launch_config(T: int, H: int, N: int, sms: int) -> dict:
+    """Tiles and split count (also what the AOT compile check records): up to 2 programs per SM,
+    each streaming >= 8 K blocks (the first GPU run's down projection, which splits 22 MiB into
+    5-block runs, reached 38% of copy bandwidth), with the fp32 partials (8 * SPLIT_K * T * N bytes
+    written and read back) capped at ~1/4 of the weight."""
+    block_t = token_block(T)
+    block_n = 32 if N <= 512 else 64
+    tiles = triton.cdiv(N, block_n) * triton.cdiv(max(T, 1), block_t)
+    nkb = triton.cdiv(H, BLOCK_K)
+    split = max(1, min(triton.cdiv(2 * sms, tiles), nkb // MIN_KB_PER_SPLIT, H // (8 * max(T, 1))))
+    kb_per_split = max(1, triton.cdiv(nkb, split))
+    split = max(1, triton.cdiv(nkb, kb_per_split))
+    return dict(BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=BLOCK_K, split_k=split, kb_per_split=kb_per_split,
+                num_warps=4, num_stages=3)
+
+
+def prologue_args(x, norm_weight, residual, residual_norm_weight, layer_scalar, residual_out):
+    """Pointer arguments and flags of the prologue, in kernel order (x, residual, its norm weight,
+    the scalar, the norm weight) and its strides; absent tensors are passed as x (never read)."""
+    has_res = residual is not None
+    ptrs = (x, residual if has_res else x, residual_norm_weight if has_res else x,
+            layer_scalar if layer_scalar is not None else x, norm_weight if norm_weight is not None else x)
+    flags = dict(HAS_RES=has_res, HAS_SCALE=layer_scalar is not None, HAS_NORM=norm_weight is not None,
+                 WRITE_H=residual_out is not None)
+    strides = (x.stride(0), residual.stride(0) if has_res else 0)
+    return ptrs, flags, strides
+
+
+def rms_norm_linear(x, weight, *, norm_weight=None, eps=1e-6, residual=None, residual_norm_weight=None,
+                    layer_scalar=None, out=None, residual_out=None, normed_out=None):
+    T, H = x.shape
+    N = weight.shape[0]
+    if out is None:
+        out = torch.empty(T, N, dtype=x.dtype, device=x.device)
+    if T == 0:
+        return out
+    cfg = launch_config(T, H, N, num_sms(x.device))
+    split = cfg["split_k"]
+    part = cnt = out
+    if split > 1:
+        part = torch.empty(split, T, N, dtype=torch.float32, device=x.device)
+        tiles = triton.cdiv(N, cfg["BLOCK_N"]) * triton.cdiv(T, cfg["BLOCK_T"])
+        cnt = zeroed_counters(x.device, tiles, COUNTER_OWNER)
+    ptrs, flags, strides = prologue_args(x, norm_weight, residual, residual_norm_weight, layer_scalar, residual_out)
+    hout = residual_out if residual_out is not None else out
+    nout = normed_out if normed_out is not None else out
+    grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(T, cfg["BLOCK_T"]), split)
+    _norm_linear_kernel[grid](*ptrs, weight, out, part, cnt, hout, nout, T, H, N, cfg["kb_per_split"], split,
+                              float(eps), *strides, weight.stride(0), out.stride(0), hout.stride(0), nout.stride(0),
+                              WRITE_N=normed_out is not None, SPLIT=split > 1, BLOCK_N=cfg["BLOCK_N"],
+                              BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"], PREC=dot_precision(x.dtype),
+                              INTERP=interpreting(x.device), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                              **flags)
+    return out

@@ -1,0 +1,156 @@
+"""Triton rms_norm_linear / rms_norm_gate_up / rms_norm_q_rope against the fp64 oracle with Hugging
+Face's rounding points (cases_fused_glue), under the interpreter on CPU; outputs poisoned first.
+
+Covers the launch paths: split-K with the last-program fixup and the direct store, token tiles
+(T > 64), strided rows, every prologue, head dims 64..512 with plain and proportional RoPE, tree
+levels sharing a position, and the self-resetting counters."""
+import importlib
+
+import pytest
+import torch
+
+import gemma4_mtp_kernels as g
+from cases_fused_glue import DTYPES, PROLOGUES, check_glue, make_prologue, weight
+from gemma4_mtp_kernels.triton.rms_norm_linear import launch_config
+from gemma4_mtp_kernels.triton._common import num_sms
+from gemma4_mtp_kernels._counters import zeroed_counters
+from helpers import DRAFTERS
+
+GEN = torch.Generator
+
+
+def linear(T, H, N, dtype, kind, device="cpu", **kw):
+    return check_glue("rms_norm_linear", "triton", device, T, H, N, dtype, kind, gen=GEN().manual_seed(T + H + N), **kw)
+
+
+def gate_up(T, H, I, dtype, kind, device="cpu", **kw):
+    return check_glue("rms_norm_gate_up", "triton", device, T, H, I, dtype, kind, gen=GEN().manual_seed(T + H + I),
+                      **kw)
+
+
+def q_rope(T, H, Hq, D, dtype, kind, device="cpu", **kw):
+    return check_glue("rms_norm_q_rope", "triton", device, T, H, Hq * D, dtype, kind, gen=GEN().manual_seed(T + H + D),
+                      D=D, **kw)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", PROLOGUES)
+def test_linear_prologues(kind, dtype):
+    linear(3, 200, 72, dtype, kind)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", PROLOGUES)
+def test_gate_up_prologues(kind, dtype):
+    gate_up(3, 136, 40, dtype, kind)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", PROLOGUES)
+def test_q_rope_prologues(kind, dtype):
+    q_rope(4, 72, 2, 64, dtype, kind, per_pos=2)
+
+
+def test_linear_split_and_direct_paths():
+    """Few row tiles split K (partials + the last split's fixup); many tokens store directly."""
+    sms = num_sms(torch.device("cpu"))
+    assert launch_config(1, 1024, 32, sms)["split_k"] > 1
+    assert launch_config(1, 16384, 1024, 132)["split_k"] == 16  # 31B o_proj on an H200: 16 blocks each
+    assert launch_config(64, 128, 256, sms)["split_k"] == 1
+    linear(1, 1024, 32, torch.bfloat16, "none")
+    linear(2, 1000, 40, torch.float32, "layer")  # split with the prologue, ragged last K block
+    linear(64, 128, 256, torch.bfloat16, "norm")
+
+
+@pytest.mark.parametrize("T", [17, 70])  # 70: two token tiles
+def test_token_tiles(T):
+    linear(T, 96, 48, torch.bfloat16, "layer")
+    gate_up(T, 96, 40, torch.bfloat16, "layer")
+    q_rope(T, 64, 1, 64, torch.bfloat16, "layer", per_pos=T // 5 if T % 5 == 0 else 1)
+
+
+@pytest.mark.parametrize("D,proportional", [(64, False), (128, True), (256, False), (512, True)])
+def test_head_dims(D, proportional):
+    q_rope(2, 64, 3, D, torch.bfloat16, "norm", proportional=proportional)
+
+
+def test_tree_levels_share_a_position():
+    """T = P * Q: the Q queries of each request (tree branches) take that request's position."""
+    q_rope(12, 64, 2, 64, torch.bfloat16, "layer", per_pos=4)
+
+
+def test_strided_rows():
+    linear(5, 96, 40, torch.bfloat16, "layer", strided=True)
+    gate_up(5, 96, 40, torch.bfloat16, "residual", strided=True)
+    q_rope(5, 96, 1, 64, torch.bfloat16, "layer", strided=True)
+
+
+def test_without_the_optional_outputs():
+    linear(3, 96, 40, torch.bfloat16, "layer", outs=False)
+    q_rope(3, 96, 1, 64, torch.bfloat16, "layer", outs=False)
+
+
+# the package re-exports the op functions under the module names: import the modules by path
+linear_module = importlib.import_module("gemma4_mtp_kernels.triton.rms_norm_linear")
+q_rope_module = importlib.import_module("gemma4_mtp_kernels.triton.rms_norm_q_rope")
+
+
+def test_counters_are_left_zero():
+    """The split-K fixup and the q heads count programs in a cached buffer that no memset resets:
+    each launch must leave it zero, or the next launch (a CUDA-graph replay) would miscount."""
+    linear(1, 1024, 32, torch.bfloat16, "none")
+    q_rope(3, 64, 4, 128, torch.bfloat16, "layer")
+    for module in (linear_module, q_rope_module):
+        assert not zeroed_counters(torch.device("cpu"), 1, module.COUNTER_OWNER).any()
+
+
+def test_empty_batch():
+    x, kw = make_prologue(0, 32, torch.bfloat16, "layer", GEN().manual_seed(0))
+    out = g.rms_norm_linear(x, weight(8, 32, torch.bfloat16, None), backend="triton", **kw)
+    assert out.shape == (0, 8)
+    q = g.rms_norm_q_rope(x, weight(64, 32, torch.bfloat16, None), torch.ones(64, dtype=torch.bfloat16),
+                          torch.zeros(0, dtype=torch.long), torch.ones(32), backend="triton", **kw)
+    assert q.shape == (0, 1, 64)
+
+
+def test_real_shapes():
+    """One token through every projection of a real E2B drafter layer (bf16). (31B's run only on a
+    GPU: ~6 minutes in the interpreter.)"""
+    d = DRAFTERS["E2B"]
+    Hd, Hq = d["Hd"], d["Hq"]
+    q_rope(1, Hd, Hq, d["D_full"], torch.bfloat16, "layer", proportional=True)
+    linear(1, Hq * d["D_swa"], Hd, torch.bfloat16, "none")  # o_proj
+    gate_up(1, Hd, d["inter"], torch.bfloat16, "residual")
+    linear(1, Hd, d["Hb"], torch.bfloat16, "layer")  # post_projection with the final norm
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(DRAFTERS))
+@pytest.mark.parametrize("T", [1, 64])
+def test_real_shapes_on_gpu(name, T):
+    d = DRAFTERS[name]
+    Hd, Hq = d["Hd"], d["Hq"]
+    for D, prop in ((d["D_swa"], False), (d["D_full"], True)):
+        q_rope(T, Hd, Hq, D, torch.bfloat16, "layer", device="cuda", proportional=prop)
+        linear(T, Hq * D, Hd, torch.bfloat16, "none", device="cuda")
+    gate_up(T, Hd, d["inter"], torch.bfloat16, "residual", device="cuda")
+    linear(T, d["inter"], Hd, torch.bfloat16, "none", device="cuda")
+    linear(T, Hd, d["Hb"], torch.bfloat16, "layer", device="cuda")
+    for module in (linear_module, q_rope_module):
+        assert not zeroed_counters(torch.device("cuda"), 1, module.COUNTER_OWNER).any()
+
+
+@pytest.mark.gpu
+def test_compiled_drafter_step_on_gpu():
+    """torch.compile(fullgraph=True) of a whole E2B step (Triton glue, the four ops' Triton kernels)
+    equals the eager step."""
+    from gemma4_mtp.drafter import random_drafter, synthetic_context
+    drafter = random_drafter("E2B", device="cuda", backend="triton")
+    ctx = synthetic_context(drafter, 2, 4096, device="cuda")
+    tokens = torch.tensor([[5], [70000]], device="cuda")
+    hidden = torch.randn(2, 1, 1536, device="cuda").to(torch.bfloat16)
+    want = drafter.step(ctx, tokens, hidden)
+    torch._dynamo.reset()
+    got = torch.compile(lambda t, h: drafter.step(ctx, t, h), fullgraph=True)(tokens, hidden)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)

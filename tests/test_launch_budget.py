@@ -1,0 +1,86 @@
+"""The kernel launches of one eager drafter step, counted on CPU at the real shapes (issue 11).
+
+`python -m benchmarks.launch_count` runs `Gemma4MTPDrafter.step` + `top_tokens` on meta tensors and
+counts every launch a GPU would see: aten ops that launch kernels (a TorchDispatchMode) and Triton
+launches (`gemma4_mtp_kernels.triton.record`). Meta tensors also make any host read of a device value
+fail, so a step that is counted has no hidden sync. Before the fused glue a step launched 292 (E2B)
+to 298 (31B) kernels by this count (~257 cudaLaunchKernel calls in the first GPU run's profile).
+
+Budget per step: 6 per layer (q: 1; attention: 2, the split-KV partials and their merge; o_proj: 1;
+gate/up: 1; down_proj: 1) + 6: the pre-projection (2: split-K partials and their reduce), the
+post-projection with the final norm (1), the LM head (centroid: 3, scores / candidates / argmax;
+dense: 2, GEMV + top-k and the merge) and no torch op at all. A tree level (top-k > 1 of the
+centroid head) adds the sort of its 4096 candidates (5 torch ops).
+
+Runs in a subprocess without TRITON_INTERPRET (counting needs the real @triton.jit kernels)."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PER_LAYER, PER_STEP, TREE_SORT = 6, 6, 5
+
+
+@pytest.fixture(scope="module")
+def counts():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "python_api"), env.get("PYTHONPATH", "")])
+    p = subprocess.run([sys.executable, "-m", "benchmarks.launch_count", "--batch", "1", "8", "--queries", "1", "2",
+                        "--k", "1", "2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads(p.stdout)
+    for r in rows:
+        print(f"{r['drafter']:8s} B={r['B']} Q={r['Q']} k={r['k']}: {r['launches']} launches "
+              f"({r['triton']} Triton, {r['torch']} torch: {r['torch_ops']})")
+    return rows
+
+
+def test_every_drafter_and_shape_is_counted(counts):
+    from gemma4_mtp_kernels.drafter_shapes import DRAFTERS
+    assert {(r["drafter"], r["B"], r["Q"], r["k"]) for r in counts} == {
+        (n, B, Q, k) for n in DRAFTERS for B in (1, 8) for Q in (1, 2) for k in (1, 2)}
+
+
+def test_a_chain_step_is_within_budget(counts):
+    for r in counts:
+        if r["k"] == 1:
+            budget = PER_LAYER * r["layers"] + PER_STEP
+            assert r["launches"] <= budget, f"{r['drafter']} B={r['B']} Q={r['Q']}: {r['launches']} > {budget}: {r}"
+            assert r["torch"] == 0, f"{r['drafter']}: torch ops in a chain step: {r['torch_ops']}"
+
+
+def test_a_tree_level_is_within_budget(counts):
+    for r in counts:
+        centroid = "_candidates" in r["triton_kernels"]
+        budget = PER_LAYER * r["layers"] + PER_STEP + (TREE_SORT if centroid and r["k"] > 1 else 0)
+        assert r["launches"] <= budget, f"{r['drafter']} B={r['B']} Q={r['Q']} k={r['k']}: {r['launches']} > {budget}"
+
+
+@pytest.fixture(scope="module")
+def rounds():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "python_api"), env.get("PYTHONPATH", "")])
+    p = subprocess.run([sys.executable, "-m", "benchmarks.launch_count", "--rounds", "--drafter", "E2B", "31B"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout)
+
+
+def test_a_chain_round_is_four_steps_and_a_verify(counts, rounds):
+    """The round's bookkeeping (the pending token and each level's tokens written into [B, N]) adds a
+    copy per level: a k = 4 chain round stays within 1.1x of four steps plus one tree_verify."""
+    for r in rounds:
+        if r["widths"] == [1, 1, 1, 1]:
+            step = next(c["launches"] for c in counts if c["drafter"] == r["drafter"] and (c["B"], c["Q"], c["k"]) == (1, 1, 1))
+            assert r["launches"] <= 1.1 * (4 * step + 1), r
+            print(f"{r['drafter']} chain round: {r['launches']} launches = 4 x {step} + verify + {r['torch_ops']}")
+
+
+def test_the_dense_head_has_no_fp32_copy_and_no_sort(counts):
+    for r in counts:
+        if "_head_kernel" in r["triton_kernels"]:
+            assert not {"_to_copy", "sort", "mm"} & set(r["torch_ops"]), r
