@@ -36,6 +36,7 @@ SHAPES = {
     "fused_concat_down_proj": (("Hb", "Hd"), "T"),
     "centroid_logits": (("Hd", "C", "V", "top_k", "output"), "T"),
     "tree_verify": (("N", "V", "sampling", "draft_probs"), "B"),
+    "dense_lm_head": (("Hd", "V", "k", "output"), "T"),
 }
 
 
@@ -48,6 +49,8 @@ def shape_of(op: str, params: dict) -> dict:
         p.setdefault("output", "argmax")  # the centroid benchmark times output="argmax", the decode loop's call
     elif op == "tree_verify":
         p.setdefault("draft_probs", p["sampling"])  # its sampling cases are chains with draft probabilities
+    elif op == "dense_lm_head":
+        p.setdefault("output", "topk")  # the head benchmark times the top-k output, the drafter's call
     exact, rng = SHAPES[op]
     return {k: p[k] for k in (*exact, rng)}
 

@@ -32,5 +32,6 @@ def dense_lm_head(hidden, lm_head, *, output="topk", k=1, backend="auto"):
     C.positive_int(OP, "k", k)
     if output == "topk" and k > min(V, MAX_K):
         C.fail_value(OP, "k", f"<= min(V, {MAX_K}) = {min(V, MAX_K)}", k)
-    impl = resolve(OP, backend, hidden.device, hidden.dtype)
+    impl = resolve(OP, backend, hidden.device, hidden.dtype,
+                   {"T": hidden.shape[0], "Hd": hidden.shape[1], "V": V, "k": k, "output": output})
     return impl(hidden, lm_head, output=output, k=k)

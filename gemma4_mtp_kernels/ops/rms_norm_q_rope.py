@@ -52,7 +52,7 @@ def rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, *, norm_weigh
         C.out_tensor(OP, out, (T, Hq, D), x.dtype, x.device)
         C.no_overlap(OP, "out", out, [("x", x), ("weight", weight), ("residual", residual),
                                       ("residual_out", residual_out), ("positions", positions)])
-    impl = resolve(OP, backend, x.device, x.dtype, head_dim=D)
+    impl = resolve(OP, backend, x.device, x.dtype)
     return impl(x, weight, q_norm_weight, positions, inv_freq, norm_weight=norm_weight, eps=eps, residual=residual,
                 residual_norm_weight=residual_norm_weight, layer_scalar=layer_scalar, out=out,
                 residual_out=residual_out)
