@@ -308,6 +308,12 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 #endif
 }
 
+// The block's dynamic shared memory (16-byte aligned; the launch sets its size).
+__device__ __forceinline__ unsigned char* dynamic_smem() {
+  extern __shared__ __align__(16) unsigned char g4_dynamic_smem[];
+  return g4_dynamic_smem;
+}
+
 // cp.async.wait_group with a run-time count (the pipeline depth is chosen per device at launch).
 __device__ __forceinline__ void cp_async_wait_dyn(int pending) {
   switch (pending) {

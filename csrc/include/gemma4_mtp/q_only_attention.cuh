@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const AttentionParams p, c
   using C = Cfg<D>;
   using L = Layout<D, MT>;
   constexpr int R = 16 * MT;  // rows per CTA
-  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* const smem = dynamic_smem();
   unsigned char* stage_mem = smem;
   float4* xchg = reinterpret_cast<float4*>(smem + static_cast<size_t>(stages) * C::kStageBytes);
   float* stat = reinterpret_cast<float*>(xchg) + L::kExchangeFloats;
@@ -507,8 +507,7 @@ __global__ void __launch_bounds__(kThreads, 3) kernel(const AttentionParams p) {
   constexpr int RPT = kRows / RSTRIDE > 0 ? kRows / RSTRIDE : 1;  // PV phase: rows per thread
   static_assert(NV <= kThreads, "one PV thread per vector column at least");
 
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  Smem<D>& sm = *reinterpret_cast<Smem<D>*>(smem_raw);
+  Smem<D>& sm = *reinterpret_cast<Smem<D>*>(dynamic_smem());
   __shared__ int bad_block;
 
   griddep_wait();
