@@ -15,6 +15,7 @@ import importlib
 import os
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .._types import VerifyResult
 
@@ -71,13 +72,13 @@ def _require_16_byte_rows(op: str, name: str, t: torch.Tensor, dims: int) -> Non
     """The attention kernels read q with 4- and 16-byte loads and copy K/V rows with 16-byte cp.async
     (sm_80) or bulk copies (sm_90): the data pointer and the strides of the first `dims` dimensions
     must be multiples of 16 bytes. The op checks the same in C++; checking here first refuses a bad
-    layout with a ValueError before the extension is entered. Under torch.compile the data pointer is
-    not traceable: the C++ check alone guards it there."""
+    layout with a ValueError before the extension is entered. Under torch.compile (and for fake
+    tensors) there is no data pointer to read: the C++ check alone guards it there."""
     size = t.element_size()
     if any(t.shape[i] > 1 and (t.stride(i) * size) % 16 for i in range(dims)):
         raise ValueError(f"{op}: {name} needs strides that are multiples of 16 bytes for the cuda backend, got "
                          f"strides {t.stride()} (element size {size}); use backend='triton' or 'torch' for this layout")
-    if not torch.compiler.is_compiling() and t.data_ptr() % 16:
+    if not torch.compiler.is_compiling() and not isinstance(t, FakeTensor) and t.data_ptr() % 16:
         raise ValueError(f"{op}: {name} needs a 16-byte aligned data pointer for the cuda backend, got one "
                          f"{t.data_ptr() % 16} bytes past a 16-byte boundary (storage offset {t.storage_offset()}, "
                          f"element size {size}); use backend='triton' or 'torch' for this layout")
