@@ -164,12 +164,12 @@ inline float half_word(uint32_t w, int hi) {
 }
 
 template <class T>
-inline void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  static_assert(sizeof(T) == 2, "mma_16816 takes 16-bit inputs");
+inline void mma_m16n8k16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  static_assert(sizeof(T) == 2, "bf16 / fp16 tensor-core mma");
   uint64_t mine[10];
   for (int i = 0; i < 4; ++i) mine[i] = a[i];
-  mine[4] = b0;
-  mine[5] = b1;
+  mine[4] = b[0];
+  mine[5] = b[1];
   for (int i = 0; i < 4; ++i) {
     uint32_t u;
     std::memcpy(&u, &c[i], 4);
