@@ -9,7 +9,7 @@
 //
 // bf16 / fp16: tensor-core kernel, one 256-thread CTA per SM.
 //   - Pipeline: stages of 8192 / D keys (16 KiB of K + 16 KiB of V), as many as the SM's shared memory
-//     holds (5 on H100/H200, 4 on A100: 96-128 KiB in flight per SM, well above the ~30 KiB that
+//     holds (H100/H200: 6, 5 at 32 rows; A100: 4: 96-160 KiB in flight per SM, well above the ~30 KiB that
 //     4 TB/s x ~1 us of DRAM latency needs per SM). Each K or V row of a stage is one contiguous
 //     D-element run of the paged cache (any block size, any 16-byte strides): on sm_90 one
 //     cp.async.bulk per row completing on the stage's mbarrier, on sm_80 16-byte cp.async (zero-filled
