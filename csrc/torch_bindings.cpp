@@ -148,6 +148,17 @@ void fused_concat_down_proj(const at::Tensor& token_ids, const at::Tensor& embed
                "fused_concat_down_proj");
 }
 
+// The attention kernels read q with 4- and 16-byte loads and copy K/V rows with 16-byte (sm_80) or bulk
+// (sm_90) copies: the data pointer and the strides of the first three dimensions must be multiples of
+// 16 bytes. Checked, like every other argument, before anything touches the device.
+void check_16_byte_rows(const at::Tensor& t, const char* name) {
+  bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  for (int i = 0; i < 3; ++i) ok = ok && stride(t, i) * t.element_size() % 16 == 0;
+  TORCH_CHECK(ok, "gemma4_mtp: ", name, " needs a 16-byte aligned data pointer and strides of its first three "
+              "dimensions that are multiples of 16 bytes, got strides ", t.strides(), " (element size ",
+              t.element_size(), ", storage offset ", t.storage_offset(), ")");
+}
+
 void q_only_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                             const at::Tensor& block_table, const at::Tensor& seq_lens, double scale, int64_t window,
                             double softcap, at::Tensor& out, at::Tensor& lse) {
@@ -172,6 +183,7 @@ void q_only_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   const int64_t Hkv = k_cache.size(2);
   TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "gemma4_mtp: k_cache KV heads (", Hkv, ") must divide Hq = ", Hq);
   TORCH_CHECK(D == 64 || D == 128 || D == 256 || D == 512, "gemma4_mtp: q head dim must be 64, 128, 256 or 512, got ", D);
+  TORCH_CHECK(k_cache.size(1) > 0, "gemma4_mtp: k_cache block size must be positive, got shape ", k_cache.sizes());
   TORCH_CHECK(block_table.size(0) == B, "gemma4_mtp: block_table must have B = ", B, " rows, got ", block_table.sizes());
   check_shape(seq_lens, "seq_lens", {B});
   check_shape(out, "out", q.sizes());
@@ -179,10 +191,19 @@ void q_only_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   check_contiguous(out, "out");
   check_contiguous(lse, "lse");
   check_contiguous(seq_lens, "seq_lens");
-  for (auto [t, name] : {std::pair{&q, "q"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&block_table, "block_table"}})
-    check_inner(*t, name);
+  check_inner(q, "q");
+  check_inner(k_cache, "k_cache");
+  check_inner(v_cache, "v_cache");
+  check_inner(block_table, "block_table");
+  check_16_byte_rows(q, "q");
+  check_16_byte_rows(k_cache, "k_cache");
+  check_16_byte_rows(v_cache, "v_cache");
+  // the kernels index rows, blocks and table columns with 32-bit ints
+  TORCH_CHECK(B * Q * Hq <= INT32_MAX && k_cache.size(0) <= INT32_MAX && block_table.size(1) <= INT32_MAX,
+              "gemma4_mtp: q_only_paged_attention sizes must fit 32-bit indices: q ", q.sizes(), ", k_cache ",
+              k_cache.sizes(), ", block_table ", block_table.sizes());
+  if (out.numel() == 0) return;
 
-  const c10::cuda::CUDAGuard guard(dev);
   gemma4_mtp::AttentionParams p{};
   p.q = q.data_ptr();
   p.k_cache = k_cache.data_ptr();
@@ -208,17 +229,9 @@ void q_only_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   p.scale = static_cast<float>(scale);
   p.softcap = static_cast<float>(softcap);
   p.window = window;
-  // The kernel reads q, K and V with 16-byte loads and copies.
-  for (auto [t, name] : {std::pair{&q, "q"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}}) {
-    bool ok = reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0;
-    for (int i = 0; i < 3; ++i) ok = ok && stride(*t, i) * t->element_size() % 16 == 0;
-    TORCH_CHECK(ok, "gemma4_mtp: ", name, " needs a 16-byte aligned data pointer and strides of its first three "
-                "dimensions that are multiples of 16 bytes, got strides ", t->strides(), " (element size ",
-                t->element_size(), ", storage offset ", t->storage_offset(), ")");
-  }
-  TORCH_CHECK(gemma4_mtp::attention_layout_supported(dt, p), "gemma4_mtp: q, k_cache and v_cache layouts not supported");
-  if (out.numel() == 0) return;
-  const int64_t ws_bytes = gemma4_mtp::prepare_attention(p, sm_count());
+
+  const c10::cuda::CUDAGuard guard(dev);
+  const int64_t ws_bytes = gemma4_mtp::prepare_attention(dt, p, sm_count());
   at::Tensor ws;
   if (ws_bytes > 0) {
     ws = at::empty({ws_bytes / 4}, q.options().dtype(at::kFloat));

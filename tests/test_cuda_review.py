@@ -2,9 +2,14 @@
 
 Each test targets one rule whose host-side logic is covered by csrc/tests/test_tree.cpp but whose
 effect only shows when the kernel runs: masked (-inf) logits in sampling rows, NaN logits in greedy
-rows, sampling rows without a distribution, and an attention `out=` that is contiguous but not
-16-byte aligned.
+rows, sampling rows without a distribution, an attention `out=` that is contiguous but not 16-byte
+aligned, and attention inputs the kernels cannot read (refused with an error naming them, never a crash).
 """
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -156,10 +161,58 @@ def test_attention_out_at_an_unaligned_offset(splits):
 
 
 def test_attention_misaligned_cache_pointer_is_refused_naming_it():
+    """The public op refuses a k_cache whose data pointer is 2 bytes past a 16-byte boundary (strides
+    fine) before the extension is entered."""
     k, v, table, seq_lens = paged_kv([40], 16, 1, 64, dtype=torch.bfloat16, device=DEV)
     flat = torch.empty(k.numel() + 1, dtype=k.dtype, device=DEV)
     k_off = flat[1:].view(k.shape)  # strides fine, data pointer 2 bytes past a 16-byte boundary
     k_off.copy_(k)
     q = torch.randn(1, 1, 4, 64, device=DEV).to(torch.bfloat16)
-    with pytest.raises((RuntimeError, ValueError), match="k_cache"):
+    with pytest.raises(ValueError, match="k_cache"):
         q_only_paged_attention(q, k_off, v, table, seq_lens, backend="cuda")
+
+
+# Calls the raw custom op (what a torch.compile graph calls: the Python wrapper's pointer check cannot
+# trace) with one bad argument and prints the error. In a subprocess: on the first GPU run such a call
+# (a misaligned k_cache) ended the whole pytest process with a segmentation fault.
+RAW_OP_SCRIPT = """
+import sys, torch
+from gemma4_mtp_kernels import cuda as cuda_backend
+from helpers import paged_kv
+bad = sys.argv[1]
+dev = "cuda"
+k, v, table, lens = paged_kv([40], 16, 1, 64, dtype=torch.bfloat16, device=dev)
+q = torch.randn(1, 1, 4, 64, device=dev).to(torch.bfloat16)
+out, lse = torch.empty_like(q), torch.empty(1, 1, 4, device=dev)
+if bad == "k_cache":
+    flat = torch.empty(k.numel() + 1, dtype=k.dtype, device=dev)
+    k = flat[1:].view(k.shape)
+elif bad == "v_cache":
+    flat = torch.empty(v.numel() + 4, dtype=v.dtype, device=dev)
+    v = flat[4:].view(v.shape)  # 8 bytes off
+elif bad == "q":
+    q = torch.randn(1, 1, 4, 64 + 1, device=dev).to(torch.bfloat16)[..., 1:]
+elif bad == "lse":
+    lse = torch.empty(1, 1, 4, device=dev, dtype=torch.float64)
+cuda_backend._ops()
+try:
+    torch.ops.gemma4_mtp.q_only_paged_attention(q, k, v, table, lens, 1.0, 0, 0.0, out, lse)
+    torch.cuda.synchronize()
+    print("NO ERROR")
+except RuntimeError as e:
+    print("RuntimeError:", str(e).splitlines()[0])
+"""
+
+
+@pytest.mark.parametrize("bad", ["lse", "k_cache", "v_cache", "q"])
+def test_attention_raw_op_refuses_bad_arguments_without_crashing(bad, tmp_path):
+    """The C++ checks alone (no Python wrapper in front): a clean RuntimeError naming the tensor, the
+    process alive. `lse` (a dtype check, the first checks the op makes) tells a crash of every C++ error
+    apart from one of the alignment checks."""
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "raw_op.py"
+    script.write_text(RAW_OP_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "tests"), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, str(script), bad], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, f"the raw op call died (exit {run.returncode}):\n{run.stdout}\n{run.stderr[-3000:]}"
+    assert run.stdout.startswith("RuntimeError:") and bad in run.stdout, run.stdout + run.stderr[-2000:]

@@ -1,7 +1,11 @@
 """CUDA q_only_paged_attention against the reference (SPEC §4.2, §6). Needs a GPU (marked `gpu`).
 
 The matrix follows tests/test_q_only_attention_triton.py, at the real sizes the interpreter cannot
-afford, plus long contexts (the split-KV + merge path), CUDA-graph replay and torch.compile.
+afford, plus long contexts (the split-KV + merge path), every row-tile shape of the tensor-core kernel
+(GQA 1-8 x tree levels Q 1-5), odd block sizes and strides at D 512, back-to-back dependent calls
+(programmatic dependent launch on sm_90), CUDA-graph replay and torch.compile. On an H100/H200 this
+runs the sm_90 path (bulk copies); the sm_80 path (cp.async) runs on an A100, and on the CPU through
+tests/test_q_only_attention_emulated.py.
 """
 import pytest
 import torch
@@ -97,6 +101,70 @@ def test_long_context_small_batch(D, window):
     """B = 1 at 32K keys: the split-KV path with hundreds of splits and the merge kernel."""
     run_case([32768], 1, 4, 1, D, window=window, block_size=16)
     run_case([20000, 9000], 1, 8, 2, D, window=window, block_size=32)
+
+
+@pytest.mark.parametrize("D", [256, 512])
+@pytest.mark.parametrize("G", [1, 2, 4, 8])
+@pytest.mark.parametrize("Qn", [1, 2, 4, 5])
+def test_gqa_groups_and_tree_levels(D, G, Qn):
+    """Q x G rows per KV head: 16-row CTAs (up to 16 rows), 32-row CTAs (17-32, e.g. 31B's 4-branch tree
+    levels), and two row tiles (Q 5 x G 8 = 40 rows); long enough for several splits per request."""
+    run_case([3000, 17, 700], Qn, 2 * G, 2, D)
+
+
+@pytest.mark.parametrize("block_size", [1, 17, 64])
+def test_head_dim_512_with_odd_block_sizes(block_size):
+    """Rows of D 512 copied one by one (a bulk copy each on sm_90) whatever the block size."""
+    run_case([0, 1, 3 * block_size + 5, 2500], 2, 8, 2, 512, block_size=block_size)
+
+
+@pytest.mark.parametrize("D", [256, 512])
+def test_padded_head_stride(D):
+    """K/V rows D elements long inside wider rows (strides multiples of 16 bytes, not of D)."""
+    k, v, table, lens = paged_kv([900, 40], 16, 2, D + 8, dtype=torch.bfloat16, device=DEV)
+    k, v = k[..., :D], v[..., :D]
+    q = torch.randn(2, 2, 8, D, device=DEV).to(torch.bfloat16)
+    out = poisoned(q.shape, torch.bfloat16, device=DEV)
+    got, lse = q_only_paged_attention(q, k, v, table, lens, out=out, return_lse=True, backend="cuda")
+    check(got, lse, q, k, v, table, lens, f"padded head stride D={D}")
+
+
+@pytest.mark.parametrize("first,second", [("cuda", "cuda"), ("triton", "cuda"), ("cuda", "triton")])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_dependent_calls_see_each_others_output(first, second, graph):
+    """On sm_90 both backends launch with programmatic dependent launch: a kernel may start before the
+    previous one ends and must wait (griddepcontrol.wait) before reading. A second attention whose
+    queries ARE the first one's output (no kernel in between; poisoned with NaN before), back to back
+    on one stream and in one CUDA graph, must equal the reference applied twice."""
+    D, Hq, Hkv = 512, 4, 1
+    k, v, table, lens = paged_kv([5000], 16, Hkv, D, dtype=torch.bfloat16, device=DEV)
+    q = torch.randn(1, 1, Hq, D, device=DEV).to(torch.bfloat16)
+    mid = poisoned(q.shape, torch.bfloat16, device=DEV)
+    out = poisoned(q.shape, torch.bfloat16, device=DEV)
+
+    def step():
+        q_only_paged_attention(q, k, v, table, lens, out=mid, backend=first)
+        q_only_paged_attention(mid, k, v, table, lens, out=out, backend=second)
+
+    if graph:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            step()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step()
+        mid.fill_(float("nan"))
+        out.fill_(float("nan"))
+        g.replay()
+    else:
+        step()
+    torch.cuda.synchronize()
+    exact_mid, _, same_mid = references(q, k, v, table, lens)
+    assert_tolerance(mid.cpu(), exact_mid, same_mid, what=f"first call ({first})")
+    exact, _, same = references(mid, k, v, table, lens)
+    assert_tolerance(out.cpu(), exact, same, what=f"second call ({second}) after {first}")
 
 
 def test_short_requests_under_a_wide_block_table():

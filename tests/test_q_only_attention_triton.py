@@ -132,6 +132,36 @@ def test_heuristic_splits_long_context_at_small_batch():
     assert tq.num_splits(64, 8, 1, 256, cfg["BLOCK_N"], 132) == 1
 
 
+@pytest.mark.parametrize("B,Hkv,rows,D,ctx,splits", [
+    (1, 1, 4, 512, 8192, 128),   # E2B full: 128 programs (the keys allow 2 tiles each at most)
+    (1, 4, 8, 512, 8192, 33),    # 31B full B = 1: 132 programs, not 264 (two waves at one per SM)
+    (8, 4, 8, 512, 8192, 4),     # 31B full B = 8: 128 programs, not 288
+    (32, 4, 8, 512, 8192, 1),    # 31B full B = 32: no split, no merge
+    (1, 4, 32, 512, 8192, 33),   # 31B full Q = 4: 32 rows, one row tile
+    (1, 16, 2, 256, 1024, 16),   # 31B sliding (window 1024): 4 warps, two programs per SM
+])
+def test_split_count_keeps_one_wave(B, Hkv, rows, D, ctx, splits):
+    """The grid of the drafters' benchmarked cases on an H200 (132 SMs) stays within one wave of
+    resident programs: 8 warps of them per SM (their registers fill an SM's register file)."""
+    cfg = tq.kernel_config(D, rows)
+    per_sm = tq.programs_per_sm(cfg)
+    row_tiles = -(-rows // cfg["BLOCK_M"])
+    got = tq.num_splits(B, Hkv, row_tiles, ctx, cfg["BLOCK_N"], 132, per_sm)
+    assert got == splits
+    assert B * Hkv * row_tiles * got <= 132 * per_sm or got == 1
+
+
+@pytest.mark.parametrize("D", [256, 512])
+def test_merge_of_many_splits(D):
+    """40 splits: the merge reads the partials in two [32, 128-column] steps, D 512 in four column
+    blocks (lse written once); most splits of the short requests are empty and skipped."""
+    run_case([1300, 20, 0], 1, 4, 1, D, splits=40)
+
+
+def test_programmatic_dependent_launch_only_on_sm90_gpus():
+    assert tq.use_pdl(torch.device("cpu")) is False
+
+
 def test_without_lse_and_without_out():
     k, v, table, lens = paged_kv([37, 80], 16, 2, 128, dtype=torch.bfloat16)
     q = torch.randn(2, 1, 4, 128).to(torch.bfloat16)

@@ -1,4 +1,5 @@
-// Window, split and block-column arithmetic of the attention kernel, and the work plans.
+// Window, split and block-column arithmetic of the attention kernels, their launch shapes and split
+// plans, and the work plans of the other kernels.
 #include <random>
 
 #include "check.h"
@@ -28,13 +29,13 @@ static void test_splits_cover_range() {
     const int64_t window = (rng() % 3 == 0) ? 0 : 1 + rng() % 600;
     const int64_t len = rng() % (capacity + 1);
     const int64_t bound = window > 0 ? min64(capacity, window) : capacity;
-    const SplitPlan plan = plan_kv_splits(bound, 1 + rng() % 8, 132, 16, 64, 256);
+    const SplitPlan plan = plan_kv_splits(bound, 1 + rng() % 8, 132, 16, 32, 256);
     CHECK(plan.num_splits >= 1 && plan.num_splits <= 256);
     CHECK(plan.chunk % 16 == 0);
     CHECK(int64_t{plan.num_splits} * plan.chunk >= bound);
     const KeyRange r = attended_range(len, window);
-    const int64_t chunk = request_chunk(r.end - r.start, plan.num_splits, 16, 64);
-    CHECK(chunk % 16 == 0 && chunk >= 64);
+    const int64_t chunk = request_chunk(r.end - r.start, plan.num_splits, 16, 32);
+    CHECK(chunk % 16 == 0 && chunk >= 32);
     int64_t next = r.start;
     for (int s = 0; s < plan.num_splits; ++s) {
       const KeyRange part = split_range(r, s, chunk);
@@ -54,24 +55,102 @@ static void test_splits_cover_range() {
 
 // A 1000-key request under a plan made for a 128K-entry block table still uses 16 splits.
 static void test_short_request_under_a_wide_plan() {
-  const SplitPlan plan = plan_kv_splits(131072, 1, 132, 16, 64, 256);
-  CHECK_EQ(plan.num_splits, 256);
-  const int64_t chunk = request_chunk(1000, plan.num_splits, 16, 64);
-  CHECK_EQ(chunk, 64);
-  CHECK_EQ(ceil_div(1000, chunk), 16);
+  const SplitPlan plan = plan_kv_splits(131072, 1, 132, 16, 32, 256);
+  CHECK_EQ(plan.num_splits, 131);  // 132 splits of 1008 keys cover the bound in 131
+  const int64_t chunk = request_chunk(1000, plan.num_splits, 16, 32);
+  CHECK_EQ(chunk, 32);
+  CHECK_EQ(ceil_div(1000, chunk), 32);
   CHECK_EQ(request_chunk(0, 7, 16, 64), 64);
   CHECK_EQ(request_chunk(100000, 7, 16, 64), round_up(ceil_div(100000, 7), 16));
 }
 
 static void test_split_plan_fills_gpu() {
-  // B = 1, one KV head, 8K context: enough splits for two CTAs per SM, each at least 64 keys.
-  const SplitPlan p = plan_kv_splits(8192, 1, 132, 16, 64, 256);
+  // B = 1, one KV head, 8K context, one CTA per SM: a split per SM, each at least two 16-key tiles.
+  const SplitPlan p = plan_kv_splits(8192, 1, 132, 16, 32, 256);
   CHECK_EQ(p.num_splits, 128);
   CHECK_EQ(p.chunk, 64);
+  // Never more CTAs than one wave: 32 units on 132 slots take 4 splits (128 CTAs), not 5 (160).
+  CHECK_EQ(plan_kv_splits(8192, 32, 132, 16, 32, 256).num_splits, 4);
   // A full batch needs no split.
-  CHECK_EQ(plan_kv_splits(8192, 512, 132, 16, 64, 256).num_splits, 1);
+  CHECK_EQ(plan_kv_splits(8192, 512, 132, 16, 32, 256).num_splits, 1);
+  CHECK_EQ(plan_kv_splits(8192, 132, 132, 16, 32, 256).num_splits, 1);
   // Empty bound.
-  CHECK_EQ(plan_kv_splits(0, 1, 132, 16, 64, 256).num_splits, 1);
+  CHECK_EQ(plan_kv_splits(0, 1, 132, 16, 32, 256).num_splits, 1);
+}
+
+// The attention launch shapes: bf16/fp16 take the tensor-core kernel (one CTA per SM, 16 or 32 rows,
+// stages of 8192 / D keys); fp32 the CUDA-core kernel (8 rows, 16 keys).
+static void test_attention_shapes() {
+  const AttentionShape a = attention_shape(2, 512, 4);
+  CHECK_EQ(a.rows, 16);
+  CHECK_EQ(a.keys, 16);
+  CHECK_EQ(a.m_tiles, 1);
+  CHECK_EQ(a.ctas_per_sm, 1);
+  CHECK_EQ(attention_shape(2, 512, 16).rows, 16);
+  CHECK_EQ(attention_shape(2, 512, 17).rows, 32);
+  CHECK_EQ(attention_shape(2, 512, 17).m_tiles, 2);
+  CHECK_EQ(attention_shape(2, 256, 8).keys, 32);
+  CHECK_EQ(attention_shape(2, 64, 8).keys, 128);
+  const AttentionShape f = attention_shape(4, 256, 8);
+  CHECK_EQ(f.rows, 8);
+  CHECK_EQ(f.keys, 16);
+  CHECK_EQ(f.m_tiles, 0);
+  CHECK_EQ(f.ctas_per_sm, 3);
+  CHECK_EQ(attention_shape(4, 512, 8).ctas_per_sm, 1);
+}
+
+// The benchmarked drafter cases on an H200 (132 SMs): every batch gets one wave of CTAs, Q = 4 tree
+// levels (32 rows per KV head at 31B) stay one row tile, so K/V are read once.
+static void test_attention_plans_of_the_drafters() {
+  struct Case {
+    int B, Q, Hq, Hkv, D;
+    int64_t ctx, window;
+    int splits, ctas;
+  };
+  const Case cases[] = {
+      {1, 1, 4, 1, 512, 8192, 0, 128, 128},     // E2B full, 8K: 64 keys per split
+      {1, 1, 4, 1, 512, 32768, 0, 128, 128},    // E2B full, 32K: 256 keys per split
+      {1, 1, 4, 1, 256, 8192, 512, 8, 8},       // E2B sliding: window 512, two 32-key stages each
+      {8, 1, 4, 1, 512, 8192, 0, 16, 128},      // E2B full, B = 8
+      {1, 1, 32, 4, 512, 8192, 0, 32, 128},     // 31B full, 8K
+      {1, 1, 32, 4, 512, 32768, 0, 33, 132},    // 31B full, 32K
+      {1, 1, 32, 16, 256, 8192, 1024, 8, 128},  // 31B sliding
+      {8, 1, 32, 4, 512, 8192, 0, 4, 128},      // 31B full, B = 8
+      {32, 1, 32, 4, 512, 8192, 0, 1, 128},     // 31B full, B = 32
+      {1, 4, 32, 4, 512, 8192, 0, 32, 128},     // 31B full, Q = 4: 32 rows in one tile
+  };
+  for (const Case& c : cases) {
+    const int rows = c.Q * c.Hq / c.Hkv;
+    const AttentionShape shape = attention_shape(2, c.D, rows);
+    CHECK_EQ(ceil_div(rows, shape.rows), 1);
+    const SplitPlan plan = attention_plan(shape, c.B, c.Hkv, rows, ceil_div(c.ctx, 16), 16, c.window, 132);
+    CHECK_EQ(plan.num_splits, c.splits);
+    CHECK_EQ(int64_t{c.B} * c.Hkv * plan.num_splits, c.ctas);
+  }
+}
+
+// Any batch: the grid is one wave at most (when a split is possible) and at least half of one, unless
+// the keys run out first (every split at its minimum length) or the batch alone fills the GPU.
+static void test_attention_plans_fill_one_wave() {
+  for (int sms : {108, 132}) {
+    for (int B = 1; B <= 200; ++B) {
+      for (int Hkv : {1, 2, 4, 8}) {
+        for (int64_t ctx : {100, 2048, 8192, 131072}) {
+          const AttentionShape shape = attention_shape(2, 512, 8);
+          const SplitPlan plan = attention_plan(shape, B, Hkv, 8, ceil_div(ctx, 16), 16, 0, sms);
+          const int64_t units = int64_t{B} * Hkv, ctas = units * plan.num_splits;
+          CHECK(plan.num_splits >= 1);
+          if (units >= sms) {
+            CHECK_EQ(plan.num_splits, 1);
+          } else {
+            CHECK(ctas <= sms);
+            const bool keys_ran_out = plan.chunk <= int64_t{kAttentionMinTiles} * shape.keys + shape.keys;
+            CHECK(2 * ctas > sms || keys_ran_out);
+          }
+        }
+      }
+    }
+  }
 }
 
 static void test_rows_per_cta() {
@@ -98,6 +177,9 @@ int main() {
   test_splits_cover_range();
   test_short_request_under_a_wide_plan();
   test_split_plan_fills_gpu();
+  test_attention_shapes();
+  test_attention_plans_of_the_drafters();
+  test_attention_plans_fill_one_wave();
   test_rows_per_cta();
   test_row_chunks();
   return finish("test_plan");

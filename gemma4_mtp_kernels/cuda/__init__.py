@@ -15,6 +15,7 @@ import importlib
 import os
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .._types import VerifyResult
 
@@ -68,14 +69,20 @@ def _ops():
     return torch.ops.gemma4_mtp
 
 
-def _require_16_byte_strides(op: str, name: str, t: torch.Tensor, dims: int) -> None:
-    """The attention kernel copies K/V rows with 16-byte cp.async: strides of the first `dims`
-    dimensions must be multiples of 16 bytes. (The op itself also checks the data pointers'
-    alignment; that check is not here because torch.compile cannot trace data_ptr().)"""
+def _require_16_byte_rows(op: str, name: str, t: torch.Tensor, dims: int) -> None:
+    """The attention kernels read q with 4- and 16-byte loads and copy K/V rows with 16-byte cp.async
+    (sm_80) or bulk copies (sm_90): the data pointer and the strides of the first `dims` dimensions
+    must be multiples of 16 bytes. The op checks the same in C++; checking here first refuses a bad
+    layout with a ValueError before the extension is entered. Under torch.compile (and for fake
+    tensors) there is no data pointer to read: the C++ check alone guards it there."""
     size = t.element_size()
     if any(t.shape[i] > 1 and (t.stride(i) * size) % 16 for i in range(dims)):
         raise ValueError(f"{op}: {name} needs strides that are multiples of 16 bytes for the cuda backend, got "
                          f"strides {t.stride()} (element size {size}); use backend='triton' or 'torch' for this layout")
+    if not torch.compiler.is_compiling() and not isinstance(t, FakeTensor) and t.data_ptr() % 16:
+        raise ValueError(f"{op}: {name} needs a 16-byte aligned data pointer for the cuda backend, got one "
+                         f"{t.data_ptr() % 16} bytes past a 16-byte boundary (storage offset {t.storage_offset()}, "
+                         f"element size {size}); use backend='triton' or 'torch' for this layout")
 
 
 # fused_concat_down_proj and centroid_logits need no layout check here: their launchers read rows with
@@ -91,7 +98,7 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
                            out=None, return_lse=False):
     op = "q_only_paged_attention"
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _require_16_byte_strides(op, name, t, 3)
+        _require_16_byte_rows(op, name, t, 3)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)

@@ -18,28 +18,35 @@ Design. The op is a pure K/V stream: every attended cache entry is read once, th
   score NaN, so the affected rows come out NaN.
 - Online softmax in fp32 on exp2 (scores pre-multiplied by log2 e), softcap as
   softcap * tanh(s / softcap) before it; P is cast to the cache dtype for the P @ V tl.dot.
-- Split-KV: SPLITS is picked on the host from the SM count (>= 2 programs per SM) and an upper
-  bound of the attended length (block_table columns * block_size, capped by window), with no
-  device sync, so it is CUDA-graph safe. Each program then cuts its request's actual attended
-  range into SPLITS chunks of whole key tiles, at least 2 tiles (64 keys at D 256/512) each, so
+- Split-KV: SPLITS is picked on the host from the SM count and an upper bound of the attended length
+  (block_table columns * block_size, capped by window), with no device sync, so it is CUDA-graph
+  safe: as many splits as keep the grid within ONE wave of resident programs (programs per SM
+  estimated from the tiles' shared memory), never a second, nearly empty wave (the first GPU run
+  lost 1.5-2x there: 31B at B = 1 had 264 programs for 132 slots). Each program then cuts its
+  request's actual attended range into SPLITS chunks of whole key tiles, at least 2 tiles each, so
   an over-wide block table (engines size it for the longest possible request) costs nothing, and
   short requests leave trailing splits empty (the merge skips their partials).
   With SPLITS > 1 each program writes its normalised partial output and its lse (fp32) and a
   merge kernel combines them (out = sum_s exp(lse_s - lse) o_s); with SPLITS = 1 the main kernel
-  writes out/lse directly.
+  writes out/lse directly. The merge reads the partials as [splits, 128-column] tiles, one program
+  per (row, 128 columns): a handful of dependent steps instead of one per split (the first version
+  looped over the splits one by one, ~15 us of the 26 us measured for E2B at B = 1).
   seq_len 0 (or an empty split) leaves l = 0: partial output 0 with lse -inf, final output 0.
-Expected on H100/H200 (B = 1, context 8K, bf16): K+V = 8192 * D * 4 bytes per KV head (16 MiB at
-D 512 / Hkv 1) spread over ~2 programs per SM, plus 4 * S * rows * D bytes of partials (~6%); the
-loads are row-gathers of D * 2 contiguous bytes, pipelined 2-3 deep. We expect ~70-80% of copy
-bandwidth at D 512 and 256; vLLM's unified attention reads K/V once per query head group without a
-KV split at B = 1, so >= 2x over it is expected at these shapes.
+- sm_90: both kernels are launched with programmatic dependent launch (launch_pdl): the merge is
+  scheduled while the main grid runs and waits for it in griddepcontrol.wait, which hides its
+  launch latency; the main kernel waits the same way for whatever kernel ran before it.
+Expected on H200 (bf16): see benchmarks/README.md, "Attention, round 2".
 """
 from __future__ import annotations
 
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
+
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._common import cast, dot_precision, interpreting, mma, num_sms, pow2_at_least
 
@@ -53,7 +60,10 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, lse_ptr,
                  so_b, so_q, so_h, so_s, sl_b, sl_q, sl_h, sl_s,
                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr,
                  HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, WRITE_LSE: tl.constexpr,
-                 PARTIAL: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr):
+                 PARTIAL: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:
+        gdc_wait()  # inputs may come from the previous kernel
+        gdc_launch_dependents()  # the merge may be scheduled now; it waits for this grid
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b = pid_bh // Hkv
@@ -126,31 +136,36 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, lse_ptr,
 @triton.jit
 def _merge_kernel(po_ptr, plse_ptr, out_ptr, lse_ptr, splits, Qn, Hq,
                   so_b, so_q, so_h, sl_b, sl_q, sl_h,
-                  D: tl.constexpr, BLOCK_S: tl.constexpr, WRITE_LSE: tl.constexpr, INTERP: tl.constexpr):
+                  D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, TILE_S: tl.constexpr,
+                  WRITE_LSE: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:
+        gdc_wait()  # the partials are the main kernel's output
     row = tl.program_id(0)  # (b, q, h) of the contiguous partial buffers
+    dblk = tl.program_id(1)  # BLOCK_D columns of it
     b = row // (Qn * Hq)
     qi = (row // Hq) % Qn
     h = row % Hq
+    lse_row = plse_ptr + row.to(tl.int64) * splits
     s = tl.arange(0, BLOCK_S)
-    lse_s = tl.load(plse_ptr + row.to(tl.int64) * splits + s, mask=s < splits, other=float("-inf"))
+    lse_s = tl.load(lse_row + s, mask=s < splits, other=float("-inf"))
     m = tl.max(lse_s, axis=0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp(lse_s - m_safe)
-    total = tl.sum(w, axis=0)
-    d = tl.arange(0, D)
-    acc = tl.zeros((D,), dtype=tl.float32)
+    total = tl.sum(tl.exp(lse_s - m_safe), axis=0)  # a NaN lse (bad block id) makes it NaN
+    d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+    acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
     base = po_ptr + row.to(tl.int64) * splits * D
-    for i in range(splits):
-        lse_i = tl.load(plse_ptr + row.to(tl.int64) * splits + i)
-        # empty splits (short requests) are skipped without reading their partial
-        live = d < tl.where(lse_i == float("-inf"), 0, D)
-        acc += tl.exp(lse_i - m_safe) * tl.load(base + i * D + d, mask=live, other=0.0)
+    for s0 in range(0, splits, TILE_S):
+        si = s0 + tl.arange(0, TILE_S)
+        lse_i = tl.load(lse_row + si, mask=si < splits, other=float("-inf"))
+        # empty splits (lse -inf: short requests) are not read; a NaN weight still poisons the sum
+        part = tl.load(base + si[:, None] * D + d[None, :], mask=(lse_i > float("-inf"))[:, None], other=0.0)
+        acc += tl.sum(tl.exp(lse_i - m_safe)[:, None] * part, axis=0)
     total_div = tl.where(total == 0, 1.0, total)
     o = acc / total_div
     tl.store(out_ptr + b.to(tl.int64) * so_b + qi * so_q + h * so_h + d, cast(o, out_ptr.dtype.element_ty, INTERP))
     if WRITE_LSE:
         tl.store(lse_ptr + b.to(tl.int64) * sl_b + qi * sl_q + h * sl_h,
-                 tl.where(total == 0, float("-inf"), m_safe + tl.log(total_div)))
+                 tl.where(total == 0, float("-inf"), m_safe + tl.log(total_div)), mask=dblk == 0)
 
 
 MIN_TILES_PER_SPLIT = 2
@@ -174,12 +189,42 @@ def kernel_config(D: int, rows: int, elem_bytes: int = 2) -> dict:
     return dict(BLOCK_M=block_m, BLOCK_N=32, num_warps=8, num_stages=3 if block_m == 16 else 2)
 
 
-def num_splits(B: int, Hkv: int, row_tiles: int, max_len: int, block_n: int, sms: int) -> int:
-    """Key-range splits per (request, KV head) for an attended length of at most max_len. Each
-    program then cuts its own request's actual range into that many chunks on the device."""
+MERGE_BLOCK_D = 128  # partial columns per merge program
+MERGE_TILE_S = 32  # splits per merge step
+
+
+def merge_config(D: int, splits: int) -> dict:
+    """Merge tiles (also used by the AOT compile check): [TILE_S, BLOCK_D] fp32 tiles of the partials."""
+    block_s = pow2_at_least(splits, 2)
+    return dict(BLOCK_D=min(D, MERGE_BLOCK_D), BLOCK_S=block_s, TILE_S=min(MERGE_TILE_S, block_s))
+
+
+def programs_per_sm(cfg: dict) -> int:
+    """Resident attention programs per SM. Registers bound it: the fp32 accumulator tiles take 130-240
+    registers per thread in the sm_80 / sm_90 compiles (benchmarks/triton_resources.md), so an SM's 64K
+    registers hold 8 warps of these programs (shared memory, 40-130 KB, would allow more)."""
+    return max(1, 8 // cfg["num_warps"])
+
+
+def num_splits(B: int, Hkv: int, row_tiles: int, max_len: int, block_n: int, sms: int, per_sm: int = 1) -> int:
+    """Key-range splits per (request, KV head) for an attended length of at most max_len: as many as
+    keep the grid within one wave of sms * per_sm programs, each at least MIN_TILES_PER_SPLIT tiles.
+    Each program then cuts its own request's actual range into that many chunks on the device."""
     tiles = max(1, triton.cdiv(max_len, block_n))
     programs = B * Hkv * row_tiles
-    return max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(tiles, MIN_TILES_PER_SPLIT)))
+    return max(1, min((sms * per_sm) // programs, triton.cdiv(tiles, MIN_TILES_PER_SPLIT)))
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_pdl(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def use_pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch: sm_90 and newer (not the interpreter)."""
+    if device.type != "cuda":
+        return False
+    return _cuda_pdl(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=1.0, window=None, softcap=None,
@@ -199,13 +244,15 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
     max_len = block_table.shape[1] * block_size
     if window is not None:
         max_len = min(max_len, window)
+    pdl = use_pdl(q.device)
     if splits is None:
-        splits = num_splits(B, Hkv, row_tiles, max_len, cfg["BLOCK_N"], num_sms(q.device))
+        splits = num_splits(B, Hkv, row_tiles, max_len, cfg["BLOCK_N"], num_sms(q.device), programs_per_sm(cfg))
     interp = interpreting(q.device)
+    launch = dict(launch_pdl=True) if pdl else {}
     common = dict(D=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                   MIN_CHUNK=MIN_TILES_PER_SPLIT * cfg["BLOCK_N"], HAS_WINDOW=window is not None,
-                  HAS_SOFTCAP=softcap is not None, PREC=dot_precision(q.dtype), INTERP=interp,
-                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                  HAS_SOFTCAP=softcap is not None, PREC=dot_precision(q.dtype), INTERP=interp, USE_PDL=pdl,
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch)
     args = (q, k_cache, v_cache, block_table, seq_lens)
     scalars = (scale * LOG2E, 1.0 if softcap is None else softcap, 0 if window is None else window, num_blocks,
                block_size, block_table.shape[1], splits, rows, G, Hkv, *q.stride()[:3], *k_cache.stride()[:3],
@@ -221,7 +268,8 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
         _attn_kernel[grid](*args, po, plse, *scalars, *po.stride()[:4], *plse.stride(),
                            WRITE_LSE=True, PARTIAL=True, **common)
         lse_strides = lse.stride() if return_lse else (0, 0, 0)
-        _merge_kernel[(B * Qn * Hq,)](po, plse, out, lse, splits, Qn, Hq, *out.stride()[:3], *lse_strides,
-                                      D=D, BLOCK_S=pow2_at_least(splits, 2), WRITE_LSE=return_lse, INTERP=interp,
-                                      num_warps=4, num_stages=1)
+        mc = merge_config(D, splits)
+        _merge_kernel[(B * Qn * Hq, D // mc["BLOCK_D"])](
+            po, plse, out, lse, splits, Qn, Hq, *out.stride()[:3], *lse_strides, D=D, **mc,
+            WRITE_LSE=return_lse, INTERP=interp, USE_PDL=pdl, num_warps=4, num_stages=1, **launch)
     return (out, lse) if return_lse else out

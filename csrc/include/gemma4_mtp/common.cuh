@@ -187,6 +187,146 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[
 #endif
 }
 
+// ---- Tensor-core operands (sm_80+): ldmatrix, and the fragment layouts of mma_m16n8k16 above ----
+// Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"), lane = 4 * group + quad:
+//   A 16x16 (row major): a0 (row group, cols 2 quad + {0,1}), a1 (row group + 8), a2 (cols + 8), a3 (both)
+//   B 16x8 (column major): b0 (rows 2 quad + {0,1}, col group), b1 (rows + 8)
+//   C 16x8 fp32: c0, c1 (row group, cols 2 quad + {0,1}), c2, c3 (row group + 8)
+// ldmatrix .x4: lanes 8i..8i+7 address the 8 rows (16 bytes each) of matrix i; register i of lane t
+// holds matrix i's (row t / 4, cols 2 (t % 4) + {0,1}), or with .trans its (rows 2 (t % 4) + {0,1}, col t / 4).
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem_row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// Two floats rounded to T (nearest even) in one register, lo in the low half (the lower column).
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  static_assert(sizeof(T) == 2, "pack2 packs 16-bit elements");
+  union {
+    uint32_t u;
+    __nv_bfloat162 b;
+    __half2 h;
+  } v;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    v.b = __floats2bfloat162_rn(lo, hi);
+  } else {
+    v.h = __floats2half2_rn(lo, hi);
+  }
+  return v.u;
+}
+
+// ---- Hopper (sm_90) asynchronous bulk copies, mbarriers and programmatic dependent launch ----
+// The bodies exist only where the PTX does; callers select them with kHasBulkCopy (false in the
+// sm_80 pass, where they are never called).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr bool kHasBulkCopy = true;
+#else
+constexpr bool kHasBulkCopy = false;
+#endif
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, unsigned count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
+#endif
+}
+
+// Makes initialised mbarriers visible to the asynchronous proxy (the bulk-copy engine).
+__device__ __forceinline__ void fence_mbarrier_init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+// Orders this thread's earlier generic-proxy shared-memory writes before its later bulk copies.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// One arrival on `bar` that also announces `bytes` more transaction bytes for the current phase.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+#endif
+}
+
+// Blocks until the phase of `bar` with the given parity has completed (acquire: the bytes the bulk
+// copies of that phase wrote are visible to this thread afterwards).
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+#endif
+}
+
+// bytes (a multiple of 16) from 16-byte aligned global `src` to 16-byte aligned shared `dst`,
+// completing as transaction bytes on `bar`.
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+#endif
+}
+
+// Programmatic dependent launch (sm_90+; no-ops elsewhere and for launches without the attribute):
+// wait until the preceding grid in the stream has completed and its writes are visible, and let the
+// next grid (launched with the attribute) be scheduled before this one finishes.
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" :::);
+#endif
+}
+
+// The block's dynamic shared memory (16-byte aligned; the launch sets its size).
+__device__ __forceinline__ unsigned char* dynamic_smem() {
+  extern __shared__ __align__(16) unsigned char g4_dynamic_smem[];
+  return g4_dynamic_smem;
+}
+
+// cp.async.wait_group with a run-time count (the pipeline depth is chosen per device at launch).
+__device__ __forceinline__ void cp_async_wait_dyn(int pending) {
+  switch (pending) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    default: cp_async_wait<6>(); break;
+  }
+}
+
 inline int device_sm_count() {
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return 1;

@@ -37,18 +37,53 @@ struct SplitPlan {
   int64_t chunk;  // keys per split for a request as long as the bound
 };
 
-// How many splits of the key range a launch has, so that small batches still fill the GPU. Decided
-// from host-known bounds only (the largest possible attended range), never from seq_lens, so that it
-// needs no device read and a captured CUDA graph stays valid for any seq_lens within the bound.
-inline SplitPlan plan_kv_splits(int64_t key_bound, int64_t base_ctas, int num_sms, int64_t tile, int64_t min_chunk,
+// How many splits of the key range a launch has, so that small batches still fill the GPU: as many as
+// keep `units` x splits CTAs within one wave of `slots` (resident CTAs on the whole GPU), never a
+// second, nearly empty wave; each split at least `min_chunk` keys. Decided from host-known bounds only
+// (the largest possible attended range), never from seq_lens, so that it needs no device read and a
+// captured CUDA graph stays valid for any seq_lens within the bound.
+inline SplitPlan plan_kv_splits(int64_t key_bound, int64_t units, int64_t slots, int64_t tile, int64_t min_chunk,
                                 int max_splits) {
-  if (key_bound <= 0 || base_ctas <= 0) return {1, tile};
-  const int64_t target = 2 * static_cast<int64_t>(num_sms);  // two resident CTAs per SM
-  int64_t splits = ceil_div(target, base_ctas);
+  if (key_bound <= 0 || units <= 0) return {1, tile};
+  int64_t splits = slots / units;
   splits = min64(splits, ceil_div(key_bound, min_chunk));
   splits = max64(1, min64(splits, max_splits));
   const int64_t chunk = round_up(ceil_div(key_bound, splits), tile);
   return {static_cast<int>(ceil_div(key_bound, chunk)), chunk};
+}
+
+// The launch shape of the attention kernels (csrc/include/gemma4_mtp/q_only_attention.cuh), shared
+// by the kernels and the split plan.
+struct AttentionShape {
+  int rows;         // query rows per CTA: the Q x Hq/Hkv rows of one KV head come in tiles of this many
+  int keys;         // keys per pipeline stage
+  int m_tiles;      // tensor-core kernel: 16-row mma tiles per CTA; 0 for the fp32 (CUDA-core) kernel
+  int ctas_per_sm;  // resident CTAs per SM that the split plan fills
+};
+
+constexpr int kAttentionMinTiles = 2;  // a split is at least two stages long
+constexpr int kAttentionMaxSplits = 256;
+
+// elem_bytes 2 (bf16, fp16): the tensor-core kernel, one 256-thread CTA per SM with a deep copy
+// pipeline, stages of 16 KiB of K and 16 KiB of V (8192 / D keys), 16 or 32 query rows. elem_bytes 4
+// (fp32, a test dtype): the CUDA-core kernel, 8 rows, 16-key double buffer of 256 * D bytes.
+inline AttentionShape attention_shape(int elem_bytes, int D, int rows_needed) {
+  if (elem_bytes == 2) {
+    const int m_tiles = rows_needed <= 16 ? 1 : 2;
+    return {16 * m_tiles, 8192 / (D > 0 ? D : 1), m_tiles, 1};
+  }
+  const int64_t smem = 256 * static_cast<int64_t>(D);
+  return {8, 16, 0, static_cast<int>(max64(1, min64(3, (227 * 1024) / max64(smem, 1))))};
+}
+
+// The split plan of one call: shapes, the window, the block table's capacity and the SM count.
+inline SplitPlan attention_plan(const AttentionShape& shape, int64_t B, int64_t Hkv, int64_t rows_needed,
+                                int64_t max_blocks, int64_t block_size, int64_t window, int num_sms) {
+  int64_t bound = max_blocks * block_size;
+  if (window > 0) bound = min64(bound, window);
+  const int64_t units = B * Hkv * ceil_div(rows_needed, shape.rows);
+  return plan_kv_splits(bound, units, int64_t{shape.ctas_per_sm} * num_sms, shape.keys,
+                        int64_t{kAttentionMinTiles} * shape.keys, kAttentionMaxSplits);
 }
 
 // Keys per split for one request: its own attended range spread over the launch's splits (a multiple of

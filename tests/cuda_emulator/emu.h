@@ -1,0 +1,419 @@
+// A CPU emulation of the CUDA features the attention kernels use, so that the kernels' own source
+// (csrc/include/gemma4_mtp/q_only_attention.cuh) runs on a machine without a GPU, under AddressSanitizer.
+//
+// Threads of a block are fibers scheduled round robin on one OS thread (started with makecontext, then
+// switched with _setjmp/_longjmp, which make no system call, annotated for AddressSanitizer); they switch
+// only in barriers and warp-collective operations, each of which waits for all participants. The warp-level
+// instructions (shuffles, ldmatrix, mma.m16n8k16) follow the PTX ISA's definitions of their operand
+// fragments; cp.async groups and bulk copies complete either at issue ("early") or as late as the
+// program's waits allow ("late"), which exposes missing waits. Global memory is host memory: a read
+// outside an allocation is an AddressSanitizer error. What this cannot show: timing, memory-model
+// races between warps that real hardware would reorder, bank conflicts, or a misreading of the PTX
+// fragment layouts shared by this file and the kernel.
+#pragma once
+
+#include <setjmp.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+struct float2 {
+  float x, y;
+};
+struct float4 {
+  float x, y, z, w;
+};
+struct uint4 {
+  unsigned x, y, z, w;
+};
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+
+// 16-bit float types as the kernels see them: storage only, converted by the common.cuh shim.
+struct __nv_bfloat16 {
+  uint16_t bits;
+};
+struct __half {
+  uint16_t bits;
+};
+
+// ---- CUDA runtime subset ----
+typedef int cudaError_t;
+constexpr cudaError_t cudaSuccess = 0;
+constexpr cudaError_t cudaErrorInvalidValue = 1;
+constexpr cudaError_t cudaErrorInvalidConfiguration = 9;
+typedef void* cudaStream_t;
+enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin, cudaDevAttrComputeCapabilityMajor };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
+enum cudaLaunchAttributeID { cudaLaunchAttributeProgrammaticStreamSerialization };
+struct cudaLaunchAttributeValue {
+  int programmaticStreamSerializationAllowed;
+};
+struct cudaLaunchAttribute {
+  cudaLaunchAttributeID id;
+  cudaLaunchAttributeValue val;
+};
+struct cudaLaunchConfig_t {
+  dim3 gridDim, blockDim;
+  size_t dynamicSmemBytes;
+  cudaStream_t stream;
+  cudaLaunchAttribute* attrs;
+  unsigned numAttrs;
+};
+
+namespace emu {
+
+[[noreturn]] inline void fail(const char* what) {
+  std::fprintf(stderr, "emulator: %s\n", what);
+  std::abort();
+}
+
+struct Device {
+  int smem_optin;
+  int major;
+};
+inline std::vector<Device>& devices() {
+  static std::vector<Device> d;
+  return d;
+}
+inline int& current_device() {
+  static int d = 0;
+  return d;
+}
+inline bool& late_copies() {  // complete copies as late as the waits allow (else at issue)
+  static bool late = true;
+  return late;
+}
+// Thread scheduling: round robin (all warps advance in step), or one warp at a time as far as it can
+// go before any other runs, lowest warp first or highest first: a warp racing ahead of the others
+// exposes shared memory it rewrites before they have read it.
+enum class Schedule { kRoundRobin, kWarpAhead, kWarpBehind };
+inline Schedule& schedule() {
+  static Schedule s = Schedule::kRoundRobin;
+  return s;
+}
+struct LaunchRecord {
+  dim3 grid, block;
+  size_t smem;
+  bool pdl;
+};
+inline std::vector<LaunchRecord>& launch_log() {
+  static std::vector<LaunchRecord> log;
+  return log;
+}
+
+struct Barrier {
+  int expected = 0, count = 0;
+  unsigned generation = 0;
+};
+
+// Bumped by every state change a waiting thread could be waiting for: arrivals, copies, completions,
+// exits. A scheduler round without one means every thread waits for something that cannot happen.
+inline uint64_t& progress() {
+  static uint64_t n = 0;
+  return n;
+}
+
+struct Copy {
+  void* dst;
+  const void* src;  // nullptr: zero fill
+  unsigned bytes;
+};
+
+inline void perform(const Copy& c) {
+  if (c.src)
+    std::memcpy(c.dst, c.src, c.bytes);
+  else
+    std::memset(c.dst, 0, c.bytes);
+}
+
+struct Fiber {
+  ucontext_t ctx;  // first entry only
+  jmp_buf jb;      // where it yielded
+  bool started = false;
+  dim3 tid;
+  bool done = false;
+  unsigned collective = 0;               // warp collectives passed (selects the exchange buffer)
+  std::deque<std::vector<Copy>> groups;  // committed cp.async groups, oldest first
+  std::vector<Copy> open;                // cp.async since the last commit
+};
+
+struct MBarrier {
+  int expected = 0, pending = 0;
+  int64_t tx = 0;
+  unsigned phase = 0;        // completed phases
+  std::vector<Copy> copies;  // bulk copies of the current phase not yet performed (late mode)
+};
+
+// Per-warp exchange area of the collectives: two buffers (collective parity) x 32 lanes x 16 words.
+struct WarpExchange {
+  uint64_t slot[2][32][16];
+};
+
+struct Block {
+  std::vector<Fiber> fibers;
+  int current = 0;
+  dim3 idx;
+  Barrier cta;
+  std::vector<Barrier> warp_bar;
+  std::vector<WarpExchange> warp_x;
+  std::map<uint64_t*, MBarrier> mbarriers;
+  unsigned char* smem = nullptr;
+  size_t smem_bytes = 0;
+  std::function<void()> body;
+  ucontext_t scheduler;
+  jmp_buf scheduler_jb;
+  const void* scheduler_stack = nullptr;  // AddressSanitizer's view of the scheduler's stack
+  size_t scheduler_stack_size = 0;
+  std::vector<char>* stacks = nullptr;
+  size_t stack_size = 0;
+};
+
+inline Block*& block() {
+  static Block* b = nullptr;
+  return b;
+}
+inline Fiber& self() { return block()->fibers[block()->current]; }
+inline int lane() { return self().tid.x & 31; }
+inline int warp() { return self().tid.x >> 5; }
+
+#if defined(__SANITIZE_ADDRESS__)
+extern "C" void __sanitizer_start_switch_fiber(void** fake_stack_save, const void* bottom, size_t size);
+extern "C" void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_old, size_t* size_old);
+inline void asan_leave(const void* bottom, size_t size, bool dying) {
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(dying ? nullptr : &fake, bottom, size);
+}
+inline void asan_enter(const void** bottom_old, size_t* size_old) { __sanitizer_finish_switch_fiber(nullptr, bottom_old, size_old); }
+#else
+inline void asan_leave(const void*, size_t, bool) {}
+inline void asan_enter(const void**, size_t*) {}
+#endif
+
+// Back to the scheduler; returns when the scheduler resumes this fiber.
+inline void yield() {
+  Fiber& f = self();
+  Block* b = block();
+  asan_leave(b->scheduler_stack, b->scheduler_stack_size, false);
+  if (!_setjmp(f.jb)) _longjmp(b->scheduler_jb, 1);
+  asan_enter(nullptr, nullptr);
+}
+
+inline void wait(Barrier& b) {
+  const unsigned g = b.generation;
+  ++progress();
+  if (++b.count == b.expected) {
+    b.count = 0;
+    ++b.generation;
+    return;
+  }
+  while (b.generation == g) yield();
+}
+
+// Lane publishes `n` words, waits for its warp, and returns the warp's exchange buffer of this step.
+inline uint64_t (*exchange(const uint64_t* mine, int n))[16] {
+  Fiber& f = self();
+  WarpExchange& x = block()->warp_x[warp()];
+  uint64_t(*buf)[16] = x.slot[f.collective & 1];
+  std::memcpy(buf[lane()], mine, n * sizeof(uint64_t));
+  ++f.collective;
+  wait(block()->warp_bar[warp()]);
+  return buf;
+}
+
+inline void fiber_main() {
+  Block* b = block();
+  asan_enter(&b->scheduler_stack, &b->scheduler_stack_size);
+  b->body();
+  self().done = true;
+  ++progress();
+  asan_leave(b->scheduler_stack, b->scheduler_stack_size, true);
+  _longjmp(b->scheduler_jb, 1);
+}
+
+// Runs one block of `threads` fibers to completion.
+inline void run_block(dim3 idx, int threads, unsigned char* smem, size_t smem_bytes, const std::function<void()>& body) {
+  static std::vector<std::vector<char>> stacks;
+  constexpr size_t kStack = 512 * 1024;
+  while (static_cast<int>(stacks.size()) < threads) stacks.emplace_back(kStack);
+  Block b;
+  b.idx = idx;
+  b.fibers.resize(threads);
+  b.cta.expected = threads;
+  const int nwarps = (threads + 31) / 32;
+  b.warp_bar.resize(nwarps);
+  for (int w = 0; w < nwarps; ++w) b.warp_bar[w].expected = std::min(32, threads - 32 * w);
+  b.warp_x.resize(nwarps);
+  b.smem = smem;
+  b.smem_bytes = smem_bytes;
+  b.body = body;
+  block() = &b;
+  for (int t = 0; t < threads; ++t) {
+    Fiber& f = b.fibers[t];
+    f.tid = dim3(t);
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = stacks[t].data();
+    f.ctx.uc_stack.ss_size = kStack;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiber_main, 0);
+  }
+  // Resumes threads [lo, hi) once each; returns whether any is not finished.
+  auto pass = [&](int lo, int hi) {
+    bool any = false;
+    for (int t = lo; t < hi; ++t) {
+      Fiber& f = b.fibers[t];
+      if (f.done) continue;
+      any = true;
+      b.current = t;
+      asan_leave(stacks[t].data(), kStack, false);
+      if (!_setjmp(b.scheduler_jb)) {
+        if (!f.started) {
+          f.started = true;
+          swapcontext(&b.scheduler, &f.ctx);
+        } else {
+          _longjmp(f.jb, 1);
+        }
+      }
+      asan_enter(&b.scheduler_stack, &b.scheduler_stack_size);
+    }
+    return any;
+  };
+  for (bool any = true; any;) {
+    const uint64_t before = progress();
+    if (schedule() == Schedule::kRoundRobin) {
+      any = pass(0, threads);
+    } else {
+      any = false;
+      for (int i = 0; i < nwarps; ++i) {
+        const int w = schedule() == Schedule::kWarpAhead ? i : nwarps - 1 - i;
+        const int lo = 32 * w, hi = std::min(threads, lo + 32);
+        for (;;) {  // this warp alone, until it waits for something outside it
+          const uint64_t mark = progress();
+          const bool alive = pass(lo, hi);
+          any |= alive;
+          if (!alive || progress() == mark) break;
+        }
+      }
+    }
+    if (any && progress() == before) fail("deadlock: every thread waits and none can proceed");
+  }
+  for (const Fiber& f : b.fibers) {
+    for (const auto& g : f.groups)
+      if (!g.empty()) fail("a thread exited with cp.async copies it never waited for");
+    if (!f.open.empty()) fail("a thread exited with uncommitted cp.async copies");
+  }
+  for (const auto& [addr, m] : b.mbarriers)
+    if (!m.copies.empty() || m.tx != 0) fail("a block exited with bulk copies nobody waited for");
+  block() = nullptr;
+}
+
+}  // namespace emu
+
+#define threadIdx (::emu::self().tid)
+#define blockIdx (::emu::block()->idx)
+
+inline void __syncthreads() { emu::wait(emu::block()->cta); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::wait(emu::block()->warp_bar[emu::warp()]); }
+
+template <class V>
+V shfl_xor_impl(V v, int lane_mask, int width) {
+  static_assert(sizeof(V) <= 8, "shuffled values are words");
+  uint64_t mine = 0;
+  std::memcpy(&mine, &v, sizeof(V));
+  const auto buf = emu::exchange(&mine, 1);
+  const int lane = emu::lane();
+  const int src = lane ^ lane_mask;
+  const int seg = lane / width * width;
+  const int from = (src >= seg && src < seg + width) ? src : lane;
+  V out;
+  std::memcpy(&out, &buf[from][0], sizeof(V));
+  return out;
+}
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask, int width = 32) { return shfl_xor_impl(v, lane_mask, width); }
+inline int __shfl_xor_sync(unsigned, int v, int lane_mask, int width = 32) { return shfl_xor_impl(v, lane_mask, width); }
+inline double __shfl_xor_sync(unsigned, double v, int lane_mask, int width = 32) { return shfl_xor_impl(v, lane_mask, width); }
+
+inline int atomicOr(int* p, int v) {
+  const int old = *p;
+  *p |= v;
+  return old;
+}
+
+// ---- kernel launch ----
+inline cudaError_t cudaGetDevice(int* d) {
+  *d = emu::current_device();
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int dev) {
+  const emu::Device& d = emu::devices().at(dev);
+  *v = a == cudaDevAttrMaxSharedMemoryPerBlockOptin ? d.smem_optin : d.major;
+  return cudaSuccess;
+}
+namespace emu {
+inline std::map<std::pair<const void*, int>, int>& smem_opt_ins() {
+  static std::map<std::pair<const void*, int>, int> m;
+  return m;
+}
+}  // namespace emu
+template <class F>
+cudaError_t cudaFuncSetAttribute(F* kernel, cudaFuncAttribute, int bytes) {
+  if (bytes > emu::devices().at(emu::current_device()).smem_optin) return cudaErrorInvalidValue;
+  emu::smem_opt_ins()[{reinterpret_cast<const void*>(kernel), emu::current_device()}] = bytes;
+  return cudaSuccess;
+}
+
+template <class... P, class... A>
+cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* cfg, void (*kernel)(P...), A&&... args) {
+  const emu::Device& dev = emu::devices().at(emu::current_device());
+  const int threads = static_cast<int>(cfg->blockDim.x * cfg->blockDim.y * cfg->blockDim.z);
+  if (threads < 1 || threads > 1024 || cfg->gridDim.y > 65535 || cfg->gridDim.z > 65535) return cudaErrorInvalidConfiguration;
+  if (cfg->dynamicSmemBytes > 48 * 1024) {
+    const auto it = emu::smem_opt_ins().find({reinterpret_cast<const void*>(kernel), emu::current_device()});
+    if (it == emu::smem_opt_ins().end() || static_cast<size_t>(it->second) < cfg->dynamicSmemBytes)
+      return cudaErrorInvalidValue;  // a real launch fails the same way
+  }
+  bool pdl = false;
+  for (unsigned i = 0; i < cfg->numAttrs; ++i)
+    pdl |= cfg->attrs[i].id == cudaLaunchAttributeProgrammaticStreamSerialization &&
+           cfg->attrs[i].val.programmaticStreamSerializationAllowed;
+  if (pdl && dev.major < 9) return cudaErrorInvalidValue;
+  emu::launch_log().push_back({cfg->gridDim, cfg->blockDim, cfg->dynamicSmemBytes, pdl});
+  const std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
+  for (unsigned z = 0; z < cfg->gridDim.z; ++z)
+    for (unsigned y = 0; y < cfg->gridDim.y; ++y)
+      for (unsigned x = 0; x < cfg->gridDim.x; ++x) {
+        // fresh shared memory of exactly the launch's size (AddressSanitizer sees an overrun), NaN bits
+        std::unique_ptr<unsigned char[]> smem(new unsigned char[cfg->dynamicSmemBytes]);
+        std::memset(smem.get(), 0xFF, cfg->dynamicSmemBytes);
+        emu::run_block(dim3(x, y, z), threads, smem.get(), cfg->dynamicSmemBytes, [&] { std::apply(kernel, params); });
+      }
+  return cudaSuccess;
+}
