@@ -160,18 +160,6 @@ static void test_rows_per_cta() {
   CHECK_EQ(plan_rows_per_cta(3, 132), 1);
 }
 
-static void test_row_chunks() {
-  std::mt19937 rng(2);
-  for (int trial = 0; trial < 2000; ++trial) {
-    const int64_t n = 1 + rng() % 300000;
-    const int64_t rows = 1 + rng() % 300;
-    const ChunkPlan c = plan_row_chunks(n, rows, 132, 4096, 8);
-    CHECK(c.chunk % 8 == 0);
-    CHECK(int64_t{c.num_chunks} * c.chunk >= n);
-    CHECK(int64_t{c.num_chunks - 1} * c.chunk < n);  // no empty chunk
-  }
-}
-
 int main() {
   test_attended_range();
   test_splits_cover_range();
@@ -181,6 +169,5 @@ int main() {
   test_attention_plans_of_the_drafters();
   test_attention_plans_fill_one_wave();
   test_rows_per_cta();
-  test_row_chunks();
   return finish("test_plan");
 }

@@ -10,14 +10,35 @@ import triton.language as tl
 # On CPU (the interpreter) there is no SM count; a small fixed one keeps the split heuristics
 # deterministic and makes ordinary test shapes take the split paths.
 INTERPRETER_SMS = 4
-# Set by `record.recording(sms)`: launchers then size their grids for a GPU with that many SMs, on
-# meta tensors (meta tensors reach a launcher only there).
+# Set by `record.recording(sms, arch)`: launchers then size their grids and pick their features for
+# a GPU with that many SMs and that SM architecture, on meta tensors (meta tensors reach a launcher
+# only there).
 recording_sms: int | None = None
+recording_arch: int | None = None
 
 
 @functools.lru_cache(maxsize=None)
 def _cuda_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_arch(index: int) -> int:
+    major, minor = torch.cuda.get_device_capability(index)
+    return 10 * major + minor
+
+
+def sm_arch(device: torch.device) -> int:
+    """The SM architecture a launch on `device` compiles for (90 for H100/H200); 0 for the
+    interpreter, which has none of the architecture-specific features."""
+    if device.type == "cuda":
+        return _cuda_arch(device.index if device.index is not None else torch.cuda.current_device())
+    if device.type == "meta":
+        if recording_arch is None:
+            raise RuntimeError("meta tensors reach a Triton launcher only while recording launches "
+                               "(gemma4_mtp_kernels.triton.record.recording)")
+        return recording_arch
+    return 0
 
 
 def num_sms(device: torch.device) -> int:

@@ -34,6 +34,7 @@ class Launch(NamedTuple):
     name: str               # the first scenario that made this launch
     launch: RecordedLaunch  # what the launcher launched, as Triton's JIT specialised it
     dtype: str              # element type of the scenario's big operands; fp32 (a test dtype) may spill
+    archs: tuple            # the SM architectures whose GPUs make this launch (and that compile it)
 
     @property
     def kernel(self):
@@ -328,18 +329,23 @@ def defined_kernels() -> set[str]:
     return names
 
 
-def launches(sms_counts=SMS) -> list[Launch]:
-    """Every distinct launch (one per compile) the scenarios make, on GPUs with each SM count."""
+def launches(sms_counts=SMS, archs=ARCHS) -> list[Launch]:
+    """Every distinct launch (one per compile) the scenarios make on GPUs of each SM count and
+    architecture; a launch is compiled for the architectures that make it (e.g. the programmatic
+    dependent launches of attention only for sm_90)."""
     seen: dict[tuple, Launch] = {}
-    for sms in sms_counts:
+    for arch, sms in itertools.product(archs, sms_counts):
         for sc in scenarios():
-            with recording(sms) as recorded:
+            with recording(sms, arch) as recorded:
                 sc.call()
             if not recorded:
                 raise AssertionError(f"scenario {sc.name!r} launched no Triton kernel")
             for rec in recorded:
-                seen.setdefault(rec.key, Launch(f"{sc.name} ({sms} SMs)", rec, sc.dtype))
+                first = seen.setdefault(rec.key, Launch(f"{sc.name} ({sms} SMs)", rec, sc.dtype, ()))
+                if arch not in first.archs:
+                    seen[rec.key] = first._replace(archs=first.archs + (arch,))
     return list(seen.values())
+
 
 # Largest shared memory one block may use (opt-in), per architecture.
 SHARED_LIMIT = {80: 166912, 90: 232448}
@@ -370,9 +376,9 @@ def _compile_row(launch: Launch, arch: int) -> dict:
 
 
 def report(archs=ARCHS) -> list[dict]:
-    """Every recorded launch compiled for every arch: resources, and what is wrong (does not compile,
-    spills in bf16/fp16, more shared memory than a block may have)."""
-    return [_compile_row(launch, arch) for launch in launches() for arch in archs]
+    """Every recorded launch compiled for each of `archs` that makes it: resources, and what is wrong
+    (does not compile, spills in bf16/fp16, more shared memory than a block may have)."""
+    return [_compile_row(launch, arch) for launch in launches() for arch in archs if arch in launch.archs]
 
 
 if __name__ == "__main__":

@@ -39,16 +39,12 @@ Expected on H200 (bf16): see benchmarks/README.md, "Attention, round 2".
 """
 from __future__ import annotations
 
-
-import functools
-
 import torch
 import triton
 import triton.language as tl
-
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._common import cast, dot_precision, interpreting, mma, num_sms, pow2_at_least
+from ._common import cast, dot_precision, interpreting, mma, num_sms, pow2_at_least, sm_arch
 
 LOG2E = 1.4426950408889634
 
@@ -215,16 +211,9 @@ def num_splits(B: int, Hkv: int, row_tiles: int, max_len: int, block_n: int, sms
     return max(1, min((sms * per_sm) // programs, triton.cdiv(tiles, MIN_TILES_PER_SPLIT)))
 
 
-@functools.lru_cache(maxsize=None)
-def _cuda_pdl(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
-
-
 def use_pdl(device: torch.device) -> bool:
     """Programmatic dependent launch: sm_90 and newer (not the interpreter)."""
-    if device.type != "cuda":
-        return False
-    return _cuda_pdl(device.index if device.index is not None else torch.cuda.current_device())
+    return sm_arch(device) >= 90
 
 
 def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=1.0, window=None, softcap=None,

@@ -64,9 +64,10 @@ class _RecordingDriver:
 
 
 @contextlib.contextmanager
-def recording(sms: int) -> Iterator[list[RecordedLaunch]]:
+def recording(sms: int, arch: int = 90) -> Iterator[list[RecordedLaunch]]:
     """Within the block, Triton launches on meta tensors are recorded (in launch order) instead of
-    compiled and run; the launchers size their grids for a GPU with `sms` multiprocessors."""
+    compiled and run; the launchers size their grids and pick their features for a GPU with `sms`
+    multiprocessors of SM architecture `arch` (80: A100, 90: H100/H200)."""
     if triton.knobs.runtime.interpret:
         raise RuntimeError("recording needs the real @triton.jit kernels: unset TRITON_INTERPRET")
     launches: list[RecordedLaunch] = []
@@ -91,17 +92,15 @@ def recording(sms: int) -> Iterator[list[RecordedLaunch]]:
                                        tuple(grid) if isinstance(grid, (tuple, list)) else None))
         return True  # Triton skips the compile and the launch
 
-    previous_driver, previous_hook, previous_sms = driver._active, triton.knobs.runtime.jit_cache_hook, _common.recording_sms
+    previous = (driver._active, triton.knobs.runtime.jit_cache_hook, _common.recording_sms, _common.recording_arch)
     driver.set_active(_RecordingDriver())
     triton.knobs.runtime.jit_cache_hook = hook
     JITFunction.run = run
-    _common.recording_sms = sms
+    _common.recording_sms, _common.recording_arch = sms, arch
     try:
         yield launches
     finally:
         JITFunction.run = original_run
-        triton.knobs.runtime.jit_cache_hook = previous_hook
-        driver._active = previous_driver
-        _common.recording_sms = previous_sms
+        driver._active, triton.knobs.runtime.jit_cache_hook, _common.recording_sms, _common.recording_arch = previous
         for kernel in kernels:  # drop the binder built for the recording target
             kernel.device_caches.pop(_DEVICE, None)

@@ -102,19 +102,4 @@ inline int plan_rows_per_cta(int64_t rows, int num_sms) {
   return 1;
 }
 
-// Chunks of a length-`n` row so that `rows` rows give about two CTAs per SM; each chunk a multiple of
-// `align` elements and at least `min_chunk` long.
-struct ChunkPlan {
-  int num_chunks;
-  int64_t chunk;
-};
-
-inline ChunkPlan plan_row_chunks(int64_t n, int64_t rows, int num_sms, int64_t min_chunk, int64_t align) {
-  if (n <= 0 || rows <= 0) return {1, align};
-  int64_t chunks = ceil_div(2 * static_cast<int64_t>(num_sms), rows);
-  chunks = max64(1, min64(chunks, ceil_div(n, min_chunk)));
-  const int64_t chunk = round_up(ceil_div(n, chunks), align);
-  return {static_cast<int>(ceil_div(n, chunk)), chunk};
-}
-
 }  // namespace gemma4_mtp
