@@ -4,8 +4,6 @@ Module and parameter names follow the Hugging Face checkpoints so that a state d
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -69,10 +67,9 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """A Gemma 4 decoder layer around an attention module whose use the owner decides.
-
-    `forward(x, attention)` calls `attention(normed_x)`, which returns the attention block's output
-    after o_proj: the target attends its own cache with a tree mask, the drafter calls the op."""
+    """The weights of a Gemma 4 drafter decoder layer, named as in Hugging Face's checkpoints. The
+    drafter runs them through the fused glue ops (`Gemma4MTPDrafter.step`); the target has its own
+    layer (`target.TargetDecoderLayer`), with per-layer embeddings and MoE."""
 
     def __init__(self, config: TextConfig, self_attn: nn.Module):
         super().__init__()
@@ -84,9 +81,3 @@ class DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(H, eps)
         self.post_feedforward_layernorm = RMSNorm(H, eps)
         self.register_buffer("layer_scalar", torch.ones(1))
-
-    def forward(self, x: torch.Tensor, attention: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        h = self.post_attention_layernorm(attention(self.input_layernorm(x)))
-        x = x + h
-        h = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
-        return (x + h) * self.layer_scalar
