@@ -78,3 +78,13 @@ def assert_tolerance(actual, exact, same_dtype_ref, *, atol=1e-5, factor=2.0, wh
     budget = factor * ref_worst + atol
     worst = err.max().item() if err.numel() else 0.0
     assert worst <= budget, f"{what}: max error {worst:.3e} > budget {budget:.3e} (ref error {ref_worst:.3e})"
+
+
+def held_out_prompts(lengths):
+    """Prompts of the given lengths from the embedded model's held-out text (stdlib files its training
+    never saw), spread over the stream."""
+    from gemma4_mtp import train
+
+    held_out = train.held_out_stream(train.load_tokenizer(train.ASSETS))
+    stride = held_out.numel() // len(lengths)
+    return [held_out[i * stride:i * stride + n] for i, n in enumerate(lengths)]

@@ -10,6 +10,7 @@ import torch
 
 from gemma4_mtp import load_drafter, load_target, speculative_generate
 from gemma4_mtp import train as T
+from helpers import held_out_prompts
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -23,11 +24,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def prompts():
-    tokenizer = T.load_tokenizer(T.ASSETS)
-    held_out = T.held_out_stream(tokenizer)
-    stride = held_out.numel() // 3
-    # ragged: 64, 41 and 23 tokens
-    return [held_out[i * stride:i * stride + n] for i, n in enumerate((64, 41, 23))]
+    return held_out_prompts((64, 41, 23))  # ragged
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))

@@ -7,6 +7,7 @@ import torch
 
 from gemma4_mtp import load_drafter, load_target, speculative_generate
 from gemma4_mtp import train as T
+from helpers import held_out_prompts
 from gemma4_mtp.drafter import random_drafter, synthetic_context
 from gemma4_mtp.graphs import DraftGraphs, draft_tree
 
@@ -21,10 +22,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def prompts():
-    tokenizer = T.load_tokenizer(T.ASSETS)
-    held_out = T.held_out_stream(tokenizer)
-    stride = held_out.numel() // 5
-    return [held_out[i * stride:i * stride + n] for i, n in enumerate((64, 41, 23, 50, 9))]
+    return held_out_prompts((64, 41, 23, 50, 9))  # ragged
 
 
 @pytest.mark.parametrize("backend", ["triton", "cuda"])

@@ -34,10 +34,7 @@ def sm_arch(device: torch.device) -> int:
     if device.type == "cuda":
         return _cuda_arch(device.index if device.index is not None else torch.cuda.current_device())
     if device.type == "meta":
-        if recording_arch is None:
-            raise RuntimeError("meta tensors reach a Triton launcher only while recording launches "
-                               "(gemma4_mtp_kernels.triton.record.recording)")
-        return recording_arch
+        return _recorded(recording_arch)
     return 0
 
 
@@ -45,11 +42,16 @@ def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
     if device.type == "meta":
-        if recording_sms is None:
-            raise RuntimeError("meta tensors reach a Triton launcher only while recording launches "
-                               "(gemma4_mtp_kernels.triton.record.recording)")
-        return recording_sms
+        return _recorded(recording_sms)
     return INTERPRETER_SMS
+
+
+def _recorded(value: int | None) -> int:
+    """What `record.recording` says of the GPU that meta tensors stand for."""
+    if value is None:
+        raise RuntimeError("meta tensors reach a Triton launcher only while recording launches "
+                           "(gemma4_mtp_kernels.triton.record.recording)")
+    return value
 
 
 def dot_precision(dtype: torch.dtype) -> str:

@@ -15,7 +15,7 @@ from torch import nn
 import gemma4_mtp_kernels as K
 
 from .config import FULL, SLIDING, AttentionSpec, DrafterConfig, TextConfig
-from .layers import DecoderLayer, RMSNorm, rope_inv_freq
+from .layers import DecoderLayer, RMSNorm, rope_inv_freq, to_dtype
 
 QUERY_POSITIONS = ("last_cached", "next")
 
@@ -264,12 +264,7 @@ def random_drafter(name: str | dict, *, device="cpu", dtype=torch.bfloat16, back
             if drafter.config.use_ordered_embeddings:
                 drafter.token_ordering.copy_(torch.randperm(drafter.config.text.vocab_size, generator=g,
                                                             device=device))
-    for p in drafter.parameters():
-        p.data = p.data.to(dtype)
-    for n, b in drafter.named_buffers():
-        if b.is_floating_point() and not n.endswith("inv_freq"):
-            b.data = b.data.to(dtype)
-    return drafter.eval()
+    return to_dtype(drafter, dtype).eval()
 
 
 def synthetic_context(drafter: Gemma4MTPDrafter, B: int, length: int, *, device="cpu", dtype=torch.bfloat16,

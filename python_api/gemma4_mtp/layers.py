@@ -8,16 +8,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# RMSNorm and RoPE as the library's references compute them (Hugging Face's rounding points): one
+# implementation for the kernels' oracle and the decode loop's target.
+from gemma4_mtp_kernels.reference.rms_norm_linear import rms_norm
+from gemma4_mtp_kernels.reference.rms_norm_q_rope import rope as apply_rope  # noqa: F401  (the target's)
+
 from .config import AttentionSpec, TextConfig
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """`x_hat * weight` in fp32, back in x's dtype (Gemma 4 uses no `1 + weight` offset)."""
-    xf = x.float()
-    y = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
-    if weight is not None:
-        y = y * weight.float()
-    return y.type_as(x)
 
 
 class RMSNorm(nn.Module):
@@ -44,15 +40,15 @@ def rope_inv_freq(spec: AttentionSpec) -> torch.Tensor:
     return inv / spec.rope_factor
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, H, D] by positions [T]; cos/sin in fp32, rounded to x's dtype as Hugging Face does."""
-    freqs = positions.to(torch.float32)[:, None] * inv_freq.to(device=x.device)[None, :]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    cos = emb.cos().to(x.dtype)[:, None, :]
-    sin = emb.sin().to(x.dtype)[:, None, :]
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+def to_dtype(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Parameters and floating buffers in `dtype`; RoPE inverse frequencies stay fp32 (Hugging Face
+    computes the angles in fp32) and integer buffers (token_ordering) keep their type."""
+    for p in module.parameters():
+        p.data = p.data.to(dtype)
+    for name, b in module.named_buffers():
+        if b.is_floating_point() and not name.endswith("inv_freq"):
+            b.data = b.data.to(dtype)
+    return module
 
 
 class MLP(nn.Module):

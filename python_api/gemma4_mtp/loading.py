@@ -9,6 +9,7 @@ from safetensors import safe_open
 
 from .config import parse_drafter_config, parse_target_config
 from .drafter import Gemma4MTPDrafter
+from .layers import to_dtype
 from .target import Gemma4Target
 
 
@@ -51,12 +52,7 @@ def _load_into(module: torch.nn.Module, tensors: dict[str, torch.Tensor], what: 
 def _finish(module, dtype, device):
     module.to(device=device)
     if dtype is not None:
-        # token_ordering stays an integer buffer
-        for p in module.parameters():
-            p.data = p.data.to(dtype)
-        for name, b in module.named_buffers():
-            if b.is_floating_point() and not name.endswith("inv_freq"):
-                b.data = b.data.to(dtype)
+        to_dtype(module, dtype)
     return module.eval()
 
 
