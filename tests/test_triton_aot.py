@@ -4,7 +4,8 @@ under Triton 3.8 (torch 2.14) and Triton 3.6 (torch 2.11, the GPU image and many
 The launches are not described here: `gemma4_mtp_kernels.triton.aot` runs the public ops over the real
 drafter shapes and the awkward cases on meta tensors and records what the launchers launch, as Triton's
 JIT specialises it (`gemma4_mtp_kernels.triton.record`). Each distinct launch must compile, fit the
-shared memory of an A100 / H100 block (a launch over it fails on the GPU) and, for bf16/fp16, not spill.
+shared memory of an A100 / H100 block (a launch over it fails on the GPU) and, for bf16/fp16, not spill
+(aot.STACK_SLOT_BYTES: one saved predicate slot is allowed).
 
 The compiles run in subprocesses (one per architecture, in parallel): under TRITON_INTERPRET=1 (set for
 the CPU tests) the kernels are interpreter objects that cannot be compiled. Triton 3.6 is the second
