@@ -10,7 +10,7 @@ import torch
 
 import hf_tiny
 from gemma4_mtp import load_drafter, load_target, speculative_generate
-from gemma4_mtp.graphs import DraftGraphs, draft_tree, level_sizes, tree_parents
+from gemma4_mtp.graphs import DraftGraphs, TargetGraphs, draft_tree, level_sizes, tree_parents
 
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.usefixtures("one_thread")]
 
@@ -142,3 +142,124 @@ def test_a_round_is_kept_from_its_second_use(pair):
     finally:
         for r in reqs:
             target.release(r)
+
+
+# ---- the target's forward from static buffers (TargetGraphs) -------------------------------------
+
+@pytest.fixture(scope="module", params=["31B", "E2B"])
+def twins(request, tmp_path_factory):
+    """Two copies of one random target of the family (E2B: per-layer embeddings, KV-shared layers): one
+    driven through forward_tree, one through TargetGraphs' static buffers."""
+    tp = tmp_path_factory.mktemp("twin")
+    hf_tiny.build_target(tp, seed=5, family=request.param)
+    return load_target(tp, block_size=4, num_blocks=256), load_target(tp, block_size=4, num_blocks=256)
+
+
+def _trees(g, sizes):
+    tokens = [torch.randint(3, hf_tiny.VOCAB, (n,), generator=g) for n in sizes]
+    parents = [[-1] + [int(torch.randint(0, i, (), generator=g)) for i in range(1, n)] for n in sizes]
+    return tokens, parents
+
+
+def test_static_forward_is_forward_tree(twins):
+    """Rounds of random trees over ragged requests longer than the sliding window (8), in padded
+    buckets, with commits of random accepted paths between them: the static forward gives
+    forward_tree's logits and hidden states (zeros past a request's nodes) and leaves the same
+    committed cache."""
+    eager, static = twins
+    runner = TargetGraphs(static, buckets=(2, 4), capture=False, keep_after=1)
+    g = torch.Generator().manual_seed(11)
+    lengths = (13, 5, 9)
+    prompts = [torch.randint(3, hf_tiny.VOCAB, (n,), generator=g) for n in lengths]
+    reqs = [([t.new_request() for _ in lengths]) for t in (eager, static)]
+    try:
+        for t, rs in zip((eager, static), reqs):
+            t.prefill(rs, prompts)
+        for step, sizes in enumerate(((5, 5, 5), (1, 7, 3), (4, 2, 6), (5, 5, 5), (3, 1, 1))):
+            tokens, parents = _trees(g, sizes)
+            want = eager.forward_tree(reqs[0], tokens, parents)
+            got = runner.forward(reqs[1], tokens, parents)
+            torch.testing.assert_close(got.logits, want.logits, atol=2e-5, rtol=1e-5)
+            torch.testing.assert_close(got.hidden, want.hidden, atol=2e-5, rtol=1e-5)
+            for b, n in enumerate(sizes):
+                assert not got.logits[b, n:].any() and not got.hidden[b, n:].any(), (step, b)
+                leaf = max(range(n), key=lambda i: (len(_path(parents[b], i)), -i))
+                for t, rs in zip((eager, static), reqs):
+                    t.commit(rs[b], _path(parents[b], leaf))
+        for t_e, t_s in ((eager.caches[k], static.caches[k]) for k in eager.caches):
+            for r_e, r_s in zip(*reqs):
+                n = eager.lengths[r_e]
+                pos = torch.arange(max(0, n - (t_e.window or n) - 1), n)
+                for layer in range(t_e.k.shape[0]):
+                    torch.testing.assert_close(t_s.read(layer, r_s, pos), t_e.read(layer, r_e, pos), atol=2e-5,
+                                               rtol=1e-5)
+    finally:
+        for t, rs in zip((eager, static), reqs):
+            for r in rs:
+                t.release(r)
+    assert runner.captures == 0 and {k[:2] for k in runner.kept} == {(4, 5), (4, 7), (4, 6), (4, 3)}
+
+
+def _path(parents, node):
+    out = []
+    while node > 0:
+        out.append(node)
+        node = parents[node]
+    return out[::-1]
+
+
+@pytest.mark.parametrize("shape", [dict(num_draft_tokens=3), dict(num_draft_tokens=None, tree=(2, 2, 1))], ids=str)
+def test_decode_loop_with_static_target_forwards(pair, shape):
+    """The loop's rounds through the target's static forward (what it captures on a GPU) decode what
+    the eager forward decodes, and target-only decoding through it too (one node per request)."""
+    target, drafter = pair
+    prompts = [torch.randint(3, hf_tiny.VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (14, 9, 21)]
+    eager = speculative_generate(target, drafter, prompts, max_new_tokens=14, **shape)
+    base = speculative_generate(target, None, prompts, max_new_tokens=14, num_draft_tokens=0)
+    target.graph_runner = TargetGraphs(target, capture=False)
+    try:
+        static = speculative_generate(target, drafter, prompts, max_new_tokens=14, **shape)
+        static_base = speculative_generate(target, None, prompts, max_new_tokens=14, num_draft_tokens=0)
+        assert target.graph_runner.kept  # the shapes seen twice ran from the static buffers
+        off = speculative_generate(target, drafter, prompts, max_new_tokens=14, cuda_graphs=False, **shape)
+    finally:
+        target.graph_runner = None
+    for b in range(len(prompts)):
+        for out in (static, static_base, off, base):
+            assert torch.equal(out.ids[b], eager.ids[b]), b
+    assert static.stats.accepted_per_round == eager.stats.accepted_per_round
+
+
+def test_target_graphs_refuse_moe_and_cpu_capture(tmp_path, pair):
+    target, _ = pair
+    with pytest.raises(ValueError, match="CUDA"):
+        TargetGraphs(target, capture=True)
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        speculative_generate(target, None, torch.tensor([3, 4, 5]), max_new_tokens=4, num_draft_tokens=0,
+                             cuda_graphs=True)
+    hf_tiny.build_target(tmp_path, seed=0, family="26B-A4B")
+    with pytest.raises(ValueError, match="enable_moe_block"):
+        TargetGraphs(load_target(tmp_path, block_size=4, num_blocks=16), capture=False)
+
+
+@pytest.mark.parametrize("family", list(hf_tiny.FAMILIES))
+def test_static_forward_reads_nothing_on_the_host(tmp_path, family):
+    """What a CUDA graph captures must not read a tensor's value on the host: forward_static runs on
+    meta tensors, where any such read raises. The MoE block's expert dispatch does read the routing
+    (why TargetGraphs refuses MoE targets)."""
+    hf_tiny.build_target(tmp_path, seed=0, family=family)
+    target = load_target(tmp_path, block_size=4, num_blocks=16).to("meta")
+    target._ensure_caches()
+    B, N, W = 2, 3, 4
+
+    def z(*shape, dtype=torch.long):
+        return torch.zeros(*shape, dtype=dtype, device="meta")
+
+    args = (z(B, N), z(B, N), z(B, N, N, dtype=torch.bool), z(B), z(B),
+            {t: z(B, W, dtype=torch.int32) for t in target.caches})
+    if "moe" in hf_tiny.FAMILIES[family]:
+        with pytest.raises((RuntimeError, NotImplementedError)):
+            target.forward_static(*args)
+    else:
+        out = target.forward_static(*args)
+        assert out.logits.shape == (B, N, hf_tiny.VOCAB) and out.logits.device.type == "meta"

@@ -71,3 +71,27 @@ def test_decode_loop_with_graphs(target, prompts, shape):
     assert graphed.stats.accepted_per_round == eager.stats.accepted_per_round
     if "draft_schedule" not in shape:  # a constant shape is replayed from its second round on
         assert drafter._draft_graphs and all(r.captures for r in drafter._draft_graphs.values())
+
+
+def test_target_forward_replay_equals_forward_tree(target, prompts):
+    """Target forwards captured and replayed (padded buckets, a chain and a tree shape, shapes seen
+    again with new inputs) give forward_tree's outputs on the same cache state."""
+    from gemma4_mtp.graphs import TargetGraphs
+    from gemma4_mtp.graphs import tree_parents
+
+    runner = TargetGraphs(target, buckets=(2, 4), keep_after=1)
+    g = torch.Generator().manual_seed(0)
+    for batch, widths in ((prompts[:3], (1, 1, 1, 1)), (prompts[1:4], (2, 2, 1)), (prompts[:2], (1, 1, 1, 1)),
+                          (prompts[2:5], (1, 1, 1, 1))):
+        reqs = [target.new_request() for _ in batch]
+        try:
+            target.prefill(reqs, [p.to(DEV) for p in batch])
+            parents = tree_parents(widths)
+            tokens = [torch.randint(3, target.config.vocab_size, (len(parents),), generator=g) for _ in batch]
+            want = target.forward_tree(reqs, tokens, [parents] * len(batch))
+            got = runner.forward(reqs, tokens, [parents] * len(batch))
+            torch.testing.assert_close(got.logits, want.logits, atol=2e-4, rtol=1e-4)
+        finally:
+            for r in reqs:
+                target.release(r)
+    assert runner.captures >= 2

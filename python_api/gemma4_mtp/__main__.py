@@ -150,6 +150,13 @@ def _generate(args) -> int:
             print(text[len(shown):], end="", flush=True)
             shown = text
 
+    warm = device.type == "cuda"
+    if warm:
+        # the first calls compile Triton kernels and capture the CUDA graphs of each shape (at its
+        # second use): time steady state, both ways graph-replayed, as an engine serves
+        speculative_generate(target, drafter, prompt, **common, **shape)
+        speculative_generate(target, None, prompt, num_draft_tokens=0, **common)
+        torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     spec = speculative_generate(target, drafter, prompt, on_tokens=stream, **common, **shape)
     t_spec = time.perf_counter() - t0
@@ -166,7 +173,7 @@ def _generate(args) -> int:
     print(f"mean acceptance     {s.mean_acceptance_length:.2f} tokens per round (accepted drafts + bonus)")
     print(f"tokens per forward  {s.tokens_per_target_forward:.2f} (target-only decoding: 1.00)")
     print(f"wall clock          speculative {t_spec:.2f} s, target only {t_base:.2f} s "
-          f"({t_base / t_spec:.2f}x)")
+          f"({t_base / t_spec:.2f}x){', after a warm-up run of each (CUDA graphs replayed)' if warm else ''}")
     if args.temperature == 0:
         same = torch.equal(spec.ids[0], base.ids[0])
         print(f"exact               greedy output {'matches' if same else 'DIFFERS FROM'} target-only decoding")

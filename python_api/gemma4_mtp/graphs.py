@@ -1,6 +1,7 @@
-"""A draft round as one CUDA graph (SPEC §5): the k drafter steps of a chain or tree and its
-bookkeeping, captured per batch-size bucket and tree shape with static buffers, as vLLM captures its
-drafter.
+"""A draft round and a target forward as one CUDA graph each (SPEC §5): the k drafter steps of a
+chain or tree and its bookkeeping, captured per batch-size bucket and tree shape with static buffers,
+as vLLM captures its drafter; the target's tree forward likewise (`TargetGraphs`), so that a
+speculative round and target-only decoding are compared graph against graph.
 
 `draft_tree` is the round itself: device work only (no host reads, shapes fixed by the batch size and
 the tree shape), so the same code runs eagerly (CPU, or a drafter whose backend cannot be captured)
@@ -14,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from .drafter import DraftContext, Gemma4MTPDrafter
+from .target import Gemma4Target, TargetOutput
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -64,11 +66,65 @@ def draft_tree(drafter: Gemma4MTPDrafter, ctx: DraftContext, pending: torch.Tens
     return tokens
 
 
+class _Replays:
+    """Graphs kept per static shape key, with the capture policy DraftGraphs and TargetGraphs share:
+    a shape is kept (captured, or run from its static buffers with capture=False) from its
+    keep_after-th use, at most max_kept of them; other calls run eagerly."""
+
+    def __init__(self, device: torch.device, *, buckets, capture: bool | None, max_kept: int, keep_after: int,
+                 owner: str):
+        self.device, self.buckets = device, tuple(buckets)
+        # the shapes cut short by the token budget at the end of a request come once and would cost a
+        # capture each (~3 eager calls); a growing heuristic chain makes new shapes without end
+        self.max_kept, self.keep_after = max_kept, keep_after
+        self.capture = device.type == "cuda" if capture is None else capture
+        if self.capture and device.type != "cuda":
+            raise ValueError(f"{owner}: capture needs a model on a CUDA device, got {device}")
+        self.uses: dict[tuple, int] = {}
+        self.kept: dict[tuple, object] = {}
+        self.pool = torch.cuda.graph_pool_handle() if self.capture else None
+        self.captures = 0
+
+    def bucket(self, B: int) -> int | None:
+        return next((b for b in self.buckets if b >= B), None)
+
+    def entry(self, key: tuple, make):
+        """The kept entry of key (made and captured now if its time has come), or None: run eagerly."""
+        self.uses[key] = self.uses.get(key, 0) + 1
+        e = self.kept.get(key)
+        if e is None and len(self.kept) < self.max_kept and self.uses[key] >= self.keep_after:
+            e = self.kept[key] = make()
+            if self.capture:
+                self._capture(e)
+        return e
+
+    @staticmethod
+    def replay(e) -> None:
+        if e.graph is not None:
+            e.graph.replay()
+        else:
+            e.run()
+
+    def _capture(self, e) -> None:
+        # warm up on a side stream (Triton's first launches compile; the allocator sees the sizes)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                e.run()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        e.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(e.graph, pool=self.pool):
+            e.run()
+        self.captures += 1
+
+
 class _Round:
     """The static buffers and the graph of one (bucket, tree shape)."""
 
     def __init__(self, runner: "DraftGraphs", ctx: DraftContext, bucket: int, widths: tuple):
         dev, Hb = runner.device, runner.drafter.config.backbone_hidden_size
+        self.drafter = runner.drafter
         self.pending = torch.zeros(bucket, dtype=torch.long, device=dev)
         self.hidden = torch.zeros(bucket, Hb, dtype=runner.dtype, device=dev)
         self.seq_lens = torch.zeros(bucket, dtype=torch.int32, device=dev)
@@ -93,34 +149,25 @@ class _Round:
         if B < self.pending.shape[0]:
             self.seq_lens[B:].zero_()
 
-    def run(self, drafter):
-        return draft_tree(drafter, self.ctx, self.pending, self.hidden, self.widths, out=self.out)
+    def run(self):
+        return draft_tree(self.drafter, self.ctx, self.pending, self.hidden, self.widths, out=self.out)
 
 
-class DraftGraphs:
+class DraftGraphs(_Replays):
     """Draft rounds of `drafter` over one target's caches, from static buffers per (bucket, tree shape):
     captured as CUDA graphs and replayed (capture=True, the default on CUDA), or run eagerly from the
     same buffers (capture=False: what the CPU tests check, the graph's exact inputs and outputs)."""
 
     def __init__(self, drafter: Gemma4MTPDrafter, *, table_width: int, buckets=BUCKETS, capture: bool | None = None,
                  max_rounds: int = 32, keep_after: int = 2):
-        self.drafter, self.table_width, self.buckets = drafter, table_width, tuple(buckets)
-        self.max_rounds = max_rounds  # distinct (bucket, shape, ...) rounds kept; beyond, rounds run eagerly
-        # a round is kept (captured) from its keep_after-th use: the shapes cut short by the token
-        # budget at the end of a request come once and would cost a capture each (~3 eager rounds)
-        self.keep_after = keep_after
-        self.uses: dict[tuple, int] = {}
-        self.device = drafter.pre_projection.weight.device
+        super().__init__(drafter.pre_projection.weight.device, buckets=buckets, capture=capture, max_kept=max_rounds,
+                         keep_after=keep_after, owner="DraftGraphs")
+        self.drafter, self.table_width = drafter, table_width
         self.dtype = drafter.pre_projection.weight.dtype
-        self.capture = self.device.type == "cuda" if capture is None else capture
-        if self.capture and self.device.type != "cuda":
-            raise ValueError(f"DraftGraphs: capture needs a drafter on a CUDA device, got {self.device}")
-        self.rounds: dict[tuple, _Round] = {}
-        self.pool = torch.cuda.graph_pool_handle() if self.capture else None
-        self.captures = 0
 
-    def bucket(self, B: int) -> int | None:
-        return next((b for b in self.buckets if b >= B), None)
+    @property
+    def rounds(self) -> dict:
+        return self.kept
 
     def draft(self, ctx: DraftContext, pending: torch.Tensor, hidden: torch.Tensor, widths) -> torch.Tensor:
         """`draft_tree` for this round by replaying the captured graph of its bucket and shape (captured
@@ -137,31 +184,83 @@ class DraftGraphs:
         where = tuple((t, ctx.k_cache[t].data_ptr(), ctx.v_cache[t].data_ptr(), ctx.window[t])
                       for t in sorted(ctx.k_cache))
         key = (bucket, widths, where, ctx.embed_table.data_ptr(), ctx.embed_scale)
-        rnd = self.rounds.get(key)
-        self.uses[key] = self.uses.get(key, 0) + 1
-        if rnd is None and (len(self.rounds) >= self.max_rounds or self.uses[key] < self.keep_after):
-            return draft_tree(self.drafter, ctx, pending, hidden, widths)
+        rnd = self.entry(key, lambda: _Round(self, ctx, bucket, widths))
         if rnd is None:
-            rnd = _Round(self, ctx, bucket, widths)
-            if self.capture:
-                self._capture(rnd)
-            self.rounds[key] = rnd
+            return draft_tree(self.drafter, ctx, pending, hidden, widths)
         rnd.load(ctx, pending, hidden)
-        if rnd.graph is not None:
-            rnd.graph.replay()
-        else:
-            rnd.run(self.drafter)
+        self.replay(rnd)
         return rnd.out[:B]
 
-    def _capture(self, rnd: _Round) -> None:
-        # warm up on a side stream (Triton's first launches compile; the allocator sees the sizes)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                rnd.run(self.drafter)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        rnd.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(rnd.graph, pool=self.pool):
-            rnd.run(self.drafter)
-        self.captures += 1
+
+class _Forward:
+    """The static buffers and the graph of one target forward shape (bucket, nodes, table width)."""
+
+    def __init__(self, target: Gemma4Target, bucket: int, N: int, W: int):
+        dev = target.device
+        self.target = target
+        self.ids = torch.zeros(bucket, N, dtype=torch.long, device=dev)
+        self.depth = torch.zeros(bucket, N, dtype=torch.long, device=dev)
+        self.anc = torch.zeros(bucket, N, N, dtype=torch.bool, device=dev)
+        self.counts = torch.zeros(bucket, dtype=torch.long, device=dev)
+        self.lengths = torch.zeros(bucket, dtype=torch.long, device=dev)
+        self.tables = {t: torch.full((bucket, W), -1, dtype=torch.int32, device=dev) for t in target.caches}
+        self.out, self.graph = None, None
+
+    def load(self, host: dict) -> None:
+        """Host tensors of the full bucket (padding rows included) into the static buffers."""
+        for name in ("ids", "depth", "anc", "counts", "lengths"):
+            getattr(self, name).copy_(host[name])
+        for t, table in host["tables"].items():
+            self.tables[t].copy_(table)
+
+    def run(self):
+        self.out = self.target.forward_static(self.ids, self.depth, self.anc, self.counts, self.lengths, self.tables)
+
+
+class TargetGraphs(_Replays):
+    """The target's tree forwards (`Gemma4Target.forward_tree`, without last_only) from static buffers
+    per (batch bucket, node count, block-table width rounded up to a power of two): captured as CUDA
+    graphs and replayed (capture=True, the default on CUDA), or run eagerly from the same buffers
+    (capture=False). The outputs are views of the static buffers, valid until the next forward of
+    the same shape. MoE targets are refused: their expert dispatch reads the routing on the host."""
+
+    def __init__(self, target: Gemma4Target, *, buckets=BUCKETS, capture: bool | None = None,
+                 max_shapes: int = 32, keep_after: int = 2):
+        if target.config.enable_moe_block:
+            raise ValueError("TargetGraphs: a target with enable_moe_block cannot be captured (the expert "
+                             "dispatch reads the routing on the host)")
+        super().__init__(target.device, buckets=buckets, capture=capture, max_kept=max_shapes,
+                         keep_after=keep_after, owner="TargetGraphs")
+        self.target = target
+
+    def forward(self, reqs: list[int], tokens: list[torch.Tensor], parents: list[list[int]]) -> TargetOutput:
+        target = self.target
+        bucket = self.bucket(len(reqs))
+        if bucket is None:
+            return target.forward_tree(reqs, tokens, parents)
+        ids, trees, counts = target.prepare_trees(reqs, tokens, parents)  # checks, reserves the blocks
+        N = max(counts)
+        need = max(len(c.tables[r]) for c in target.caches.values() for r in reqs)
+        W = 1 << max(2, (need - 1).bit_length())
+        fwd = self.entry((bucket, N, W), lambda: _Forward(target, bucket, N, W))
+        if fwd is None:
+            return target.forward_tree(reqs, tokens, parents)
+        fwd.load(_host_batch(target, reqs, ids, trees, counts, bucket, N, W))
+        self.replay(fwd)
+        B = len(reqs)
+        return TargetOutput(fwd.out.logits[:B], fwd.out.hidden[:B])
+
+
+def _host_batch(target: Gemma4Target, reqs, ids, trees, counts, bucket: int, N: int, W: int) -> dict:
+    """forward_static's inputs for these requests, padded to the bucket, on the host."""
+    host = dict(ids=torch.zeros(bucket, N, dtype=torch.long), depth=torch.zeros(bucket, N, dtype=torch.long),
+                anc=torch.zeros(bucket, N, N, dtype=torch.bool), counts=torch.zeros(bucket, dtype=torch.long),
+                lengths=torch.zeros(bucket, dtype=torch.long),
+                tables={t: torch.full((bucket, W), -1, dtype=torch.int32) for t in target.caches})
+    for b, (r, row, (depth, anc)) in enumerate(zip(reqs, ids.split(counts), trees)):
+        n = counts[b]
+        host["ids"][b, :n], host["depth"][b, :n], host["anc"][b, :n, :n] = row, depth, anc
+        host["counts"][b], host["lengths"][b] = n, target.lengths[r]
+        for t, c in target.caches.items():
+            host["tables"][t][b, :len(c.tables[r])] = torch.tensor(c.tables[r], dtype=torch.int32)
+    return host

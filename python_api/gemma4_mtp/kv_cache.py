@@ -35,13 +35,18 @@ class BlockAllocator:
 class PagedKVCache:
     """k[i], v[i]: [num_blocks, block_size, num_kv_heads, head_dim] of the i-th layer of this type.
 
-    Unwritten slots hold NaN, so a reader that strays outside the written range poisons its output."""
+    Unwritten slots hold NaN, so a reader that strays outside the written range poisons its output.
+    One more block per layer, `trash` (never allocated, outside k and v), takes the writes of a
+    fixed-shape forward's padding nodes, so that a captured forward needs no host-side selection of
+    the nodes that exist."""
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, *,
                  dtype: torch.dtype, device: torch.device | str, window: int | None):
-        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
-        self.k = torch.full(shape, float("nan"), dtype=dtype, device=device)
-        self.v = torch.full(shape, float("nan"), dtype=dtype, device=device)
+        shape = (num_layers, num_blocks + 1, block_size, num_kv_heads, head_dim)
+        self.k_all = torch.full(shape, float("nan"), dtype=dtype, device=device)
+        self.v_all = torch.full(shape, float("nan"), dtype=dtype, device=device)
+        self.k, self.v = self.k_all[:, :num_blocks], self.v_all[:, :num_blocks]
+        self.trash = num_blocks
         self.block_size = block_size
         self.window = window
         self.allocator = BlockAllocator(num_blocks)

@@ -18,7 +18,7 @@ import torch
 import gemma4_mtp_kernels as K
 
 from .drafter import QUERY_POSITIONS
-from .graphs import DraftGraphs, draft_tree, level_sizes, tree_parents
+from .graphs import DraftGraphs, TargetGraphs, draft_tree, level_sizes, tree_parents
 
 SCHEDULES = ("constant", "heuristic")
 _FROM_TARGET = object()
@@ -221,10 +221,14 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
         softmax(logits / temperature) instead of taking its argmax, and verify with those draft
         probabilities (rejection sampling). Exact either way; acceptance differs.
     verify_backend: backend of tree_verify (default: the drafter's backend).
-    cuda_graphs: replay each draft round as a CUDA graph (graphs.DraftGraphs, one per batch bucket
-        and tree shape, captured on first use and kept on the drafter). None: on a CUDA drafter whose
-        backend is not "torch" (the reference attention reads sequence lengths on the host). Drafts
-        drawn with sample_drafts always run eagerly (host random numbers). Same tokens either way.
+    cuda_graphs: replay each draft round and each target forward as a CUDA graph (graphs.DraftGraphs
+        and graphs.TargetGraphs, one graph per batch bucket and shape, captured at a shape's second use
+        and kept on the models). None: the drafter's rounds on a CUDA drafter whose backend is not
+        "torch" (the reference attention reads sequence lengths on the host), the target's forwards
+        on a CUDA target without an MoE block (its expert dispatch reads the routing on the host).
+        Drafts drawn with sample_drafts always run eagerly (host random numbers). The prefill runs
+        eagerly. Same tokens either way. A `target.graph_runner` set by the caller (a TargetGraphs,
+        e.g. with capture=False on CPU) serves the target's forwards unless cuda_graphs is False.
     on_tokens: called as on_tokens(request_index, tokens) with each request's newly emitted tokens,
         as soon as a round emits them (for streaming).
     """
@@ -259,6 +263,7 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
     graphs = None
     if drafter is not None and not sample_drafts:
         graphs = _graphs(drafter, target, cuda_graphs)
+    forward = _target_forward(target, cuda_graphs)
 
     stats = SpeculativeStats(accepted_per_round=[[] for _ in prompts], draft_lengths=[[] for _ in prompts],
                              accepted_paths=[[] for _ in prompts], target_forwards=[1] * B, new_tokens=[0] * B)
@@ -290,7 +295,7 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
             drafted, parents, q = _draft(drafter, target, act_reqs, pending[sel], hidden[sel], shapes,
                                          query_position, _ActSampler(sampler, act) if sample_drafts else None,
                                          graphs)
-            out = target.forward_tree(act_reqs, drafted, parents)
+            out = forward(act_reqs, drafted, parents)
             N = max(len(t) for t in drafted)
             draft_probs = None
             if q is not None:
@@ -342,6 +347,21 @@ def _graphs(drafter, target, cuda_graphs: bool | None) -> DraftGraphs | None:
         # a request's block table never holds more entries than the cache has blocks
         cache[key] = DraftGraphs(drafter, table_width=target.num_blocks)
     return cache[key]
+
+
+def _target_forward(target, cuda_graphs: bool | None):
+    """The target's tree forward for the rounds: its graph runner's, or the eager one."""
+    if cuda_graphs is False:
+        return target.forward_tree
+    runner = getattr(target, "graph_runner", None)
+    if runner is None:
+        on_cuda = target.device.type == "cuda"
+        if cuda_graphs and not on_cuda:
+            raise ValueError("cuda_graphs: True needs a target on a CUDA device")
+        if not on_cuda or target.config.enable_moe_block:
+            return target.forward_tree
+        runner = target.graph_runner = TargetGraphs(target)
+    return runner.forward
 
 
 class _ActSampler:

@@ -162,6 +162,27 @@ def _tree_structure(parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return depth, anc
 
 
+def _rounded(x: float, dtype: torch.dtype) -> float:
+    """x rounded to dtype, as a host number: multiplying by it rounds once, like multiplying by a
+    dtype scalar tensor, and needs no host-to-device copy (none may happen under graph capture)."""
+    return float(torch.tensor(x, dtype=dtype))
+
+
+def _masked_attention(q, k, v, allowed):
+    """q [B, N, Hq, D], k / v [B, S, Hkv, D] (GQA groups of Hq / Hkv heads), allowed [B, N, S] ->
+    [B, N, Hq * D] fp32. Scale 1 (q_norm / k_norm scale). A key no query may see can hold anything
+    (NaN of a never written slot, a padding node's junk): its value is zeroed, its score masked; a
+    query with no key (padding) gets zeros."""
+    B, N, Hq, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    v = torch.where(allowed.any(dim=1)[:, :, None, None], v.float(), 0.0)  # masked scores are replaced
+    s = torch.einsum("bnkgd,bskd->bkgns", q.float().view(B, N, Hkv, Hq // Hkv, D), k.float())
+    s = s.masked_fill(~allowed[:, None, None], float("-inf"))
+    # a row with no key is all -inf (softmax NaN): zeros; a NaN key a query may see still poisons it
+    p = torch.softmax(s, dim=-1).masked_fill(~allowed.any(dim=-1)[:, None, None, :, None], 0.0)
+    return torch.einsum("bkgns,bskd->bnkgd", p, v).reshape(B, N, Hq * D)
+
+
 class Gemma4Target(nn.Module):
     """A Gemma 4 text model (Gemma4ForCausalLM weights) with paged caches and tree verification."""
 
@@ -193,6 +214,8 @@ class Gemma4Target(nn.Module):
             self._slot[i] = self._slot[config.kv_source(i)]
         self.caches: dict[str, PagedKVCache] = {}
         self.lengths: dict[int, int] = {}
+        # the graphs.TargetGraphs the decode loop replays this target's forwards with (made on first use)
+        self.graph_runner = None
         self._next_request = 0
 
     # ---- weights -----------------------------------------------------------------------------
@@ -212,7 +235,7 @@ class Gemma4Target(nn.Module):
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         w = self.embed_tokens.weight
         # the scale is rounded to the table dtype first, as Gemma's scaled embedding does
-        return w[token_ids.long()] * torch.tensor(self.config.embed_scale, dtype=w.dtype, device=w.device)
+        return w[token_ids.long()] * _rounded(self.config.embed_scale, w.dtype)
 
     def per_layer_inputs(self, token_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         """PLE [T, num_layers, P] of tokens [T] whose scaled embeddings are embeds [T, H]: (context +
@@ -221,7 +244,7 @@ class Gemma4Target(nn.Module):
         cfg = self.config
         T, L, P = token_ids.shape[0], cfg.num_layers, cfg.hidden_size_per_layer_input
         w = self.embed_tokens_per_layer.weight
-        identity = w[token_ids.long()] * torch.tensor(math.sqrt(P), dtype=w.dtype, device=w.device)
+        identity = w[token_ids.long()] * _rounded(math.sqrt(P), w.dtype)
         context = self.per_layer_model_projection(embeds) * cfg.hidden_size ** -0.5
         context = self.per_layer_projection_norm(context.view(T, L, P))
         return (context + identity.view(T, L, P)) * 2.0 ** -0.5
@@ -274,82 +297,147 @@ class Gemma4Target(nn.Module):
         """Run the token tree of each request (node 0 = pending token) and write its K/V to scratch slots.
 
         last_only: return only each request's last node (a long prompt needs no [T, V] logits)."""
-        if not (len(reqs) == len(tokens) == len(parents)):
-            raise ValueError("reqs, tokens and parents need one entry per request")
-        dev, cfg = self.device, self.config
-        ids = torch.cat([torch.as_tensor(t, device=dev).long().reshape(-1) for t in tokens])
-        if bool(((ids < 0) | (ids >= cfg.vocab_size)).any()):
-            raise ValueError(f"tokens: ids must be in [0, {cfg.vocab_size})")
-        trees, positions = [], []
-        for r, tok, par in zip(reqs, tokens, parents):
-            if len(tok) != len(par) or len(tok) == 0:
-                raise ValueError(f"request {r}: tokens and parents need the same non-zero length")
-            depth, anc = _tree_structure(list(par))
-            trees.append((depth, anc.to(dev)))
-            positions.append(self.lengths[r] + depth.to(dev))
-            for c in self.caches.values():
-                c.reserve(r, self.lengths[r] + len(tok))
-        pos = torch.cat(positions)
-        counts = [len(t) for t in tokens]
-        x = self.embed(ids)
-        ple = self.per_layer_inputs(ids, x) if cfg.hidden_size_per_layer_input else None
-        for i, layer in enumerate(self.layers):
-            x = layer(x, lambda h, i=i: self._attention(i, h, pos, reqs, counts, trees),
-                      None if ple is None else ple[:, i])
-        hidden = self.norm(x)
+        dev = self.device
+        ids, trees, counts = self.prepare_trees(reqs, tokens, parents)
+        ids = ids.to(dev)
+        trees = [(depth, anc.to(dev)) for depth, anc in trees]
+        pos = torch.cat([self.lengths[r] + depth.to(dev) for r, (depth, _) in zip(reqs, trees)])
+        hidden = self._layers(ids, pos, lambda i, q, k, v: self._attend(i, q, k, v, pos, reqs, counts, trees))
         if last_only:
             ends = torch.tensor(counts, device=dev).cumsum(0) - 1
             hidden, counts = hidden[ends], [1] * len(counts)
-        logits = hidden @ self.lm_head_weight.T
-        if cfg.final_logit_softcapping is not None:
-            cap = cfg.final_logit_softcapping
-            logits = torch.tanh(logits / cap) * cap
+        logits = self._logits(hidden)
         B, N = len(reqs), max(counts)
-        out_logits = torch.zeros(B, N, cfg.vocab_size, dtype=torch.float32, device=dev)
-        out_hidden = torch.zeros(B, N, cfg.hidden_size, dtype=hidden.dtype, device=dev)
+        out_logits = torch.zeros(B, N, self.config.vocab_size, dtype=torch.float32, device=dev)
+        out_hidden = torch.zeros(B, N, self.config.hidden_size, dtype=hidden.dtype, device=dev)
         for b, (lg, hd) in enumerate(zip(logits.split(counts), hidden.split(counts))):
-            out_logits[b, :len(lg)] = lg.float()
+            out_logits[b, :len(lg)] = lg
             out_hidden[b, :len(hd)] = hd
         return TargetOutput(out_logits, out_hidden)
 
-    def _attention(self, i, h, pos, reqs, counts, trees):
+    def prepare_trees(self, reqs, tokens, parents):
+        """Check the trees and reserve their scratch slots: (ids [T] int64 on the host side of the
+        tokens, per request (depth [n], ancestor-or-self mask [n, n]) on the host, node counts)."""
+        if not (len(reqs) == len(tokens) == len(parents)):
+            raise ValueError("reqs, tokens and parents need one entry per request")
+        ids = torch.cat([torch.as_tensor(t).long().reshape(-1) for t in tokens])
+        if bool(((ids < 0) | (ids >= self.config.vocab_size)).any()):
+            raise ValueError(f"tokens: ids must be in [0, {self.config.vocab_size})")
+        trees = []
+        for r, tok, par in zip(reqs, tokens, parents):
+            if len(tok) != len(par) or len(tok) == 0:
+                raise ValueError(f"request {r}: tokens and parents need the same non-zero length")
+            trees.append(_tree_structure(list(par)))
+            for c in self.caches.values():
+                c.reserve(r, self.lengths[r] + len(tok))
+        return ids, trees, [len(t) for t in tokens]
+
+    def _layers(self, ids: torch.Tensor, pos: torch.Tensor, attend) -> torch.Tensor:
+        """The final normed hidden states [T, H] of tokens ids [T] at positions pos [T];
+        attend(layer, q, k, v) writes k / v (None on a KV-shared layer) where it keeps K/V and
+        returns the attention output [T, Hq * D] before o_proj."""
         cfg = self.config
+        x = self.embed(ids)
+        ple = self.per_layer_inputs(ids, x) if cfg.hidden_size_per_layer_input else None
+        for i, layer in enumerate(self.layers):
+            x = layer(x, lambda h, i=i: self.layers[i].self_attn.o_proj(attend(i, *self._qkv(i, h, pos))),
+                      None if ple is None else ple[:, i])
+        return self.norm(x)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = hidden @ self.lm_head_weight.T
+        if self.config.final_logit_softcapping is not None:
+            cap = self.config.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()
+
+    def _qkv(self, i, h, pos):
+        """q [T, Hq, D] (normed, rotated), k and v [T, Hkv, D] (None on a KV-shared layer)."""
         attn = self.layers[i].self_attn
-        layer_type = cfg.layer_types[i]
-        spec = cfg.attention[layer_type]
-        cache, slot = self.caches[layer_type], self._slot[i]
-        inv_freq = getattr(self, f"{layer_type}_inv_freq")
+        inv_freq = getattr(self, f"{self.config.layer_types[i]}_inv_freq")
         T, D = h.shape[0], attn.head_dim
         q = apply_rope(attn.q_norm(attn.q_proj(h).view(T, -1, D)), pos, inv_freq)
         if attn.kv_shared:
             # the source layer (an earlier one) already wrote this forward's K/V to the shared slot
-            kv = [(None, None)] * len(reqs)
-        else:
-            k_raw = attn.k_proj(h).view(T, -1, D)
-            v_raw = k_raw if attn.v_proj is None else attn.v_proj(h).view(T, -1, D)
-            k = apply_rope(attn.k_norm(k_raw), pos, inv_freq)
-            v = rms_norm(v_raw, None, cfg.rms_norm_eps)
-            kv = list(zip(k.split(counts), v.split(counts)))
-        group = attn.num_heads // attn.num_kv_heads
+            return q, None, None
+        k_raw = attn.k_proj(h).view(T, -1, D)
+        v_raw = k_raw if attn.v_proj is None else attn.v_proj(h).view(T, -1, D)
+        k = apply_rope(attn.k_norm(k_raw), pos, inv_freq)
+        return q, k, rms_norm(v_raw, None, self.config.rms_norm_eps)
+
+    def _attend(self, i, q, k, v, pos, reqs, counts, trees):
+        """Each request's nodes over its committed prefix (gathered through its block table) and its
+        ancestors, one request at a time."""
+        layer_type = self.config.layer_types[i]
+        window = self.config.attention[layer_type].window
+        cache, slot = self.caches[layer_type], self._slot[i]
+        dev = q.device
+        kv = [(None, None)] * len(reqs) if k is None else list(zip(k.split(counts), v.split(counts)))
         outs = []
         for b, (r, qb, (kb, vb), pb) in enumerate(zip(reqs, q.split(counts), kv, pos.split(counts))):
             L, n = self.lengths[r], counts[b]
             depth, anc = trees[b]
             if kb is not None:
-                cache.write(slot, r, torch.arange(L, L + n, device=h.device), kb, vb)
-            lo = 0 if spec.window is None else max(0, L - spec.window + 1)
-            keys_k, keys_v = cache.read(slot, r, torch.arange(lo, L + n, device=h.device))
-            key_pos = torch.cat([torch.arange(lo, L, device=h.device), pb])
-            allowed = torch.cat([torch.ones(n, L - lo, dtype=torch.bool, device=h.device), anc], dim=1)
-            if spec.window is not None:
-                allowed &= key_pos[None, :] > pb[:, None] - spec.window
-            kk = keys_k.float().repeat_interleave(group, dim=1)
-            vv = keys_v.float().repeat_interleave(group, dim=1)
-            s = torch.einsum("qhd,khd->hqk", qb.float(), kk)  # attention scale 1.0: q_norm/k_norm scale
-            s = s.masked_fill(~allowed[None], float("-inf"))
-            o = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vv)
-            outs.append(o.to(h.dtype).reshape(n, -1))
-        return attn.o_proj(torch.cat(outs))
+                cache.write(slot, r, torch.arange(L, L + n, device=dev), kb, vb)
+            lo = 0 if window is None else max(0, L - window + 1)
+            keys_k, keys_v = cache.read(slot, r, torch.arange(lo, L + n, device=dev))
+            key_pos = torch.cat([torch.arange(lo, L, device=dev), pb])
+            allowed = torch.cat([torch.ones(n, L - lo, dtype=torch.bool, device=dev), anc], dim=1)
+            if window is not None:
+                allowed &= key_pos[None, :] > pb[:, None] - window
+            outs.append(_masked_attention(qb[None], keys_k[None], keys_v[None], allowed[None])[0])
+        return torch.cat(outs).to(q.dtype)
+
+    @torch.no_grad()
+    def forward_static(self, ids, depth, anc, counts, lengths, tables) -> TargetOutput:
+        """forward_tree over fixed-shape device tensors, without a host read: what a CUDA graph
+        captures (graphs.TargetGraphs owns the buffers and reserves the blocks).
+
+        ids, depth [B, N] int64; anc [B, N, N] bool; counts, lengths [B] int64 (a padding row has
+        count 0); tables {attention type: [B, W] int32 block table, -1 for no block}. Each request's
+        blocks must cover lengths + counts. Nodes past a request's count write their K/V to the
+        caches' trash block and get zero outputs, as forward_tree's padding."""
+        B, N = ids.shape
+        dev = ids.device
+        node = torch.arange(N, device=dev)
+        valid = node[None, :] < counts[:, None]  # [B, N]
+        pos = lengths[:, None] + depth  # [B, N]
+        where = {}  # per attention type: (write index [B * N], key index [B, S], allowed [B, N, S])
+        for t, cache in self.caches.items():
+            table = tables[t].long()
+            bs, W = cache.block_size, table.shape[1]
+            slot = lengths[:, None] + node[None, :]
+            blk = table.gather(1, (slot // bs).clamp(max=W - 1))
+            write = torch.where(valid & (blk >= 0), blk * bs + slot % bs, cache.trash * bs)
+            j = torch.arange(W * bs, device=dev)
+            kblk = table[:, j // bs]  # [B, S]
+            read = torch.where(kblk >= 0, kblk * bs + j % bs, cache.trash * bs)
+            # key j: a committed position (j < length), or the scratch slot of node j - length
+            rel = j[None, :] - lengths[:, None]  # [B, S]
+            is_node = (rel >= 0) & (rel < counts[:, None])
+            relc = rel.clamp(0, N - 1)
+            key_pos = torch.where(is_node, lengths[:, None] + depth.gather(1, relc), j[None, :])
+            anc_key = anc.gather(2, relc[:, None, :].expand(B, N, -1))  # [B, N, S]
+            allowed = ((rel < 0)[:, None, :] | (is_node[:, None, :] & anc_key)) & (kblk >= 0)[:, None, :]
+            if cache.window is not None:
+                allowed &= key_pos[:, None, :] > pos[:, :, None] - cache.window
+            where[t] = (write.view(-1), read, allowed & valid[:, :, None])
+
+        def attend(i, q, k, v):
+            layer_type = self.config.layer_types[i]
+            cache, slot = self.caches[layer_type], self._slot[i]
+            write, read, allowed = where[layer_type]
+            kc = cache.k_all[slot].view(-1, *cache.k_all.shape[-2:])
+            vc = cache.v_all[slot].view(-1, *cache.v_all.shape[-2:])
+            if k is not None:
+                kc.index_copy_(0, write, k.to(kc.dtype))
+                vc.index_copy_(0, write, v.to(vc.dtype))
+            o = _masked_attention(q.view(B, N, *q.shape[1:]), kc[read], vc[read], allowed)
+            return o.reshape(B * N, -1).to(q.dtype)
+
+        hidden = self._layers(ids.view(-1), pos.view(-1), attend).view(B, N, -1)
+        logits = self._logits(hidden)
+        return TargetOutput(logits * valid[:, :, None], hidden * valid[:, :, None])
 
     # ---- commit ------------------------------------------------------------------------------
 
