@@ -9,12 +9,13 @@ Design. The cost is the head (512 MiB in bf16); T <= 64 tokens ride along.
    Ranking is on int32 keys (order-preserving fp32 bits, -0.0 as +0.0, every NaN as the one above
    +inf, so a NaN ranks first as in torch's sort); ties go to the lower id. The merge takes the
    best of (list, tile) KP times (two max and two min reductions each): no sort.
-2. `_topk_merge_kernel`, grid (T / MT): the same selection over the P * KP published candidates of each
-   token, writing ids (int64) and logits (fp32) best first.
+2. In the same launch, the last program of each token block to publish (a counter per block, left
+   zero again: gemma4_mtp_kernels._counters) runs the same selection over the P * KP published
+   candidates of its tokens, writing ids (int64) and logits (fp32) best first.
 Expected on H100/H200: 31B / 26B head 537 MB -> ~128 us at 4.2 TB/s; the tl.dot tile pipeline
 (3 stages of 128 x 64 bf16) should reach ~85-90% (~145-150 us) at T <= 16; the k = 1 merge adds
-2 reductions per 128-row tile, k = 8 adds 32 (cheap beside 128 x 1024 weights), the second launch
-~2 us. The unfused path it replaces (fp32 copy of the head, fp32 GEMV, full sort) took ~640 us.
+2 reductions per 128-row tile, k = 8 adds 32 (cheap beside 128 x 1024 weights), the merge by the
+last program ~1-2 us (it was a second launch, ~2 us plus its launch gap). The unfused path it replaces (fp32 copy of the head, fp32 GEMV, full sort) took ~640 us.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._counters import zeroed_counters
 from ._common import device_helper, dot_precision, interpreting, mma, num_sms, pow2_at_least
 
 NO_ID = tl.constexpr(2147483647)
@@ -65,9 +67,10 @@ def take_topk(run_key, run_id, key, ids, KP: tl.constexpr):
 
 
 @triton.jit
-def _head_kernel(h_ptr, w_ptr, out_ptr, key_ptr, id_ptr, T, V, Hd, tiles_per_prog, s_h, s_w, s_out,
+def _head_kernel(h_ptr, w_ptr, out_ptr, key_ptr, id_ptr, cnt_ptr, out_id_ptr, out_val_ptr, T, V, Hd, top_k,
+                 tiles_per_prog, s_h, s_w, s_out,
                  DENSE: tl.constexpr, KP: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr,
-                 BLOCK_K: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr):
+                 BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr):
     p = tl.program_id(0)
     tok = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_mask = tok < T
@@ -98,27 +101,29 @@ def _head_kernel(h_ptr, w_ptr, out_ptr, key_ptr, id_ptr, T, V, Hd, tiles_per_pro
         dst = (p * KP + tl.arange(0, KP))[:, None] * T + tok[None, :]
         tl.store(key_ptr + dst, run_key, mask=tok_mask[None, :])
         tl.store(id_ptr + dst, run_id, mask=tok_mask[None, :])
-
-
-@triton.jit
-def _topk_merge_kernel(key_ptr, id_ptr, out_id_ptr, out_val_ptr, T, n_cand, k,
-                  KP: tl.constexpr, MT: tl.constexpr, BLOCK_C: tl.constexpr):
-    tok = tl.program_id(0) * MT + tl.arange(0, MT)
-    tok_mask = tok < T
-    run_key = tl.full((KP, MT), EMPTY, tl.int32)
-    run_id = tl.full((KP, MT), NO_ID, tl.int32)
-    for c0 in range(0, n_cand, BLOCK_C):
-        c = c0 + tl.arange(0, BLOCK_C)
-        mask = (c < n_cand)[:, None] & tok_mask[None, :]
-        src = c[:, None] * T + tok[None, :]
-        key = tl.load(key_ptr + src, mask=mask, other=EMPTY)
-        ids = tl.load(id_ptr + src, mask=mask, other=NO_ID)
-        run_key, run_id = take_topk(run_key, run_id, key, ids, KP)
-    slot = tl.arange(0, KP)[:, None]
-    dst = tok.to(tl.int64)[None, :] * k + slot
-    mask = (slot < k) & tok_mask[None, :]
-    tl.store(out_id_ptr + dst, run_id.to(tl.int64), mask=mask)
-    tl.store(out_val_ptr + dst, from_key(run_key), mask=mask)
+        # the last program of this token block to publish merges every program's list (bar.sync orders
+        # the program's stores before the release; the loads after the acquire are .cg, from L2) and
+        # leaves the counter zero for the next launch
+        tl.debug_barrier()
+        done = tl.atomic_add(cnt_ptr + tl.program_id(1), 1, sem="acq_rel", scope="gpu")
+        if done == tl.num_programs(0) - 1:
+            n_cand = tl.num_programs(0) * KP
+            run_key = tl.full((KP, BLOCK_T), EMPTY, tl.int32)
+            run_id = tl.full((KP, BLOCK_T), NO_ID, tl.int32)
+            # (names of their own: a variable assigned before this branch may not change type in it)
+            for c0 in range(0, n_cand, BLOCK_C):
+                c = c0 + tl.arange(0, BLOCK_C)
+                c_mask = (c < n_cand)[:, None] & tok_mask[None, :]
+                src = c[:, None] * T + tok[None, :]
+                c_key = tl.load(key_ptr + src, mask=c_mask, other=EMPTY, cache_modifier=".cg")
+                c_id = tl.load(id_ptr + src, mask=c_mask, other=NO_ID, cache_modifier=".cg")
+                run_key, run_id = take_topk(run_key, run_id, c_key, c_id, KP)
+            slot = tl.arange(0, KP)[:, None]
+            out_at = tok.to(tl.int64)[None, :] * top_k + slot
+            out_mask = (slot < top_k) & tok_mask[None, :]
+            tl.store(out_id_ptr + out_at, run_id.to(tl.int64), mask=out_mask)
+            tl.store(out_val_ptr + out_at, from_key(run_key), mask=out_mask)
+            tl.store(cnt_ptr + tl.program_id(1), 0)
 
 
 BLOCK_K = 64
@@ -153,20 +158,16 @@ def dense_lm_head(hidden, lm_head, *, output="topk", k=1):
         return out if dense else (out_ids, out_vals)
     KP = pow2_at_least(k, 1) if not dense else 1
     cfg = launch_config(T, V, num_sms(dev), KP)
-    P = cfg["programs"]
-    keys = ids = None
+    P, TB = cfg["programs"], triton.cdiv(T, cfg["BLOCK_T"])
+    keys = ids = counters = None
     if not dense:
         keys = torch.empty(P * KP, T, dtype=torch.int32, device=dev)
         ids = torch.empty(P * KP, T, dtype=torch.int32, device=dev)
-    interp = interpreting(dev)
-    _head_kernel[(P, triton.cdiv(T, cfg["BLOCK_T"]))](
-        hidden, lm_head, out if dense else None, keys, ids, T, V, Hd, cfg["tiles_per_prog"], hidden.stride(0),
-        lm_head.stride(0), V, DENSE=dense, KP=KP, BLOCK_V=cfg["BLOCK_V"], BLOCK_T=cfg["BLOCK_T"],
-        BLOCK_K=cfg["BLOCK_K"], PREC=dot_precision(hidden.dtype), INTERP=interp, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"])
-    if dense:
-        return out
-    MT = min(16, pow2_at_least(T, 1))
-    _topk_merge_kernel[(triton.cdiv(T, MT),)](keys, ids, out_ids, out_vals, T, P * KP, k, KP=KP, MT=MT,
-                                         BLOCK_C=max(16, 1024 // (KP * MT)), num_warps=4, num_stages=1)
-    return out_ids, out_vals
+        counters = zeroed_counters(dev, TB, "triton.dense_lm_head")
+    _head_kernel[(P, TB)](
+        hidden, lm_head, out if dense else None, keys, ids, counters, None if dense else out_ids,
+        None if dense else out_vals, T, V, Hd, k, cfg["tiles_per_prog"], hidden.stride(0), lm_head.stride(0), V,
+        DENSE=dense, KP=KP, BLOCK_V=cfg["BLOCK_V"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"],
+        BLOCK_C=max(16, 1024 // (KP * cfg["BLOCK_T"])), PREC=dot_precision(hidden.dtype),
+        INTERP=interpreting(dev), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"])
+    return out if dense else (out_ids, out_vals)
