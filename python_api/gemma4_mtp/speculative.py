@@ -310,17 +310,20 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
                 uniforms=sampler.padded_uniforms(act, [len(t) for t in drafted], N) if sampling else None,
                 draft_probs=draft_probs, backend=backend)
             stats.rounds += 1
+            # the next round's inputs stay on the device; the host reads the result once
+            rows = torch.arange(len(act), device=dev)
+            pending[sel] = res.output_tokens[rows, res.accept_len.long()]
+            hidden[sel] = out.hidden[rows, res.last_node.long()]
+            accept_len, nodes, tokens = (t.cpu() for t in (res.accept_len, res.accepted_nodes, res.output_tokens))
             for i, b in enumerate(act):
-                n = int(res.accept_len[i])
-                path = res.accepted_nodes[i, :n].tolist()
-                emitted = res.output_tokens[i, :n + 1].tolist()
+                n = int(accept_len[i])
+                path = nodes[i, :n].tolist()
+                emitted = tokens[i, :n + 1].tolist()
                 stats.accepted_per_round[b].append(n)
                 stats.draft_lengths[b].append(len(shapes[i]))
                 stats.accepted_paths[b].append(path)
                 stats.target_forwards[b] += 1
                 target.commit(reqs[b], path)
-                pending[b] = emitted[-1]
-                hidden[b] = out.hidden[i, int(res.last_node[i])]
                 done[b] = _emit(out_ids[b], emitted, eos, max_new_tokens, b, on_tokens)
                 if draft_schedule == "heuristic":
                     drafted_here = len(shapes[i])
