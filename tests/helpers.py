@@ -88,3 +88,12 @@ def held_out_prompts(lengths):
     held_out = train.held_out_stream(train.load_tokenizer(train.ASSETS))
     stride = held_out.numel() // len(lengths)
     return [held_out[i * stride:i * stride + n] for i, n in enumerate(lengths)]
+
+
+def tree_path(parents, node):
+    """The nodes from the root's child down to `node` (root excluded): an accepted path to commit."""
+    out = []
+    while node > 0:
+        out.append(node)
+        node = parents[node]
+    return out[::-1]

@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 from scipy.stats import chisquare
 
 import hf_tiny
+from helpers import tree_path
 from gemma4_mtp import load_drafter, load_target, speculative_generate
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -67,14 +68,6 @@ def hf_logits(hf, ids):
         return hf(torch.as_tensor(ids)[None], use_cache=False).logits[0].float()
 
 
-def _path(parents, node):
-    out = []
-    while node > 0:
-        out.append(node)
-        node = parents[node]
-    return out[::-1]
-
-
 def test_caches_hold_the_non_shared_layers(random_models):
     _, _, target, _ = random_models
     cfg = target.config
@@ -101,8 +94,8 @@ def test_prefill_tree_and_commit_match_hf(random_models):
         close(pre.logits[0, :12], hf_logits(hf, prefix[:-1]))
         out = target.forward_tree([r], [torch.cat([prefix[-1:], tokens[1:]])], [parents])
         for i in range(n):
-            close(out.logits[0, i], hf_logits(hf, torch.cat([prefix, tokens[_path(parents, i)]]))[-1])
-        path = _path(parents, max(range(n), key=lambda i: (len(_path(parents, i)), i)))
+            close(out.logits[0, i], hf_logits(hf, torch.cat([prefix, tokens[tree_path(parents, i)]]))[-1])
+        path = tree_path(parents, max(range(n), key=lambda i: (len(tree_path(parents, i)), i)))
         assert path != list(range(1, len(path) + 1)), "the test tree should commit a non-contiguous path"
         target.commit(r, path)
         accepted = torch.cat([prefix, tokens[path]])

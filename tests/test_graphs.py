@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import hf_tiny
+from helpers import tree_path
 from gemma4_mtp import load_drafter, load_target, speculative_generate
 from gemma4_mtp.graphs import DraftGraphs, TargetGraphs, draft_tree, level_sizes, tree_parents
 
@@ -183,9 +184,9 @@ def test_static_forward_is_forward_tree(twins):
             torch.testing.assert_close(got.hidden, want.hidden, atol=2e-5, rtol=1e-5)
             for b, n in enumerate(sizes):
                 assert not got.logits[b, n:].any() and not got.hidden[b, n:].any(), (step, b)
-                leaf = max(range(n), key=lambda i: (len(_path(parents[b], i)), -i))
+                leaf = max(range(n), key=lambda i: (len(tree_path(parents[b], i)), -i))
                 for t, rs in zip((eager, static), reqs):
-                    t.commit(rs[b], _path(parents[b], leaf))
+                    t.commit(rs[b], tree_path(parents[b], leaf))
         for t_e, t_s in ((eager.caches[k], static.caches[k]) for k in eager.caches):
             for r_e, r_s in zip(*reqs):
                 n = eager.lengths[r_e]
@@ -198,14 +199,6 @@ def test_static_forward_is_forward_tree(twins):
             for r in rs:
                 t.release(r)
     assert runner.captures == 0 and {k[:2] for k in runner.kept} == {(4, 5), (4, 7), (4, 6), (4, 3)}
-
-
-def _path(parents, node):
-    out = []
-    while node > 0:
-        out.append(node)
-        node = parents[node]
-    return out[::-1]
 
 
 @pytest.mark.parametrize("shape", [dict(num_draft_tokens=3), dict(num_draft_tokens=None, tree=(2, 2, 1))], ids=str)

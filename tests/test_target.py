@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import hf_tiny
+from helpers import tree_path
 from gemma4_mtp import OutOfBlocksError, UnsupportedModelError, load_target
 from gemma4_mtp.config import parse_drafter_config, parse_target_config
 
@@ -54,14 +55,6 @@ def _random_tree(n, g):
     return parents
 
 
-def _path(parents, node):
-    out = []
-    while node > 0:
-        out.append(node)
-        node = parents[node]
-    return out[::-1]
-
-
 def test_tree_forward_and_commit_match_sequential(pair):
     """Every node's logits equal HF's on prefix + its path; after committing a path that skips
     earlier siblings, the cache holds what a fresh prefill of the accepted sequence holds."""
@@ -77,10 +70,10 @@ def test_tree_forward_and_commit_match_sequential(pair):
         target.prefill([r], [prefix[:-1]])
         out = target.forward_tree([r], [torch.cat([prefix[-1:], tokens[1:]])], [parents])
         for i in range(n):
-            seq = torch.cat([prefix, tokens[_path(parents, i)]])
+            seq = torch.cat([prefix, tokens[tree_path(parents, i)]])
             close(out.logits[0, i], hf_logits(hf, seq)[-1])
-        deepest = max(range(n), key=lambda i: (len(_path(parents, i)), i))
-        path = _path(parents, deepest)
+        deepest = max(range(n), key=lambda i: (len(tree_path(parents, i)), i))
+        path = tree_path(parents, deepest)
         assert path != list(range(1, len(path) + 1)), "the test tree should commit a non-contiguous path"
         target.commit(r, path)
         accepted = torch.cat([prefix, tokens[path]])
