@@ -177,3 +177,35 @@ def greedy_oracle(hf, prompts, max_new, eos=None):
                 gen = gen[:int((gen == eos).nonzero()[0]) + 1]
             out[i] = gen
     return out
+
+
+@torch.no_grad()
+def exact_distribution(hf, prompt, steps, temperature, floor=1e-6):
+    """P(continuation) of `steps` tokens after `prompt` from the HF target's own logits (its forward over
+    the whole sequence, no cache), over the continuations above `floor`."""
+    seqs = {(): 1.0}
+    for _ in range(steps):
+        grown = {}
+        for s, p in seqs.items():
+            ids = torch.cat([prompt, torch.tensor(s, dtype=torch.long)])
+            probs = torch.softmax(hf(ids[None], use_cache=False).logits[0, -1].double() / temperature, -1)
+            for v in torch.nonzero(probs * p > floor).flatten().tolist():
+                grown[s + (v,)] = p * float(probs[v])
+        seqs = grown
+    return seqs
+
+
+def check_distribution(samples, exact):
+    """Chi-square of sampled continuations (tuples) against `exact_distribution`: every continuation
+    expected at least 5 times is a bin, everything rarer one more bin."""
+    from collections import Counter
+
+    from scipy.stats import chisquare
+
+    n = len(samples)
+    counts = Counter(samples)
+    frequent = [s for s, p in exact.items() if p * n >= 5]
+    expected = [exact[s] * n for s in frequent] + [n - sum(exact[s] * n for s in frequent)]
+    observed = [counts.get(s, 0) for s in frequent] + [n - sum(counts.get(s, 0) for s in frequent)]
+    assert len(frequent) >= 4, "too few frequent continuations for the test to mean anything"
+    assert chisquare(observed, expected).pvalue > 1e-3

@@ -9,12 +9,10 @@ the non-shared layers and the drafter reads exactly the K/V that HF hands its as
 speculative decoding (chain and tree, a batch of ragged prompts all longer than the sliding window)
 equals the greedy oracle over HF's forward; sampling has the target's distribution (chi-square).
 """
-from collections import Counter
 
 import pytest
 import torch
 from safetensors.torch import save_file
-from scipy.stats import chisquare
 
 import hf_tiny
 from helpers import tree_path
@@ -189,21 +187,6 @@ def test_greedy_matches_the_forward_oracle(agreeing_models, oracle, kw):
         assert c.allocator.num_free == c.allocator.num_blocks
 
 
-@torch.no_grad()
-def exact_distribution(hf, prompt, steps, temperature, floor=1e-6):
-    """P(continuation) from the HF target's own logits, over continuations above `floor`."""
-    seqs = {(): 1.0}
-    for _ in range(steps):
-        grown = {}
-        for s, p in seqs.items():
-            ids = torch.cat([prompt, torch.tensor(s, dtype=torch.long)])
-            probs = torch.softmax(hf(ids[None], use_cache=False).logits[0, -1].double() / temperature, -1)
-            for v in torch.nonzero(probs * p > floor).flatten().tolist():
-                grown[s + (v,)] = p * float(probs[v])
-        seqs = grown
-    return seqs
-
-
 @pytest.mark.parametrize("kw", [dict(num_draft_tokens=None, tree=(2, 2)), dict(num_draft_tokens=2, sample_drafts=True)],
                          ids=["tree", "chain-sampled-drafts"])
 def test_sampling_matches_target_distribution(agreeing_models, kw):
@@ -211,18 +194,11 @@ def test_sampling_matches_target_distribution(agreeing_models, kw):
     joint distribution (chi-square, as test_speculative)."""
     hf, target, drafter = agreeing_models
     prompt, steps, temperature, n = ragged_prompts(seed=3)[0], 3, 1.0, 400
-    exact = exact_distribution(hf, prompt, steps, temperature)
+    exact = hf_tiny.exact_distribution(hf, prompt, steps, temperature)
     out = speculative_generate(target, drafter, [prompt] * n, max_new_tokens=steps, temperature=temperature,
                                seed=123, eos_token_id=None, **kw)
     assert out.stats.mean_accepted > 0.15, "drafts were hardly accepted: the test would not exercise verification"
-    counts = Counter(tuple(ids.tolist()) for ids in out.ids)
-    frequent = [s for s, p in exact.items() if p * n >= 5]
-    expected = [exact[s] * n for s in frequent]
-    observed = [counts.get(s, 0) for s in frequent]
-    expected.append(n - sum(expected))
-    observed.append(n - sum(observed))
-    assert len(frequent) >= 4
-    assert chisquare(observed, expected).pvalue > 1e-3
+    hf_tiny.check_distribution([tuple(ids.tolist()) for ids in out.ids], exact)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

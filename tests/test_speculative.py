@@ -5,11 +5,9 @@ sampling, batched == alone, schedules, EOS. Tiny fp32 checkpoints, backend="torc
 Random drafters accept almost nothing, so most cases also run the "agreeing" pair of hf_tiny, whose
 drafter usually holds the target's next token in its top-2: multi-token acceptance, accepted tree
 branches that are not first children, and K/V commits of non-contiguous paths all happen."""
-from collections import Counter
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 import hf_tiny
 from gemma4_mtp import load_drafter, load_target, speculative_generate
@@ -189,21 +187,6 @@ def test_bf16_greedy_follows_hf_bf16(tmp_path):
                 assert int(ids[i]) == int(top.indices[1]) and float(top.values[0] - top.values[1]) <= 0.25
 
 
-@torch.no_grad()
-def exact_distribution(hf, prompt, steps, temperature, floor=1e-6):
-    """P(continuation) from the HF target's own logits, over continuations above `floor`."""
-    seqs = {(): 1.0}
-    for _ in range(steps):
-        grown = {}
-        for s, p in seqs.items():
-            ids = torch.cat([prompt, torch.tensor(s, dtype=torch.long)])
-            probs = torch.softmax(hf(ids[None]).logits[0, -1].double() / temperature, -1)
-            for v in torch.nonzero(probs * p > floor).flatten().tolist():
-                grown[s + (v,)] = p * float(probs[v])
-        seqs = grown
-    return seqs
-
-
 @pytest.mark.parametrize("kw", [dict(num_draft_tokens=2), dict(num_draft_tokens=2, sample_drafts=True),
                                 dict(num_draft_tokens=None, tree=(2, 2))],
                          ids=["chain", "chain-sampled-drafts", "tree"])
@@ -211,19 +194,11 @@ def test_sampling_matches_target_distribution(agreeing_pair, kw):
     """600 sampled 4-token continuations against the target's exact joint distribution (chi-square)."""
     hf, target, drafter = agreeing_pair
     prompt, steps, temperature, n = torch.tensor([5, 17, 33, 2]), 4, 1.0, 600
-    exact = exact_distribution(hf, prompt, steps, temperature)
+    exact = hf_tiny.exact_distribution(hf, prompt, steps, temperature)
     out = speculative_generate(target, drafter, [prompt] * n, max_new_tokens=steps, temperature=temperature,
                                seed=123, eos_token_id=None, **kw)
     assert out.stats.mean_accepted > 0.15, "drafts were hardly accepted: the test would not exercise verification"
-    counts = Counter(tuple(ids.tolist()) for ids in out.ids)
-    frequent = [s for s, p in exact.items() if p * n >= 5]
-    expected = [exact[s] * n for s in frequent]
-    observed = [counts.get(s, 0) for s in frequent]
-    # everything else (rarer continuations) in one bin
-    expected.append(n - sum(expected))
-    observed.append(n - sum(observed))
-    assert len(frequent) >= 4
-    assert chisquare(observed, expected).pvalue > 1e-3
+    hf_tiny.check_distribution([tuple(ids.tolist()) for ids in out.ids], exact)
 
 
 def test_bad_arguments(random_pair, request):
