@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import sys
@@ -116,7 +115,7 @@ def run(*, dry: bool, drafter: str, out_path: str, context: int, new_tokens: int
     from gemma4_mtp_kernels.drafter_shapes import DRAFTERS
 
     from . import timer
-    from .run_all import environment
+    from .run_all import environment, write_json
     device = torch.device("cpu" if dry else "cuda")
     dtype = torch.float32 if dry else torch.bfloat16
     s = DRY if dry else DRAFTERS[drafter]
@@ -175,7 +174,7 @@ def run(*, dry: bool, drafter: str, out_path: str, context: int, new_tokens: int
         res["runs"].append(r)
         timed = f"{r['tokens_per_s']:8.1f} tok/s" if "tokens_per_s" in r else r.get("reason", "")
         log(f"generate {name:22s} {r['status']:8s} {timed}")
-        _write(res, out_path)
+        write_json(res, out_path)
     base = next(r for r in res["runs"] if r["assistant"] == "hf_assistant")
     for r in res["runs"]:
         if r.get("time_s") and base.get("time_s"):
@@ -203,15 +202,8 @@ def run(*, dry: bool, drafter: str, out_path: str, context: int, new_tokens: int
         res["assistant_forward"].append(r)
         timed = f"{1e3 * r['time_s']:8.3f} ms" if "time_s" in r else r.get("reason", "")
         log(f"forward  {name:22s} {r['status']:8s} {timed}")
-    _write(res, out_path)
+    write_json(res, out_path)
     return res
-
-
-def _write(results: dict, path: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=1)
-    os.replace(tmp, path)
 
 
 def main(argv=None) -> int:

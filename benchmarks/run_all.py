@@ -140,7 +140,7 @@ def run(*, dry: bool, out_path: str, ops=None, time_budget_s: float | None = Non
         l2 = spec.l2_bytes if spec else 64 << 20
         log(f"device {results['env']['device']}: copy {peaks['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
             f"bf16 matmul {peaks['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s, launch {peaks['launch_floor_s'] * 1e6:.2f} µs")
-    _write(results, out_path)
+    write_json(results, out_path)
     mods = [m for m in MODULES if not ops or any(o in m for o in ops)]
     for n_mod, modname in enumerate(mods):
         mod = importlib.import_module(f".{modname}", __package__)
@@ -162,14 +162,15 @@ def run(*, dry: bool, out_path: str, ops=None, time_budget_s: float | None = Non
             rec = _run_case(case, torch=torch, dry=dry, device=device, dtype=dtype, l2_bytes=l2,
                             measured_dev=measured_dev, datasheet=datasheet, timer=timer, runs=runs)
             results["cases"].append(rec)
-            _write(results, out_path)
+            write_json(results, out_path)
             log(f"{case.op:24s} {case.label:45s} {time.monotonic() - t0:6.1f} s")
     results["wall_s"] = time.monotonic() - start
-    _write(results, out_path)
+    write_json(results, out_path)
     return results
 
 
-def _write(results: dict, path: str) -> None:
+def write_json(results: dict, path: str) -> None:
+    """Write through a temporary file, so that a kill mid-write leaves the previous complete JSON."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(results, f, indent=1)
