@@ -14,6 +14,13 @@ raises, so a step that counts here also has no hidden device->host sync.
 
     python -m benchmarks.launch_count               # JSON: per drafter, B, k: launches by kind
     python -m benchmarks.launch_count --rounds      # a k = 4 chain round and a (2, 2, 1) tree round
+    python -m benchmarks.launch_count --host-time   # adds host_us: wall time of one eager step here
+
+`host_us` (median of 50 steps, after the counted ones) is our side of an eager step's host time:
+the ops' Python (validation, allocation, launch arithmetic) and torch's dispatch, on this machine's
+CPU, with each Triton launch dropped where Triton's JIT takes over. Triton's own launch path (its
+cached-kernel lookup and the driver call, a few µs per launch on a GPU host, 27 launches) comes on
+top and needs a GPU to measure.
 Needs the real @triton.jit kernels: run it without TRITON_INTERPRET (tests do, in a subprocess).
 """
 from __future__ import annotations
@@ -21,7 +28,9 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import statistics
 import sys
+import time
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -50,7 +59,26 @@ class KernelCounter(TorchDispatchMode):
         return out
 
 
-def count_step(name: str, B: int = 1, ctx: int = 8192, *, Q: int = 1, k: int = 1, sms: int = 132) -> dict:
+def _host_us(fn, sms: int, repeats: int = 50) -> float:
+    """Median wall time of fn() in µs with every Triton launch dropped at Triton's JIT entry point
+    (recording only stands in for the device the launchers ask about)."""
+    from unittest import mock
+
+    from triton.runtime.jit import JITFunction
+
+    from gemma4_mtp_kernels.triton.record import recording
+
+    times = []
+    with recording(sms), mock.patch.object(JITFunction, "run", lambda self, *args, **kwargs: None):
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return round(statistics.median(times) * 1e6, 1)
+
+
+def count_step(name: str, B: int = 1, ctx: int = 8192, *, Q: int = 1, k: int = 1, sms: int = 132,
+               host_time: bool = False) -> dict:
     """Launches of one eager step + top_tokens(last, k) at the real shapes of drafter `name`."""
     from gemma4_mtp.drafter import random_drafter, synthetic_context
     from gemma4_mtp_kernels.triton.record import recording
@@ -68,9 +96,12 @@ def count_step(name: str, B: int = 1, ctx: int = 8192, *, Q: int = 1, k: int = 1
         drafter.top_tokens(last, k)
     kernels = collections.Counter(r.kernel.__name__ for r in triton_launches)
     torch_ops = sum(counter.ops.values())
-    return {"drafter": name, "B": B, "Q": Q, "ctx": ctx, "k": k, "layers": drafter.config.text.num_layers,
-            "launches": torch_ops + len(triton_launches), "triton": len(triton_launches), "torch": torch_ops,
-            "triton_kernels": dict(kernels), "torch_ops": dict(counter.ops)}
+    row = {"drafter": name, "B": B, "Q": Q, "ctx": ctx, "k": k, "layers": drafter.config.text.num_layers,
+           "launches": torch_ops + len(triton_launches), "triton": len(triton_launches), "torch": torch_ops,
+           "triton_kernels": dict(kernels), "torch_ops": dict(counter.ops)}
+    if host_time:
+        row["host_us"] = _host_us(lambda: drafter.top_tokens(drafter.step(dctx, tokens, hidden)[0], k), sms)
+    return row
 
 
 def count_round(name: str, widths, B: int = 1, ctx: int = 8192, *, sms: int = 132) -> dict:
@@ -108,6 +139,7 @@ def main(argv=None) -> int:
     p.add_argument("--queries", type=int, nargs="*", default=[1], help="queries per request (tree level width)")
     p.add_argument("--k", type=int, nargs="*", default=[1], help="top_tokens k (tree branching)")
     p.add_argument("--rounds", action="store_true", help="count a k = 4 chain and a (2, 2, 1) tree round instead")
+    p.add_argument("--host-time", action="store_true", help="also time the eager step's host side (host_us)")
     args = p.parse_args(argv)
     from gemma4_mtp_kernels.drafter_shapes import DRAFTERS
 
@@ -118,7 +150,8 @@ def main(argv=None) -> int:
     if args.rounds:
         rows = [count_round(n, w, B) for n in names for B in args.batch for w in ((1, 1, 1, 1), (2, 2, 1))]
     else:
-        rows = [count_step(n, B, Q=Q, k=k) for n in names for B in args.batch for Q in args.queries for k in args.k]
+        rows = [count_step(n, B, Q=Q, k=k, host_time=args.host_time)
+                for n in names for B in args.batch for Q in args.queries for k in args.k]
     json.dump(rows, sys.stdout, indent=1)
     return 0
 

@@ -25,6 +25,7 @@ from triton.compiler import ASTSource
 
 import gemma4_mtp_kernels as g
 from ..drafter_shapes import DRAFTERS
+from ._common import cdiv
 from .record import RecordedLaunch, recording
 
 ARCHS = (80, 90)
@@ -99,7 +100,7 @@ def _meta(shape, dtype) -> torch.Tensor:
 
 def _attention_scenarios() -> Iterator[Scenario]:
     def call(dtype, B, Q, Hq, Hkv, D, ctx, block_size=16, window=None, **kw):
-        blocks = triton.cdiv(ctx, block_size)
+        blocks = cdiv(ctx, block_size)
         k = _meta((B * blocks, block_size, Hkv, D), dtype)
         return lambda: g.q_only_paged_attention(_meta((B, Q, Hq, D), dtype), k, torch.empty_like(k),
                                                 _meta((B, blocks), torch.int32), _meta((B,), torch.int32),

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from .._counters import zeroed_counters
-from ._common import dot_precision, interpreting, mma, num_sms, pow2_at_least
+from ._common import cdiv, dot_precision, interpreting, mma, num_sms, pow2_at_least
 
 NO_ID = tl.constexpr(2147483647)
 BAD_ID = tl.constexpr(-1)
@@ -223,10 +223,10 @@ def plan(T: int, top_k: int, CS: int, C: int, sms: int) -> dict:
     chunks = 1
     while pairs * chunks * 2 <= sms and CS >= MIN_ROWS * chunks * 2:
         chunks *= 2
-    rows = triton.cdiv(CS, chunks)
-    chunks = triton.cdiv(CS, rows)
+    rows = cdiv(CS, chunks)
+    chunks = cdiv(CS, rows)
     items = pairs * chunks
-    grid = max(1, min(sms, max(items, triton.cdiv(C, CENTROIDS_PER_PROGRAM))))
+    grid = max(1, min(sms, max(items, cdiv(C, CENTROIDS_PER_PROGRAM))))
     return dict(grid=grid, chunks=chunks, rows=rows, items=items)
 
 
@@ -269,7 +269,7 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
         line_elems = LINE // token_ordering.element_size()
         interp = interpreting(dev)
         args = (hidden, centroids, token_ordering, lm_head, scores, pval, pids, counters, ids, logits, dense,
-                T, C, V, Hd, CS, top_k, pl["chunks"], pl["rows"], pl["items"], triton.cdiv(V, line_elems),
+                T, C, V, Hd, CS, top_k, pl["chunks"], pl["rows"], pl["items"], cdiv(V, line_elems),
                 hidden.stride(0), centroids.stride(0), lm_head.stride(0), V)
         consts = dict(BLOCK_C=cfg["BLOCK_C"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"],
                       BLOCK_CC=cfg["BLOCK_CC"], K2=cfg["K2"], ROW=cfg["ROW"], IDX_BITS=cfg["IDX_BITS"],

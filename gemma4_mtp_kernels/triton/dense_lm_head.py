@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .._counters import zeroed_counters
-from ._common import device_helper, dot_precision, interpreting, mma, num_sms, pow2_at_least
+from ._common import cdiv, device_helper, dot_precision, interpreting, mma, num_sms, pow2_at_least
 
 NO_ID = tl.constexpr(2147483647)
 EMPTY = tl.constexpr(-2147483648)  # below every key of a number or NaN
@@ -137,10 +137,10 @@ def launch_config(T: int, V: int, sms: int, KP: int = 1) -> dict:
     the stack (8 bytes per thread); with one, the large lists (k = 64, or k = 8 over 64 tokens) spill."""
     block_t = min(64, pow2_at_least(T, 16))
     block_v = 128 if block_t <= 16 else 64
-    tiles = triton.cdiv(V, block_v)
-    per_prog = triton.cdiv(tiles, min(tiles, 2 * sms))
+    tiles = cdiv(V, block_v)
+    per_prog = cdiv(tiles, min(tiles, 2 * sms))
     return dict(BLOCK_V=block_v, BLOCK_T=block_t, BLOCK_K=BLOCK_K, tiles_per_prog=per_prog,
-                programs=triton.cdiv(tiles, per_prog), num_warps=4 if block_t <= 16 else 8, num_stages=3,
+                programs=cdiv(tiles, per_prog), num_warps=4 if block_t <= 16 else 8, num_stages=3,
                 maxnreg=(168 if KP <= 8 else None) if block_t <= 16 else (128 if KP <= 2 else None))
 
 
@@ -158,7 +158,7 @@ def dense_lm_head(hidden, lm_head, *, output="topk", k=1):
         return out if dense else (out_ids, out_vals)
     KP = pow2_at_least(k, 1) if not dense else 1
     cfg = launch_config(T, V, num_sms(dev), KP)
-    P, TB = cfg["programs"], triton.cdiv(T, cfg["BLOCK_T"])
+    P, TB = cfg["programs"], cdiv(T, cfg["BLOCK_T"])
     keys = ids = counters = None
     if not dense:
         keys = torch.empty(P * KP, T, dtype=torch.int32, device=dev)

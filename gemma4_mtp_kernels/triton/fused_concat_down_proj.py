@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .._counters import zeroed_counters
-from ._common import cast, dot_precision, interpreting, mma, num_sms, pow2_at_least
+from ._common import cast, cdiv, dot_precision, interpreting, mma, num_sms, pow2_at_least
 
 
 # T is not specialised: Triton turns an integer argument equal to 1 into a constant, and `T.to(...)` of a
@@ -100,11 +100,11 @@ def launch_config(T: int, Hb: int, Hd: int, sms: int) -> dict:
     """Tile sizes and split count for a call (also used by the AOT compile check)."""
     block_t = min(64, pow2_at_least(T, 16))
     block_n = 32 if Hd <= 512 else 64
-    tiles = triton.cdiv(Hd, block_n) * triton.cdiv(T, block_t)
-    nkb = triton.cdiv(Hb, BLOCK_K)
-    split = max(1, min(triton.cdiv(2 * sms, tiles), nkb, Hb // (8 * max(T, 1))))
-    kb_per_split = max(1, triton.cdiv(nkb, split))
-    split = max(1, triton.cdiv(nkb, kb_per_split))  # Hb = 0: one program per tile writes zeros
+    tiles = cdiv(Hd, block_n) * cdiv(T, block_t)
+    nkb = cdiv(Hb, BLOCK_K)
+    split = max(1, min(cdiv(2 * sms, tiles), nkb, Hb // (8 * max(T, 1))))
+    kb_per_split = max(1, cdiv(nkb, split))
+    split = max(1, cdiv(nkb, kb_per_split))  # Hb = 0: one program per tile writes zeros
     return dict(BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=BLOCK_K, split_k=split, kb_per_split=kb_per_split,
                 num_warps=4, num_stages=3)
 
@@ -119,7 +119,7 @@ def fused_concat_down_proj(token_ids, embed_table, hidden, weight, *, embed_scal
     scale = float(torch.tensor(embed_scale, dtype=embed_table.dtype).float())
     cfg = launch_config(T, Hb, Hd, num_sms(hidden.device))
     split = cfg["split_k"]
-    grid = (triton.cdiv(Hd, cfg["BLOCK_N"]), triton.cdiv(T, cfg["BLOCK_T"]), split)
+    grid = (cdiv(Hd, cfg["BLOCK_N"]), cdiv(T, cfg["BLOCK_T"]), split)
     part = cnt = None
     if split > 1:
         part = torch.empty(split, T, Hd, dtype=torch.float32, device=hidden.device)

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._common import cast, dot_precision, interpreting, mma, num_sms, pow2_at_least, sm_arch
+from ._common import cast, cdiv, dot_precision, interpreting, mma, num_sms, pow2_at_least, sm_arch
 
 LOG2E = 1.4426950408889634
 
@@ -206,9 +206,9 @@ def num_splits(B: int, Hkv: int, row_tiles: int, max_len: int, block_n: int, sms
     """Key-range splits per (request, KV head) for an attended length of at most max_len: as many as
     keep the grid within one wave of sms * per_sm programs, each at least MIN_TILES_PER_SPLIT tiles.
     Each program then cuts its own request's actual range into that many chunks on the device."""
-    tiles = max(1, triton.cdiv(max_len, block_n))
+    tiles = max(1, cdiv(max_len, block_n))
     programs = B * Hkv * row_tiles
-    return max(1, min((sms * per_sm) // programs, triton.cdiv(tiles, MIN_TILES_PER_SPLIT)))
+    return max(1, min((sms * per_sm) // programs, cdiv(tiles, MIN_TILES_PER_SPLIT)))
 
 
 def use_pdl(device: torch.device) -> bool:
@@ -224,12 +224,12 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
     G = Hq // Hkv
     rows = Qn * G
     if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous whatever q's strides
     lse = torch.empty(B, Qn, Hq, dtype=torch.float32, device=q.device) if return_lse else None
     if B == 0 or Qn == 0:
         return (out, lse) if return_lse else out
     cfg = kernel_config(D, rows, q.element_size())
-    row_tiles = triton.cdiv(rows, cfg["BLOCK_M"])
+    row_tiles = cdiv(rows, cfg["BLOCK_M"])
     max_len = block_table.shape[1] * block_size
     if window is not None:
         max_len = min(max_len, window)

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from ._common import cast, device_helper, dot_precision, interpreting, mma
+from ._common import cast, cdiv, device_helper, dot_precision, interpreting, mma
 from .rms_norm_linear import BLOCK_K, normed_tile, prologue_args, prologue_stats, token_block
 
 
@@ -80,7 +80,7 @@ def rms_norm_gate_up(x, gate_weight, up_weight, *, norm_weight=None, eps=1e-6, r
     cfg = launch_config(T, I)
     ptrs, flags, strides = prologue_args(x, norm_weight, residual, residual_norm_weight, layer_scalar, residual_out)
     hout = residual_out if residual_out is not None else out
-    grid = (triton.cdiv(I, cfg["BLOCK_N"]), triton.cdiv(T, cfg["BLOCK_T"]))
+    grid = (cdiv(I, cfg["BLOCK_N"]), cdiv(T, cfg["BLOCK_T"]))
     _gate_up_kernel[grid](*ptrs, gate_weight, up_weight, out, hout, T, H, I, float(eps), *strides,
                           gate_weight.stride(0), up_weight.stride(0), out.stride(0), hout.stride(0),
                           BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"],

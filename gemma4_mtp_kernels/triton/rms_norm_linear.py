@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cast, device_helper, dot_precision, interpreting, mma, num_sms, pow2_at_least
+from ._common import cast, cdiv, device_helper, dot_precision, interpreting, mma, num_sms, pow2_at_least
 from .._counters import zeroed_counters
 
 COUNTER_OWNER = "triton.rms_norm_linear"  # its cached counters in gemma4_mtp_kernels._counters
@@ -171,11 +171,11 @@ def launch_config(T: int, H: int, N: int, sms: int) -> dict:
     written and read back) capped at ~1/4 of the weight."""
     block_t = token_block(T)
     block_n = 32 if N <= 512 else 64
-    tiles = triton.cdiv(N, block_n) * triton.cdiv(max(T, 1), block_t)
-    nkb = triton.cdiv(H, BLOCK_K)
-    split = max(1, min(triton.cdiv(2 * sms, tiles), nkb // MIN_KB_PER_SPLIT, H // (8 * max(T, 1))))
-    kb_per_split = max(1, triton.cdiv(nkb, split))
-    split = max(1, triton.cdiv(nkb, kb_per_split))
+    tiles = cdiv(N, block_n) * cdiv(max(T, 1), block_t)
+    nkb = cdiv(H, BLOCK_K)
+    split = max(1, min(cdiv(2 * sms, tiles), nkb // MIN_KB_PER_SPLIT, H // (8 * max(T, 1))))
+    kb_per_split = max(1, cdiv(nkb, split))
+    split = max(1, cdiv(nkb, kb_per_split))
     return dict(BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=BLOCK_K, split_k=split, kb_per_split=kb_per_split,
                 num_warps=4, num_stages=3)
 
@@ -205,12 +205,12 @@ def rms_norm_linear(x, weight, *, norm_weight=None, eps=1e-6, residual=None, res
     part = cnt = out
     if split > 1:
         part = torch.empty(split, T, N, dtype=torch.float32, device=x.device)
-        tiles = triton.cdiv(N, cfg["BLOCK_N"]) * triton.cdiv(T, cfg["BLOCK_T"])
+        tiles = cdiv(N, cfg["BLOCK_N"]) * cdiv(T, cfg["BLOCK_T"])
         cnt = zeroed_counters(x.device, tiles, COUNTER_OWNER)
     ptrs, flags, strides = prologue_args(x, norm_weight, residual, residual_norm_weight, layer_scalar, residual_out)
     hout = residual_out if residual_out is not None else out
     nout = normed_out if normed_out is not None else out
-    grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(T, cfg["BLOCK_T"]), split)
+    grid = (cdiv(N, cfg["BLOCK_N"]), cdiv(T, cfg["BLOCK_T"]), split)
     _norm_linear_kernel[grid](*ptrs, weight, out, part, cnt, hout, nout, T, H, N, cfg["kb_per_split"], split,
                               float(eps), *strides, weight.stride(0), out.stride(0), hout.stride(0), nout.stride(0),
                               WRITE_N=normed_out is not None, SPLIT=split > 1, BLOCK_N=cfg["BLOCK_N"],

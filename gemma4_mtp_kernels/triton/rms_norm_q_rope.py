@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cast, device_helper, dot_precision, interpreting, mma
+from ._common import cast, cdiv, device_helper, dot_precision, interpreting, mma
 from .rms_norm_linear import BLOCK_K, normed_tile, prologue_args, prologue_stats, token_block
 from .._counters import zeroed_counters
 
@@ -134,7 +134,7 @@ def rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, *, norm_weigh
     if T == 0:
         return out
     cfg = launch_config(T, N, D)
-    t_tiles = triton.cdiv(T, cfg["BLOCK_T"])
+    t_tiles = cdiv(T, cfg["BLOCK_T"])
     ws = torch.empty(T, N, dtype=x.dtype, device=x.device)
     cnt = zeroed_counters(x.device, t_tiles * Hq, COUNTER_OWNER)
     ptrs, flags, strides = prologue_args(x, norm_weight, residual, residual_norm_weight, layer_scalar, residual_out)

@@ -54,7 +54,7 @@ import triton.language as tl
 
 from .._counters import zeroed_counters
 from .._types import VerifyResult
-from ._common import device_helper, num_sms, pow2_at_least
+from ._common import cdiv, device_helper, num_sms, pow2_at_least
 
 BLOCK = 2048  # ids per step and per granule: 16 elements (two 16-byte bf16 loads) per thread at 4 warps
 NO_ID = tl.constexpr(2147483647)  # "no id": above every vocabulary id
@@ -346,8 +346,8 @@ def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, unifo
     block = min(BLOCK, chunk)
     if chunk % block or block & (block - 1):
         raise ValueError(f"tree_verify: chunk must be a power of two below {BLOCK} or a multiple of it, got {chunk}")
-    nch = triton.cdiv(V, chunk)
-    G = triton.cdiv(V, block)  # granules per row
+    nch = cdiv(V, chunk)
+    G = cdiv(V, block)  # granules per row
     gmax = torch.empty(rows, G, dtype=torch.float32, device=dev)
     gsum = torch.empty_like(gmax)
     garg = torch.empty(rows, G, dtype=torch.int32, device=dev)

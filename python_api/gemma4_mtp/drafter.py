@@ -185,13 +185,13 @@ class Gemma4MTPDrafter(nn.Module):
                                          ctx.block_table[lt], ctx.seq_lens, scale=1.0, window=ctx.window[lt],
                                          backend=be)
             a = K.rms_norm_linear(o.view(T, -1), attn.o_proj.weight, backend=glue_be)
-            residual = torch.empty_like(x)
+            residual = x.new_empty(x.shape)
             m = K.rms_norm_gate_up(a, layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight,
                                    norm_weight=layer.pre_feedforward_layernorm.weight, eps=eps, residual=stream,
                                    residual_norm_weight=layer.post_attention_layernorm.weight, residual_out=residual,
                                    backend=glue_be)
             delta, prev = K.rms_norm_linear(m, layer.mlp.down_proj.weight, backend=glue_be), layer
-        last = torch.empty_like(x)
+        last = x.new_empty(x.shape)
         proj = K.rms_norm_linear(delta, self.post_projection.weight, norm_weight=self.norm.weight, eps=eps,
                                  normed_out=last, backend=glue_be, **self._glue(prev, residual, keep=False))
         return last.view(B, Q, -1), proj.view(B, Q, Hb)
@@ -203,7 +203,7 @@ class Gemma4MTPDrafter(nn.Module):
         glue = dict(residual=residual, residual_norm_weight=layer.post_feedforward_layernorm.weight,
                     layer_scalar=layer.layer_scalar)
         if keep:
-            glue["residual_out"] = torch.empty_like(residual)
+            glue["residual_out"] = residual.new_empty(residual.shape)
         return glue
 
     # ---- LM head -----------------------------------------------------------------------------
