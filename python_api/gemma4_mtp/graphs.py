@@ -206,12 +206,23 @@ class _Forward:
         self.tables = {t: torch.full((bucket, W), -1, dtype=torch.int32, device=dev) for t in target.caches}
         self.out, self.graph = None, None
 
-    def load(self, host: dict) -> None:
-        """Host tensors of the full bucket (padding rows included) into the static buffers."""
-        for name in ("ids", "depth", "anc", "counts", "lengths"):
-            getattr(self, name).copy_(host[name])
-        for t, table in host["tables"].items():
-            self.tables[t].copy_(table)
+    def load(self, reqs, ids, trees, counts) -> None:
+        """These requests' inputs (`Gemma4Target.prepare_trees`' ids, trees and counts), padded to the
+        bucket on the host in tensors like the static buffers, then copied into them."""
+        target = self.target
+        names = ("ids", "depth", "anc", "counts", "lengths")
+        host = {n: torch.zeros_like(getattr(self, n), device="cpu") for n in names}
+        tables = {t: torch.full_like(buf, -1, device="cpu") for t, buf in self.tables.items()}
+        for b, (r, row, (depth, anc)) in enumerate(zip(reqs, ids.split(counts), trees)):
+            n = counts[b]
+            host["ids"][b, :n], host["depth"][b, :n], host["anc"][b, :n, :n] = row, depth, anc
+            host["counts"][b], host["lengths"][b] = n, target.lengths[r]
+            for t, c in target.caches.items():
+                tables[t][b, :len(c.tables[r])] = torch.tensor(c.tables[r], dtype=torch.int32)
+        for n, buf in host.items():
+            getattr(self, n).copy_(buf)
+        for t, buf in tables.items():
+            self.tables[t].copy_(buf)
 
     def run(self):
         self.out = self.target.forward_static(self.ids, self.depth, self.anc, self.counts, self.lengths, self.tables)
@@ -245,22 +256,8 @@ class TargetGraphs(_Replays):
         fwd = self.entry((bucket, N, W), lambda: _Forward(target, bucket, N, W))
         if fwd is None:
             return target.forward_tree(reqs, tokens, parents)
-        fwd.load(_host_batch(target, reqs, ids, trees, counts, bucket, N, W))
+        fwd.load(reqs, ids, trees, counts)
         self.replay(fwd)
         B = len(reqs)
         return TargetOutput(fwd.out.logits[:B], fwd.out.hidden[:B])
 
-
-def _host_batch(target: Gemma4Target, reqs, ids, trees, counts, bucket: int, N: int, W: int) -> dict:
-    """forward_static's inputs for these requests, padded to the bucket, on the host."""
-    host = dict(ids=torch.zeros(bucket, N, dtype=torch.long), depth=torch.zeros(bucket, N, dtype=torch.long),
-                anc=torch.zeros(bucket, N, N, dtype=torch.bool), counts=torch.zeros(bucket, dtype=torch.long),
-                lengths=torch.zeros(bucket, dtype=torch.long),
-                tables={t: torch.full((bucket, W), -1, dtype=torch.int32) for t in target.caches})
-    for b, (r, row, (depth, anc)) in enumerate(zip(reqs, ids.split(counts), trees)):
-        n = counts[b]
-        host["ids"][b, :n], host["depth"][b, :n], host["anc"][b, :n, :n] = row, depth, anc
-        host["counts"][b], host["lengths"][b] = n, target.lengths[r]
-        for t, c in target.caches.items():
-            host["tables"][t][b, :len(c.tables[r])] = torch.tensor(c.tables[r], dtype=torch.int32)
-    return host
