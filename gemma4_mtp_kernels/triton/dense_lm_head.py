@@ -15,7 +15,8 @@ Design. The cost is the head (512 MiB in bf16); T <= 64 tokens ride along.
 Expected on H100/H200: 31B / 26B head 537 MB -> ~128 us at 4.2 TB/s; the tl.dot tile pipeline
 (3 stages of 128 x 64 bf16) should reach ~85-90% (~145-150 us) at T <= 16; the k = 1 merge adds
 2 reductions per 128-row tile, k = 8 adds 32 (cheap beside 128 x 1024 weights), the merge by the
-last program ~1-2 us (it was a second launch, ~2 us plus its launch gap). The unfused path it replaces (fp32 copy of the head, fp32 GEMV, full sort) took ~640 us.
+last program ~1-2 us (it was a second launch, ~2 us plus its launch gap). The unfused path it
+replaces (fp32 copy of the head, fp32 GEMV, full sort) took ~640 us.
 """
 from __future__ import annotations
 

@@ -2,8 +2,9 @@
 
 It has no K/V of its own: each layer computes Q only and attends the target's cache with
 `q_only_paged_attention` (sliding layers read the target's last non-KV-shared sliding layer, the full
-layer its last non-KV-shared full layer: `Gemma4Target.kv_cache`). Its input is `fused_concat_down_proj(E_target[token] * sqrt(Hb), h)`, h being the
-target's final hidden state on the first step and the drafter's `post_projection` output after.
+layer its last non-KV-shared full layer: `Gemma4Target.kv_cache`). Its input is
+`fused_concat_down_proj(E_target[token] * sqrt(Hb), h)`, h being the target's final hidden state on
+the first step and the drafter's `post_projection` output after.
 """
 from __future__ import annotations
 
