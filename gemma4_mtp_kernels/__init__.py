@@ -8,8 +8,8 @@ from ._checks import set_value_checks
 from ._dispatch import BackendStatus, BackendUnavailableError, available_backends
 from ._types import VerifyResult
 from .ops.dense_lm_head import MAX_K as DENSE_LM_HEAD_MAX_K
-from .ops import (centroid_logits, dense_lm_head, fused_concat_down_proj, q_only_paged_attention, rms_norm_gate_up,
-                  rms_norm_linear, rms_norm_q_rope, tree_verify)
+from .ops import (centroid_logits, dense_lm_head, fused_concat_down_proj, implementation, q_only_paged_attention,
+                  rms_norm_gate_up, rms_norm_linear, rms_norm_q_rope, tree_verify)
 
 __version__ = "0.1.0"
 
@@ -25,6 +25,7 @@ __all__ = [
     "DENSE_LM_HEAD_MAX_K",
     "VerifyResult",
     "available_backends",
+    "implementation",
     "BackendStatus",
     "BackendUnavailableError",
     "set_value_checks",

@@ -4,6 +4,7 @@ The HF assistant gets the HF target's own shared_kv_states and final hidden stat
 HF's position (P + 1); ours reads our target's paged cache at the same position."""
 import copy
 import dataclasses
+import importlib
 
 import pytest
 import torch
@@ -120,6 +121,51 @@ def test_top_tokens_follow_the_dense_logits(models):
         # a stable descending sort of dense logits orders ties by ascending id
         expect = torch.sort(logits[t], descending=True, stable=True).indices[:3]
         assert top[t].tolist() == expect.tolist()
+
+
+@torch.no_grad()
+def test_glue_checked_once_per_weights(models, monkeypatch):
+    """A step's 17 glue calls (4 per layer + 1) are checked on the first step with the drafter's
+    weights and run unchecked after it; a replaced weight is checked again (a wrong shape raises,
+    naming it), and the positions, which come from outside, are checked on every step."""
+    _, _, target, drafter = models
+    drafter = copy.deepcopy(drafter)
+    checks = []
+    for op in ("rms_norm_gate_up", "rms_norm_linear", "rms_norm_q_rope"):
+        module = importlib.import_module(f"gemma4_mtp_kernels.ops.{op}")  # the package attribute is the op
+        original = module.check_prologue
+        monkeypatch.setattr(module, "check_prologue",
+                            lambda op, *a, _original=original, **k: checks.append(op) or _original(op, *a, **k))
+    glue_calls = 4 * drafter.config.text.num_layers + 1
+    g = torch.Generator().manual_seed(3)
+    r = target.new_request()
+    try:
+        target.prefill([r], [torch.randint(0, hf_tiny.VOCAB, (9,), generator=g)])
+        ctx = drafter.context(target, [r])
+        tokens = torch.randint(0, hf_tiny.VOCAB, (1, 2), generator=g)
+        hidden = torch.randn(1, 2, hf_tiny.HB, generator=g)
+        first = drafter.step(ctx, tokens, hidden)
+        assert len(checks) == glue_calls
+        second = drafter.step(ctx, tokens, hidden)
+        assert len(checks) == glue_calls, "the second step checked its glue calls again"
+        for a, b in zip(first, second):
+            assert torch.equal(a, b)
+        with pytest.raises(TypeError, match="rms_norm_q_rope: positions"):
+            drafter.step(dataclasses.replace(ctx, positions=ctx.positions.float()), tokens, hidden)
+        with pytest.raises(ValueError, match="rms_norm_q_rope: positions"):
+            drafter.step(dataclasses.replace(ctx, positions=ctx.positions.repeat(3)), tokens, hidden)
+
+        down = drafter.layers[1].mlp.down_proj
+        down.weight.data = down.weight.data * 2  # new values at a new address: checked again, and used
+        third = drafter.step(ctx, tokens, hidden)
+        assert len(checks) == 2 * glue_calls
+        assert not torch.equal(third[1], second[1])
+        wide = torch.zeros(down.weight.shape[0], down.weight.shape[1] + 8)
+        down.weight.data = wide
+        with pytest.raises(ValueError, match="rms_norm_linear: weight"):
+            drafter.step(ctx, tokens, hidden)
+    finally:
+        target.release(r)
 
 
 def test_check_target_rejects_mismatches(models):

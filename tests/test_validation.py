@@ -297,3 +297,14 @@ def test_reference_refuses_a_sampling_row_without_a_distribution():
     with pytest.raises(ValueError, match="target_logits"):
         reference.tree_verify(torch.tensor([[0, 1, 2]]), torch.tensor([[-1, 0, 1]], dtype=torch.int32), logits,
                               temperature=torch.ones(1), uniforms=torch.rand(1, 3, 2))
+
+
+def test_implementation_is_the_op_minus_its_checks():
+    """`implementation` names a public op and returns the backend function the op itself calls."""
+    import gemma4_mtp_kernels.reference as reference
+    with pytest.raises(ValueError, match="implementation: op"):
+        g.implementation("rms_norm", "torch", "cpu", torch.float32)
+    with pytest.raises(ValueError, match="backend"):
+        g.implementation("rms_norm_linear", "fast", "cpu", torch.float32)
+    assert g.implementation("rms_norm_linear", "torch", "cpu", torch.float32) is reference.rms_norm_linear
+    assert g.implementation("rms_norm_linear", "auto", torch.device("cpu"), torch.float32) is reference.rms_norm_linear

@@ -11,6 +11,19 @@ OP = "rms_norm_q_rope"
 HEAD_DIMS = (64, 128, 256, 512)
 
 
+def check_positions(positions, T: int, device: torch.device) -> None:
+    """positions [P] (int32/int64, contiguous, on `device`) with P dividing T: the one argument of a
+    drafter step's queries that comes from outside the drafter (`Gemma4MTPDrafter.step` checks it on
+    every step, also when it calls the unchecked implementation)."""
+    C.tensor(OP, "positions", positions, ndim=1, dtypes=C.INDEX_DTYPES)
+    if positions.device != device:
+        C.fail_value(OP, "positions", f"on the same device as x ({device})", f"device {positions.device}")
+    P = positions.shape[0]
+    if (P == 0 and T > 0) or (P > 0 and T % P):
+        C.fail_value(OP, "positions", f"of a length dividing T = {T} (one position per request)", f"length {P}")
+    C.contiguous(OP, "positions", positions)
+
+
 def rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, *, norm_weight=None, eps=1e-6, residual=None,
                     residual_norm_weight=None, layer_scalar=None, out=None, residual_out=None, backend="auto"):
     """A drafter layer's queries: q = rope(rms_norm(n @ weight.T per head, q_norm_weight), positions).
@@ -27,11 +40,11 @@ def rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, *, norm_weigh
                                residual_out=residual_out)
     C.tensor(OP, "weight", weight, ndim=2, dtypes=C.FLOAT_DTYPES)
     C.tensor(OP, "q_norm_weight", q_norm_weight, ndim=1, dtypes=C.FLOAT_DTYPES)
-    C.tensor(OP, "positions", positions, ndim=1, dtypes=C.INDEX_DTYPES)
+    check_positions(positions, T, x.device)
     C.tensor(OP, "inv_freq", inv_freq, ndim=1, dtypes=(torch.float32,))
     C.same_dtype(OP, "x", x, [("weight", weight), ("q_norm_weight", q_norm_weight)])
-    C.same_device(OP, "x", x, [("weight", weight), ("q_norm_weight", q_norm_weight), ("positions", positions),
-                               ("inv_freq", inv_freq), ("out", out)])
+    C.same_device(OP, "x", x, [("weight", weight), ("q_norm_weight", q_norm_weight), ("inv_freq", inv_freq),
+                               ("out", out)])
     D = q_norm_weight.shape[0]
     if D not in HEAD_DIMS:
         C.fail_value(OP, "q_norm_weight", f"of a head dim in {HEAD_DIMS}", f"length {D}")
@@ -41,11 +54,8 @@ def rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, *, norm_weigh
         C.fail_value(OP, "weight", f"a positive multiple of the head dim {D} rows (Hq * D)",
                      f"shape {tuple(weight.shape)}")
     C.dim(OP, "inv_freq", inv_freq, 0, D // 2, "D / 2 = q_norm_weight.shape[0] / 2")
-    P = positions.shape[0]
-    if (P == 0 and T > 0) or (P > 0 and T % P):
-        C.fail_value(OP, "positions", f"of a length dividing T = {T} (one position per request)", f"length {P}")
     C.inner_contiguous(OP, "weight", weight)
-    for name, t in (("q_norm_weight", q_norm_weight), ("positions", positions), ("inv_freq", inv_freq)):
+    for name, t in (("q_norm_weight", q_norm_weight), ("inv_freq", inv_freq)):
         C.contiguous(OP, name, t)
     Hq = N // D
     if out is not None:

@@ -8,12 +8,15 @@ the first step and the drafter's `post_projection` output after.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 import gemma4_mtp_kernels as K
+from gemma4_mtp_kernels.ops.rms_norm_q_rope import check_positions
 
 from .config import FULL, SLIDING, AttentionSpec, DrafterConfig, TextConfig
 from .layers import DecoderLayer, RMSNorm, rope_inv_freq, to_dtype
@@ -73,6 +76,22 @@ class DraftContext:
                             self.embed_scale)
 
 
+class _LayerWeights(NamedTuple):
+    """The tensors a drafter step reads from one decoder layer, in the order the step uses them."""
+    input_norm: torch.Tensor
+    q_proj: torch.Tensor
+    q_norm: torch.Tensor
+    inv_freq: torch.Tensor
+    o_proj: torch.Tensor
+    post_attn_norm: torch.Tensor
+    pre_ff_norm: torch.Tensor
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+    post_ff_norm: torch.Tensor
+    scalar: torch.Tensor
+
+
 class Gemma4MTPDrafter(nn.Module):
     """Draft steps over a borrowed target cache. `backend` goes to every gemma4_mtp_kernels op (the
     fused glue ops take `glue_backend`)."""
@@ -93,6 +112,8 @@ class Gemma4MTPDrafter(nn.Module):
             self.register_buffer("token_ordering", torch.arange(V))
         for lt, spec in t.attention.items():
             self.register_buffer(f"{lt}_inv_freq", rope_inv_freq(spec), persistent=False)
+        # what the last step with checked glue calls ran on (see step), and the unchecked glue ops
+        self._checked_glue, self._glue_impls = None, None
 
     @property
     def glue_backend(self) -> str:
@@ -162,47 +183,72 @@ class Gemma4MTPDrafter(nn.Module):
         q (input norm, q_proj, q_norm, RoPE; the previous layer's post-feedforward norm, residual add
         and layer scalar in its prologue), attention, o_proj, gate/up (post-attention norm, residual
         add, pre-feedforward norm in its prologue), down_proj: 5 ops, 6 launches (attention's split-KV
-        merge included), rounded where Hugging Face rounds (see gemma4_mtp_kernels.rms_norm_linear)."""
+        merge included), rounded where Hugging Face rounds (see gemma4_mtp_kernels.rms_norm_linear).
+
+        What comes from outside (token ids, hidden states, the target's embedding and cache, the
+        positions) is checked on every step. The 17 fused glue calls take only the drafter's weights
+        and the activations the step allocates: they go through the public, checked ops on the first
+        step with these weights on this device and dtype, and through `gemma4_mtp_kernels.implementation`
+        (no checks, ~25 µs less host time a call) after it, until a weight is replaced (its address or
+        shape changes) or the backend, device or dtype does."""
         B, Q = token_ids.shape
         T = B * Q
         t = self.config.text
         Hb = self.config.backbone_hidden_size
-        be, glue_be, eps = self.backend, self.glue_backend, t.rms_norm_eps
+        be, eps = self.backend, t.rms_norm_eps
         x = K.fused_concat_down_proj(token_ids.reshape(-1), ctx.embed_table, hidden.reshape(T, Hb),
                                      self.pre_projection.weight, embed_scale=ctx.embed_scale, backend=be)
+        weights = [self._layer_weights(i) for i in range(t.num_layers)]
+        post_projection, final_norm = self.post_projection.weight, self.norm.weight
+        key = (be, x.device, x.dtype, post_projection.data_ptr(), post_projection.shape, final_norm.data_ptr(),
+               final_norm.shape, *((w.data_ptr(), w.shape) for lw in weights for w in lw))
+        if key == self._checked_glue:
+            q_rope, linear, gate_up = self._glue_impls
+            check_positions(ctx.positions, T, x.device)
+        else:
+            q_rope, linear, gate_up = (functools.partial(op, backend=self.glue_backend)
+                                       for op in (K.rms_norm_q_rope, K.rms_norm_linear, K.rms_norm_gate_up))
         residual, delta, prev = x, None, None  # residual stream, block output still to add, its layer
-        for i, layer in enumerate(self.layers):
+        for i, w in enumerate(weights):
             lt = t.layer_types[i]
-            attn = layer.self_attn
             if prev is None:  # the first layer reads the pre-projection's output as it is
                 q_in, glue, stream = x, {}, x
             else:  # the previous layer's end (post-feedforward norm, residual add, layer scalar) in front
                 glue = self._glue(prev, residual, keep=True)
                 q_in, stream = delta, glue["residual_out"]
-            q = K.rms_norm_q_rope(q_in, attn.q_proj.weight, attn.q_norm.weight, ctx.positions,
-                                  getattr(self, f"{lt}_inv_freq"), norm_weight=layer.input_layernorm.weight, eps=eps,
-                                  backend=glue_be, **glue)
-            o = K.q_only_paged_attention(q.view(B, Q, -1, attn.head_dim), ctx.k_cache[lt], ctx.v_cache[lt],
+            q = q_rope(q_in, w.q_proj, w.q_norm, ctx.positions, w.inv_freq, norm_weight=w.input_norm, eps=eps,
+                       **glue)
+            o = K.q_only_paged_attention(q.view(B, Q, -1, w.q_norm.shape[0]), ctx.k_cache[lt], ctx.v_cache[lt],
                                          ctx.block_table[lt], ctx.seq_lens, scale=1.0, window=ctx.window[lt],
                                          backend=be)
-            a = K.rms_norm_linear(o.view(T, -1), attn.o_proj.weight, backend=glue_be)
+            a = linear(o.view(T, -1), w.o_proj)
             residual = x.new_empty(x.shape)
-            m = K.rms_norm_gate_up(a, layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight,
-                                   norm_weight=layer.pre_feedforward_layernorm.weight, eps=eps, residual=stream,
-                                   residual_norm_weight=layer.post_attention_layernorm.weight, residual_out=residual,
-                                   backend=glue_be)
-            delta, prev = K.rms_norm_linear(m, layer.mlp.down_proj.weight, backend=glue_be), layer
+            m = gate_up(a, w.gate, w.up, norm_weight=w.pre_ff_norm, eps=eps, residual=stream,
+                        residual_norm_weight=w.post_attn_norm, residual_out=residual)
+            delta, prev = linear(m, w.down), w
         last = x.new_empty(x.shape)
-        proj = K.rms_norm_linear(delta, self.post_projection.weight, norm_weight=self.norm.weight, eps=eps,
-                                 normed_out=last, backend=glue_be, **self._glue(prev, residual, keep=False))
+        proj = linear(delta, post_projection, norm_weight=final_norm, eps=eps, normed_out=last,
+                      **self._glue(prev, residual, keep=False))
+        if key != self._checked_glue:  # every glue call of this step passed the checks
+            self._glue_impls = tuple(K.implementation(op, self.glue_backend, x.device, x.dtype)
+                                     for op in ("rms_norm_q_rope", "rms_norm_linear", "rms_norm_gate_up"))
+            self._checked_glue = key
         return last.view(B, Q, -1), proj.view(B, Q, Hb)
 
+    def _layer_weights(self, i: int) -> "_LayerWeights":
+        layer = self.layers[i]
+        attn, mlp = layer.self_attn, layer.mlp
+        return _LayerWeights(layer.input_layernorm.weight, attn.q_proj.weight, attn.q_norm.weight,
+                             getattr(self, f"{self.config.text.layer_types[i]}_inv_freq"), attn.o_proj.weight,
+                             layer.post_attention_layernorm.weight, layer.pre_feedforward_layernorm.weight,
+                             mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight,
+                             layer.post_feedforward_layernorm.weight, layer.layer_scalar)
+
     @staticmethod
-    def _glue(layer: DecoderLayer, residual: torch.Tensor, *, keep: bool) -> dict:
-        """The end of `layer` as a prologue: residual + post_feedforward_layernorm(delta), times its
-        layer_scalar; with keep, into a new residual_out buffer (the next layer's residual stream)."""
-        glue = dict(residual=residual, residual_norm_weight=layer.post_feedforward_layernorm.weight,
-                    layer_scalar=layer.layer_scalar)
+    def _glue(w: "_LayerWeights", residual: torch.Tensor, *, keep: bool) -> dict:
+        """The end of a layer (weights `w`) as a prologue: residual + post_feedforward_layernorm(delta),
+        times its layer_scalar; with keep, into a new residual_out buffer (the next layer's residual stream)."""
+        glue = dict(residual=residual, residual_norm_weight=w.post_ff_norm, layer_scalar=w.scalar)
         if keep:
             glue["residual_out"] = residual.new_empty(residual.shape)
         return glue
