@@ -22,6 +22,8 @@ from .config import FULL, SLIDING, AttentionSpec, DrafterConfig, TextConfig
 from .layers import DecoderLayer, RMSNorm, rope_inv_freq, to_dtype
 
 QUERY_POSITIONS = ("last_cached", "next")
+# the fused glue ops of a step, in the order step unpacks them (checked once per weights, see step)
+_GLUE_OPS = ("rms_norm_q_rope", "rms_norm_linear", "rms_norm_gate_up")
 
 
 def real_shape_config(name: str | dict, *, num_layers: int = 4) -> DrafterConfig:
@@ -207,8 +209,8 @@ class Gemma4MTPDrafter(nn.Module):
             q_rope, linear, gate_up = self._glue_impls
             check_positions(ctx.positions, T, x.device)
         else:
-            q_rope, linear, gate_up = (functools.partial(op, backend=self.glue_backend)
-                                       for op in (K.rms_norm_q_rope, K.rms_norm_linear, K.rms_norm_gate_up))
+            q_rope, linear, gate_up = (functools.partial(getattr(K, op), backend=self.glue_backend)
+                                       for op in _GLUE_OPS)
         residual, delta, prev = x, None, None  # residual stream, block output still to add, its layer
         for i, w in enumerate(weights):
             lt = t.layer_types[i]
@@ -231,8 +233,7 @@ class Gemma4MTPDrafter(nn.Module):
         proj = linear(delta, post_projection, norm_weight=final_norm, eps=eps, normed_out=last,
                       **self._glue(prev, residual, keep=False))
         if key != self._checked_glue:  # every glue call of this step passed the checks
-            self._glue_impls = tuple(K.implementation(op, self.glue_backend, x.device, x.dtype)
-                                     for op in ("rms_norm_q_rope", "rms_norm_linear", "rms_norm_gate_up"))
+            self._glue_impls = tuple(K.implementation(op, self.glue_backend, x.device, x.dtype) for op in _GLUE_OPS)
             self._checked_glue = key
         return last.view(B, Q, -1), proj.view(B, Q, Hb)
 
