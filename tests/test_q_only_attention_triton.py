@@ -158,10 +158,6 @@ def test_merge_of_many_splits(D):
     run_case([1300, 20, 0], 1, 4, 1, D, splits=40)
 
 
-def test_programmatic_dependent_launch_only_on_sm90_gpus():
-    assert tq.use_pdl(torch.device("cpu")) is False
-
-
 def test_without_lse_and_without_out():
     k, v, table, lens = paged_kv([37, 80], 16, 2, 128, dtype=torch.bfloat16)
     q = torch.randn(2, 1, 4, 128).to(torch.bfloat16)

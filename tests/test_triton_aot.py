@@ -100,3 +100,33 @@ def test_the_awkward_paths_are_recorded(compiled):
     q = names["_q_rope_kernel"]
     assert {r["constexprs"]["D"] for r in q} == {256, 512} and {r["constexprs"]["HAS_RES"] for r in q} == {True, False}
     assert {r["constexprs"]["DENSE"] for r in names["_head_kernel"]} == {True, False}
+
+
+# The kernels of a drafter step launched with programmatic dependent launch on sm_90 (`_common.pdl_args`).
+# Not the centroid head (a cooperative launch: its grid barrier needs every program resident) nor
+# tree_verify (once per round, after the target's forward).
+PDL_KERNELS = {"_attn_kernel", "_merge_kernel", "_down_proj_kernel", "_q_rope_kernel", "_norm_linear_kernel",
+               "_gate_up_kernel", "_head_kernel"}
+
+
+def test_programmatic_dependent_launch_on_sm90_only(compiled):
+    """Every sm_90 launch of the step kernels is a programmatic dependent launch that waits before it
+    touches global memory (the compile rows' PTX check, in test above); no sm_80 launch is, and the
+    kernels whose programs wait on each other never are."""
+    compiled, kernels = compiled
+    assert PDL_KERNELS <= kernels
+    for r in compiled:
+        want = r["arch"] == "sm_90" and r["kernel"] in PDL_KERNELS
+        assert r["pdl"] is want and r["constexprs"].get("USE_PDL", False) is want, (r["name"], r["arch"])
+
+
+def test_the_pdl_check_finds_an_early_global_access():
+    """aot.pdl_problem, the PTX check behind the compile rows, on hand-written PTX."""
+    from gemma4_mtp_kernels.triton.aot import pdl_problem
+
+    ok = "mov.u32 %r1, %ctaid.x;\nld.param.u64 %rd1, [p];\ngriddepcontrol.wait;\nld.global.b32 %r2, [%rd1];\n"
+    assert pdl_problem(ok) is None
+    assert "before griddepcontrol.wait" in pdl_problem("@%p1 ld.global.b32 %r2, [%rd1];\n" + ok)
+    assert "before griddepcontrol.wait" in pdl_problem("cp.async.cg.shared.global [%r1], [%rd1], 16;\n" + ok)
+    assert "before griddepcontrol.wait" in pdl_problem("\tatom.global.add.u32 %r3, [%rd2], 1;\n" + ok)
+    assert "never waits" in pdl_problem("ld.param.u64 %rd1, [p];\n")

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # On CPU (the interpreter) there is no SM count; a small fixed one keeps the split heuristics
 # deterministic and makes ordinary test shapes take the split paths.
@@ -54,6 +56,22 @@ def _recorded(value: int | None) -> int:
     return value
 
 
+# Programmatic dependent launch (sm_90+) for every kernel of a drafter step. GEMMA4_MTP_PDL=0 turns it
+# off (read once; benchmarks compare both by patching this flag around a capture).
+PDL = os.environ.get("GEMMA4_MTP_PDL", "1") != "0"
+
+
+def pdl_args(device: torch.device) -> dict:
+    """The kernel flag and launch option of a launch on `device`: with programmatic dependent launch
+    (sm_90 and newer, not the interpreter) a kernel is scheduled while the kernel before it on the
+    stream still runs and waits for it in `wait_for_inputs`, which hides the launch latency between
+    the ~27 dependent launches of a drafter step. A kernel launched this way must call
+    `wait_for_inputs` before touching global memory (aot checks the PTX)."""
+    if PDL and sm_arch(device) >= 90:
+        return dict(USE_PDL=True, launch_pdl=True)
+    return dict(USE_PDL=False)
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """fp32 inputs must not silently drop to tf32 in tl.dot; bf16/fp16 take the default."""
     return "ieee" if dtype == torch.float32 else "tf32"
@@ -70,6 +88,16 @@ def device_helper(fn):
     Python function: the interpreter re-patches triton.language on every call of one jit function
     from another (~3 ms each), which made helper calls inside loops dominate the CPU test time."""
     return fn if triton.knobs.runtime.interpret else triton.jit(fn)
+
+
+@device_helper
+def wait_for_inputs(USE_PDL: tl.constexpr):
+    """First statement of a kernel launched with `pdl_args`: wait until the previous kernel's writes
+    are visible (everything it reads may be one), then let the next kernel be scheduled (it waits the
+    same way). Without programmatic dependent launch it does nothing."""
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @device_helper

@@ -333,7 +333,7 @@ def defined_kernels() -> set[str]:
 def launches(sms_counts=SMS, archs=ARCHS) -> list[Launch]:
     """Every distinct launch (one per compile) the scenarios make on GPUs of each SM count and
     architecture; a launch is compiled for the architectures that make it (e.g. the programmatic
-    dependent launches of attention only for sm_90)."""
+    dependent launches (`_common.pdl_args`) only for sm_90)."""
     seen: dict[tuple, Launch] = {}
     for arch, sms in itertools.product(archs, sms_counts):
         for sc in scenarios():
@@ -357,6 +357,24 @@ STACK_SLOT_BYTES = 8
 SHARED_LIMIT = {80: 166912, 90: 232448}
 
 
+# A PTX instruction that touches global (or generic) memory: loads, stores, atomics, reductions, async
+# copies and prefetches whose state space is not param / shared / local / const.
+_GLOBAL_ACCESS = re.compile(r"^\s*(?:@!?%\w+\s+)?(?:ld|st|atom|red|cp\.async|prefetch)\.(?!param|shared|local|const)",
+                            re.MULTILINE)
+
+
+def pdl_problem(ptx: str) -> str | None:
+    """What is wrong with a kernel launched with programmatic dependent launch: it runs while the
+    kernel before it still writes, so nothing may touch global memory before griddepcontrol.wait."""
+    wait = ptx.find("griddepcontrol.wait")
+    if wait < 0:
+        return "launched with launch_pdl but never waits (griddepcontrol.wait)"
+    early = _GLOBAL_ACCESS.search(ptx, 0, wait)
+    if early:
+        return f"touches global memory before griddepcontrol.wait: {early.group(0).strip()}"
+    return None
+
+
 def _compile_row(launch: Launch, arch: int) -> dict:
     rec = launch.launch
     names = [p.name for p in rec.kernel.params]
@@ -366,9 +384,10 @@ def _compile_row(launch: Launch, arch: int) -> dict:
                num_warps=rec.options.get("num_warps", 4), num_stages=rec.options.get("num_stages", 3),
                signature={k: v for k, v in rec.signature.items() if v != "constexpr"}, constexprs=constexprs,
                none_args=[names[path[0]] for path, v in rec.constexprs.items() if v is None],
-               registers=0, shared_bytes=0, local_bytes=0, stack_bytes=0, problems=[])
+               pdl=bool(rec.options.get("launch_pdl")), registers=0, shared_bytes=0, local_bytes=0, stack_bytes=0,
+               problems=[])
     try:
-        _, res = compile_launch(launch, arch)
+        compiled, res = compile_launch(launch, arch)
     except Exception as e:  # a launch that does not compile fails on the first GPU: report, keep going
         detail = " ".join(str(e).split())
         row["problems"].append(f"does not compile ({type(e).__name__}): {detail[:600]}")
@@ -378,12 +397,15 @@ def _compile_row(launch: Launch, arch: int) -> dict:
         row["problems"].append(f"spills: {res.local_bytes} B local, {res.stack_bytes} B stack per thread")
     if res.shared_bytes > SHARED_LIMIT[arch]:
         row["problems"].append(f"shared memory {res.shared_bytes} B > {SHARED_LIMIT[arch]} B")
+    if row["pdl"] and (problem := pdl_problem(compiled.asm["ptx"])):
+        row["problems"].append(problem)
     return row
 
 
 def report(archs=ARCHS) -> list[dict]:
     """Every recorded launch compiled for each of `archs` that makes it: resources, and what is wrong
-    (does not compile, spills in bf16/fp16, more shared memory than a block may have)."""
+    (does not compile, spills in bf16/fp16, more shared memory than a block may have, a programmatic
+    dependent launch that touches global memory before it waits for the kernel before it)."""
     return [_compile_row(launch, arch) for launch in launches() for arch in archs if arch in launch.archs]
 
 

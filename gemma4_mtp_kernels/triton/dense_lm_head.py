@@ -25,7 +25,8 @@ import triton
 import triton.language as tl
 
 from .._counters import zeroed_counters
-from ._common import cdiv, device_helper, dot_precision, interpreting, mma, num_sms, pow2_at_least
+from ._common import (cdiv, device_helper, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least,
+                      wait_for_inputs)
 
 NO_ID = tl.constexpr(2147483647)
 EMPTY = tl.constexpr(-2147483648)  # below every key of a number or NaN
@@ -71,7 +72,9 @@ def take_topk(run_key, run_id, key, ids, KP: tl.constexpr):
 def _head_kernel(h_ptr, w_ptr, out_ptr, key_ptr, id_ptr, cnt_ptr, out_id_ptr, out_val_ptr, T, V, Hd, top_k,
                  tiles_per_prog, s_h, s_w, s_out,
                  DENSE: tl.constexpr, KP: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr,
-                 BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr):
+                 BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr,
+                 USE_PDL: tl.constexpr):
+    wait_for_inputs(USE_PDL)
     p = tl.program_id(0)
     tok = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_mask = tok < T
@@ -170,5 +173,6 @@ def dense_lm_head(hidden, lm_head, *, output="topk", k=1):
         None if dense else out_vals, T, V, Hd, k, cfg["tiles_per_prog"], hidden.stride(0), lm_head.stride(0), V,
         DENSE=dense, KP=KP, BLOCK_V=cfg["BLOCK_V"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"],
         BLOCK_C=max(16, 1024 // (KP * cfg["BLOCK_T"])), PREC=dot_precision(hidden.dtype),
-        INTERP=interpreting(dev), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"])
+        INTERP=interpreting(dev), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"],
+        **pdl_args(dev))
     return out if dense else (out_ids, out_vals)

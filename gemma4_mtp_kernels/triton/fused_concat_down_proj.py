@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .._counters import zeroed_counters
-from ._common import cast, cdiv, dot_precision, interpreting, mma, num_sms, pow2_at_least
+from ._common import cast, cdiv, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least, wait_for_inputs
 
 
 # T is not specialised: Triton turns an integer argument equal to 1 into a constant, and `T.to(...)` of a
@@ -42,7 +42,8 @@ def _down_proj_kernel(tok_ptr, emb_ptr, hid_ptr, w_ptr, out_ptr, part_ptr, cnt_p
                       T, V, Hb, Hd, kb_per_split, split_k, scale,
                       stride_emb, stride_hid, stride_w, stride_t,
                       BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                      PREC: tl.constexpr, INTERP: tl.constexpr):
+                      PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
+    wait_for_inputs(USE_PDL)
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -130,5 +131,5 @@ def fused_concat_down_proj(token_ids, embed_table, hidden, weight, *, embed_scal
         embed_table.stride(0), hidden.stride(0), weight.stride(0), Hd,
         BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"], SPLIT=split > 1,
         PREC=dot_precision(weight.dtype), INTERP=interpreting(hidden.device), num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
+        num_stages=cfg["num_stages"], **pdl_args(hidden.device))
     return out

@@ -32,9 +32,10 @@ Design. The op is a pure K/V stream: every attended cache entry is read once, th
   per (row, 128 columns): a handful of dependent steps instead of one per split (the first version
   looped over the splits one by one, ~15 us of the 26 us measured for E2B at B = 1).
   seq_len 0 (or an empty split) leaves l = 0: partial output 0 with lse -inf, final output 0.
-- sm_90: both kernels are launched with programmatic dependent launch (launch_pdl): the merge is
-  scheduled while the main grid runs and waits for it in griddepcontrol.wait, which hides its
-  launch latency; the main kernel waits the same way for whatever kernel ran before it.
+- sm_90: both kernels are launched with programmatic dependent launch (`_common.pdl_args`, as every
+  kernel of a drafter step): the merge is scheduled while the main grid runs and waits for it in
+  griddepcontrol.wait, which hides its launch latency; the main kernel waits the same way for
+  whatever kernel ran before it.
 Expected on H200 (bf16): see benchmarks/README.md, "Attention, round 2".
 """
 from __future__ import annotations
@@ -42,9 +43,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._common import cast, cdiv, dot_precision, interpreting, mma, num_sms, pow2_at_least, sm_arch
+from ._common import cast, cdiv, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least, wait_for_inputs
 
 LOG2E = 1.4426950408889634
 
@@ -57,9 +57,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, lse_ptr,
                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr,
                  HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, WRITE_LSE: tl.constexpr,
                  PARTIAL: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
-    if USE_PDL:
-        gdc_wait()  # inputs may come from the previous kernel
-        gdc_launch_dependents()  # the merge may be scheduled now; it waits for this grid
+    wait_for_inputs(USE_PDL)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b = pid_bh // Hkv
@@ -134,8 +132,7 @@ def _merge_kernel(po_ptr, plse_ptr, out_ptr, lse_ptr, splits, Qn, Hq,
                   so_b, so_q, so_h, sl_b, sl_q, sl_h,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, TILE_S: tl.constexpr,
                   WRITE_LSE: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
-    if USE_PDL:
-        gdc_wait()  # the partials are the main kernel's output
+    wait_for_inputs(USE_PDL)  # the partials are the main kernel's output
     row = tl.program_id(0)  # (b, q, h) of the contiguous partial buffers
     dblk = tl.program_id(1)  # BLOCK_D columns of it
     b = row // (Qn * Hq)
@@ -211,11 +208,6 @@ def num_splits(B: int, Hkv: int, row_tiles: int, max_len: int, block_n: int, sms
     return max(1, min((sms * per_sm) // programs, cdiv(tiles, MIN_TILES_PER_SPLIT)))
 
 
-def use_pdl(device: torch.device) -> bool:
-    """Programmatic dependent launch: sm_90 and newer (not the interpreter)."""
-    return sm_arch(device) >= 90
-
-
 def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=1.0, window=None, softcap=None,
                            out=None, return_lse=False, splits=None):
     """`splits` (tests only) forces the key-range split count instead of the SM-count heuristic."""
@@ -233,15 +225,13 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
     max_len = block_table.shape[1] * block_size
     if window is not None:
         max_len = min(max_len, window)
-    pdl = use_pdl(q.device)
     if splits is None:
         splits = num_splits(B, Hkv, row_tiles, max_len, cfg["BLOCK_N"], num_sms(q.device), programs_per_sm(cfg))
     interp = interpreting(q.device)
-    launch = dict(launch_pdl=True) if pdl else {}
     common = dict(D=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                   MIN_CHUNK=MIN_TILES_PER_SPLIT * cfg["BLOCK_N"], HAS_WINDOW=window is not None,
-                  HAS_SOFTCAP=softcap is not None, PREC=dot_precision(q.dtype), INTERP=interp, USE_PDL=pdl,
-                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch)
+                  HAS_SOFTCAP=softcap is not None, PREC=dot_precision(q.dtype), INTERP=interp,
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_args(q.device))
     args = (q, k_cache, v_cache, block_table, seq_lens)
     scalars = (scale * LOG2E, 1.0 if softcap is None else softcap, 0 if window is None else window, num_blocks,
                block_size, block_table.shape[1], splits, rows, G, Hkv, *q.stride()[:3], *k_cache.stride()[:3],
@@ -260,5 +250,5 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
         mc = merge_config(D, splits)
         _merge_kernel[(B * Qn * Hq, D // mc["BLOCK_D"])](
             po, plse, out, lse, splits, Qn, Hq, *out.stride()[:3], *lse_strides, D=D, **mc,
-            WRITE_LSE=return_lse, INTERP=interp, USE_PDL=pdl, num_warps=4, num_stages=1, **launch)
+            WRITE_LSE=return_lse, INTERP=interp, num_warps=4, num_stages=1, **pdl_args(q.device))
     return (out, lse) if return_lse else out

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from ._common import cast, cdiv, device_helper, dot_precision, interpreting, mma
+from ._common import cast, cdiv, device_helper, dot_precision, interpreting, mma, pdl_args, wait_for_inputs
 from .rms_norm_linear import BLOCK_K, normed_tile, prologue_args, prologue_stats, token_block
 
 
@@ -37,7 +37,8 @@ def _gate_up_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, g_ptr, u_ptr, out_pt
                     T, H, I, eps, s_x, s_r, s_g, s_u, s_out, s_hout,
                     HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr, WRITE_H: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-                    PREC: tl.constexpr, INTERP: tl.constexpr):
+                    PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
+    wait_for_inputs(USE_PDL)
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
     dt = out_ptr.dtype.element_ty
@@ -85,5 +86,5 @@ def rms_norm_gate_up(x, gate_weight, up_weight, *, norm_weight=None, eps=1e-6, r
                           gate_weight.stride(0), up_weight.stride(0), out.stride(0), hout.stride(0),
                           BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"],
                           PREC=dot_precision(x.dtype), INTERP=interpreting(x.device), num_warps=cfg["num_warps"],
-                          num_stages=cfg["num_stages"], **flags)
+                          num_stages=cfg["num_stages"], **flags, **pdl_args(x.device))
     return out

@@ -30,7 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cast, cdiv, device_helper, dot_precision, interpreting, mma, num_sms, pow2_at_least
+from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least,
+                      wait_for_inputs)
 from .._counters import zeroed_counters
 
 COUNTER_OWNER = "triton.rms_norm_linear"  # its cached counters in gemma4_mtp_kernels._counters
@@ -112,7 +113,8 @@ def _norm_linear_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, out_ptr, 
                         HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr,
                         WRITE_H: tl.constexpr, WRITE_N: tl.constexpr, SPLIT: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-                        PREC: tl.constexpr, INTERP: tl.constexpr):
+                        PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
+    wait_for_inputs(USE_PDL)
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -216,5 +218,5 @@ def rms_norm_linear(x, weight, *, norm_weight=None, eps=1e-6, residual=None, res
                               WRITE_N=normed_out is not None, SPLIT=split > 1, BLOCK_N=cfg["BLOCK_N"],
                               BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"], PREC=dot_precision(x.dtype),
                               INTERP=interpreting(x.device), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                              **flags)
+                              **flags, **pdl_args(x.device))
     return out

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cast, cdiv, device_helper, dot_precision, interpreting, mma
+from ._common import cast, cdiv, device_helper, dot_precision, interpreting, mma, pdl_args, wait_for_inputs
 from .rms_norm_linear import BLOCK_K, normed_tile, prologue_args, prologue_stats, token_block
 from .._counters import zeroed_counters
 
@@ -83,7 +83,8 @@ def _q_rope_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, qw_ptr, pos_pt
                    out_ptr, hout_ptr, T, H, N, Hq, per_pos, eps, s_x, s_r, s_w, s_hout,
                    HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr, WRITE_H: tl.constexpr,
                    D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-                   EPI_T: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr):
+                   EPI_T: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
+    wait_for_inputs(USE_PDL)
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
     dt = out_ptr.dtype.element_ty
@@ -143,5 +144,6 @@ def rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, *, norm_weigh
         *ptrs, weight, q_norm_weight, positions, inv_freq, ws, cnt, out, hout, T, H, N, Hq, T // positions.shape[0],
         float(eps), *strides, weight.stride(0), hout.stride(0), D=D, BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"],
         BLOCK_K=cfg["BLOCK_K"], EPI_T=cfg["EPI_T"], PREC=dot_precision(x.dtype), INTERP=interpreting(x.device),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"], **flags)
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"], **flags,
+        **pdl_args(x.device))
     return out
