@@ -8,6 +8,9 @@ A step is `Gemma4MTPDrafter.step` + `top_tokens(last, 1)`; a round is `gemma4_mt
   shapes (its shared K/V as HF holds it, [B, Hkv, n, D]), eager: the anchor, where transformers runs;
 - `triton`, `cuda`: our drafter with that backend (cuda: the four ops on CUDA, the fused glue on
   Triton), the call captured and replayed as one CUDA graph by the timer;
+- `triton_no_pdl` (steps, and rounds at B = 1): `triton` with programmatic dependent launch off (`_common.PDL`, as
+  GEMMA4_MTP_PDL=0 sets it), graph-replayed: what PDL saves between the ~27 dependent launches of a
+  step (prediction in benchmarks/README.md, "Programmatic dependent launch");
 - `triton_eager`: the same calls eagerly, timed with events around them: on a GPU this is the host
   time per call (Python, validation, launches), the GPU waiting on it;
 - `torch_eager`: the reference backend (the unfused composition, host reads in its attention).
@@ -108,6 +111,19 @@ def ours(backend, kind):
     return factory
 
 
+def ours_without_pdl(kind):
+    """`ours("triton")` with every launch (warm-up and capture included) made without programmatic
+    dependent launch."""
+    from gemma4_mtp_kernels.triton import _common
+
+    def factory(inp):
+        def call():
+            with mock.patch.object(_common, "PDL", False):
+                return run_ours(inp, "triton", kind)
+        return call
+    return factory
+
+
 def hf_assistant(shape, B, ctx):
     """Hugging Face's assistant forward (+ argmax of its logits) at the same shapes, random weights."""
     def factory(inp):
@@ -177,6 +193,8 @@ def cases(dry: bool) -> list[Case]:
         if kind == "step":
             baselines["hf_assistant"] = hf_assistant(shape, B, ctx)
         baselines.update({"triton": ours("triton", kind), "cuda": ours("cuda", kind)})
+        if B == 1 or kind == "step":  # on a CPU (the interpreter) the same code as "triton"; run for its wiring
+            baselines["triton_no_pdl"] = ours_without_pdl(kind)
         if not dry:  # the same calls as "triton", timed eagerly: nothing more to exercise on a CPU
             baselines["triton_eager"] = ours("triton", kind)
         baselines["torch_eager"] = ours("torch", kind)

@@ -270,7 +270,7 @@ def test_table_and_plot_of_a_timed_file(dry, tmp_path):
 def test_gpu_case_grid_is_well_formed():
     """The real-shape grid that runs on a GPU: built here without inputs (no tensors allocated)."""
     import importlib
-    labels = set()
+    labels, baselines = set(), {}
     for modname in run_all.MODULES:
         mod = importlib.import_module(f"benchmarks.{modname}")
         cases = mod.cases(dry=False)
@@ -278,6 +278,7 @@ def test_gpu_case_grid_is_well_formed():
         for c in cases:
             assert (c.op, c.label) not in labels, c.label
             labels.add((c.op, c.label))
+            baselines[c.label] = set(c.baselines)
             assert c.cost.bytes > 0 and {"triton", "cuda"} <= set(c.baselines)
     # the issue's targets are measured: B=1 attention at >= 8K for head dims 512 and 256, centroid T=1 on E2B
     assert ("q_only_paged_attention", "E2B full D=512 B=1 Q=1 ctx=8192") in labels
@@ -287,6 +288,10 @@ def test_gpu_case_grid_is_well_formed():
     assert ("drafter_step", "E2B step B=1 ctx=8192") in labels and ("drafter_step", "31B step B=32 ctx=32768") in labels
     assert ("draft_round", "31B chain round k=4 B=1 ctx=8192") in labels
     assert ("draft_round", "E4B tree round (2,2,1) B=8 ctx=32768") in labels
+    # what programmatic dependent launch saves: every step, the B = 1 rounds
+    assert "triton_no_pdl" in baselines["31B step B=32 ctx=32768"]
+    assert "triton_no_pdl" in baselines["E2B chain round k=4 B=1 ctx=8192"]
+    assert "triton_no_pdl" not in baselines["E2B chain round k=4 B=8 ctx=8192"]
 
 
 def test_rotating_sets_cover_three_l2s():
