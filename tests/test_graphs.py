@@ -203,20 +203,23 @@ def test_static_forward_is_forward_tree(twins):
 
 @pytest.mark.parametrize("shape", [dict(num_draft_tokens=3), dict(num_draft_tokens=None, tree=(2, 2, 1))], ids=str)
 def test_decode_loop_with_static_target_forwards(pair, shape):
-    """The loop's rounds through the target's static forward (what it captures on a GPU) decode what
-    the eager forward decodes, and target-only decoding through it too (one node per request)."""
+    """The loop's rounds through the target's static forward and the drafter's static rounds (what
+    they capture on a GPU; the drafted tokens stay a [B, N] tensor from the round to the target's
+    forward and the verification) decode what the eager loop decodes, and target-only decoding
+    through the static forward too (one node per request)."""
     target, drafter = pair
     prompts = [torch.randint(3, hf_tiny.VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (14, 9, 21)]
     eager = speculative_generate(target, drafter, prompts, max_new_tokens=14, **shape)
     base = speculative_generate(target, None, prompts, max_new_tokens=14, num_draft_tokens=0)
     target.graph_runner = TargetGraphs(target, capture=False)
+    drafter.graph_runner = DraftGraphs(drafter, table_width=target.num_blocks, capture=False)
     try:
         static = speculative_generate(target, drafter, prompts, max_new_tokens=14, **shape)
         static_base = speculative_generate(target, None, prompts, max_new_tokens=14, num_draft_tokens=0)
-        assert target.graph_runner.kept  # the shapes seen twice ran from the static buffers
+        assert target.graph_runner.kept and drafter.graph_runner.kept  # shapes seen twice: static buffers
         off = speculative_generate(target, drafter, prompts, max_new_tokens=14, cuda_graphs=False, **shape)
     finally:
-        target.graph_runner = None
+        target.graph_runner = drafter.graph_runner = None
     for b in range(len(prompts)):
         for out in (static, static_base, off, base):
             assert torch.equal(out.ids[b], eager.ids[b]), b

@@ -20,6 +20,7 @@ from gemma4_mtp_kernels.ops.rms_norm_q_rope import check_positions
 
 from .config import FULL, SLIDING, AttentionSpec, DrafterConfig, TextConfig
 from .layers import DecoderLayer, RMSNorm, rope_inv_freq, to_dtype
+from .transfer import tensor_to
 
 QUERY_POSITIONS = ("last_cached", "next")
 # the fused glue ops of a step, in the order step unpacks them (checked once per weights, see step)
@@ -72,7 +73,7 @@ class DraftContext:
     embed_scale: float
 
     def select(self, rows: list[int]) -> "DraftContext":
-        idx = torch.tensor(rows, dtype=torch.long, device=self.seq_lens.device)
+        idx = tensor_to(rows, torch.long, self.seq_lens.device)
         return DraftContext(self.k_cache, self.v_cache, {t: bt[idx] for t, bt in self.block_table.items()},
                             self.window, self.seq_lens[idx], self.positions[idx], self.embed_table,
                             self.embed_scale)

@@ -16,6 +16,7 @@ import torch
 
 from .drafter import DraftContext, Gemma4MTPDrafter
 from .target import Gemma4Target, TargetOutput
+from .transfer import copy_from_host, tensor_to, to_device
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -207,22 +208,29 @@ class _Forward:
         self.out, self.graph = None, None
 
     def load(self, reqs, ids, trees, counts) -> None:
-        """These requests' inputs (`Gemma4Target.prepare_trees`' ids, trees and counts), padded to the
-        bucket on the host in tensors like the static buffers, then copied into them."""
+        """These requests' inputs (`Gemma4Target.prepare_trees`' ids, trees and counts): the ids go
+        into the padded ids buffer on the device (a draft round's tokens are never read back); the
+        rest is padded on the host in tensors like the static buffers and copied into them without
+        the host waiting for the device (gemma4_mtp.transfer). Padding slots keep earlier ids: valid
+        tokens whose nodes count 0."""
         target = self.target
-        names = ("ids", "depth", "anc", "counts", "lengths")
+        dev, N = self.ids.device, self.ids.shape[1]
+        names = ("depth", "anc", "counts", "lengths")
         host = {n: torch.zeros_like(getattr(self, n), device="cpu") for n in names}
         tables = {t: torch.full_like(buf, -1, device="cpu") for t, buf in self.tables.items()}
-        for b, (r, row, (depth, anc)) in enumerate(zip(reqs, ids.split(counts), trees)):
+        slots = []
+        for b, (r, (depth, anc)) in enumerate(zip(reqs, trees)):
             n = counts[b]
-            host["ids"][b, :n], host["depth"][b, :n], host["anc"][b, :n, :n] = row, depth, anc
+            host["depth"][b, :n], host["anc"][b, :n, :n] = depth, anc
             host["counts"][b], host["lengths"][b] = n, target.lengths[r]
+            slots.extend(range(b * N, b * N + n))
             for t, c in target.caches.items():
                 tables[t][b, :len(c.tables[r])] = torch.tensor(c.tables[r], dtype=torch.int32)
+        self.ids.view(-1)[tensor_to(slots, torch.long, dev)] = to_device(ids, dev)
         for n, buf in host.items():
-            getattr(self, n).copy_(buf)
+            copy_from_host(getattr(self, n), buf)
         for t, buf in tables.items():
-            self.tables[t].copy_(buf)
+            copy_from_host(self.tables[t], buf)
 
     def run(self):
         self.out = self.target.forward_static(self.ids, self.depth, self.anc, self.counts, self.lengths, self.tables)
@@ -244,7 +252,10 @@ class TargetGraphs(_Replays):
                          keep_after=keep_after, owner="TargetGraphs")
         self.target = target
 
-    def forward(self, reqs: list[int], tokens: list[torch.Tensor], parents: list[list[int]]) -> TargetOutput:
+    def forward(self, reqs: list[int], tokens, parents: list[list[int]]) -> TargetOutput:
+        """`Gemma4Target.forward_tree(reqs, tokens, parents)` (tokens in either of its forms) from the
+        static buffers of its shape, replayed; a shape's first uses and a batch beyond the largest
+        bucket run forward_tree itself."""
         target = self.target
         bucket = self.bucket(len(reqs))
         if bucket is None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from .transfer import to_device
+
 
 class OutOfBlocksError(RuntimeError):
     pass
@@ -79,29 +81,39 @@ class PagedKVCache:
                 self.allocator.release(table[j])
                 table[j] = -1
 
-    def _slots(self, req: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        table = torch.tensor(self.tables[req], dtype=torch.long, device=self.k.device)
-        pos = positions.to(device=self.k.device, dtype=torch.long)
-        blocks = table[pos // self.block_size]
+    def _slots(self, req: int, positions) -> torch.Tensor:
+        """Flat slot ids (block * block_size + offset, see _flat) of positions (host integers: a range,
+        a list or a CPU tensor) on the cache's device, from the host's block table: nothing is read
+        back from the device."""
+        if isinstance(positions, range):
+            pos = torch.arange(positions.start, positions.stop, positions.step)
+        else:
+            pos = torch.as_tensor(positions, dtype=torch.long)
+        blocks = torch.tensor(self.tables[req], dtype=torch.long)[pos // self.block_size]
         if bool((blocks < 0).any()):
             raise RuntimeError("internal error: access to a released KV block")
-        return blocks, pos % self.block_size
+        return to_device(blocks * self.block_size + pos % self.block_size, self.k.device)
 
-    def write(self, layer: int, req: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        blocks, offs = self._slots(req, positions)
-        self.k[layer, blocks, offs] = k.to(self.k.dtype)
-        self.v[layer, blocks, offs] = v.to(self.v.dtype)
+    @staticmethod
+    def _flat(cache: torch.Tensor) -> torch.Tensor:
+        """[layers, (num_blocks + 1) * block_size, Hkv, D] view of k_all or v_all."""
+        return cache.view(cache.shape[0], -1, *cache.shape[3:])
 
-    def read(self, layer: int, req: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        blocks, offs = self._slots(req, positions)
-        return self.k[layer, blocks, offs], self.v[layer, blocks, offs]
+    def write(self, layer: int, req: int, positions, k: torch.Tensor, v: torch.Tensor) -> None:
+        slots = self._slots(req, positions)
+        self._flat(self.k_all)[layer, slots] = k.to(self.k.dtype)
+        self._flat(self.v_all)[layer, slots] = v.to(self.v.dtype)
 
-    def move(self, req: int, src: torch.Tensor, dst: torch.Tensor) -> None:
+    def read(self, layer: int, req: int, positions) -> tuple[torch.Tensor, torch.Tensor]:
+        slots = self._slots(req, positions)
+        return self._flat(self.k_all)[layer, slots], self._flat(self.v_all)[layer, slots]
+
+    def move(self, req: int, src: list[int], dst: list[int]) -> None:
         """Copy the K/V of positions src to positions dst in every layer (gathered first, so overlaps are safe)."""
-        sb, so = self._slots(req, src)
-        db, do = self._slots(req, dst)
-        self.k[:, db, do] = self.k[:, sb, so].clone()
-        self.v[:, db, do] = self.v[:, sb, so].clone()
+        s, d = self._slots(req, src), self._slots(req, dst)
+        for cache in (self.k_all, self.v_all):
+            flat = self._flat(cache)
+            flat[:, d] = flat[:, s]
 
     def block_table(self, reqs: list[int]) -> torch.Tensor:
         """int32 [len(reqs), max_blocks]; -1 past each request's blocks and for released blocks."""
@@ -109,4 +121,4 @@ class PagedKVCache:
         out = torch.full((len(reqs), width), -1, dtype=torch.int32)
         for i, r in enumerate(reqs):
             out[i, :len(self.tables[r])] = torch.tensor(self.tables[r], dtype=torch.int32)
-        return out.to(self.k.device)
+        return to_device(out, self.k.device)

@@ -19,6 +19,7 @@ import gemma4_mtp_kernels as K
 
 from .drafter import QUERY_POSITIONS
 from .graphs import DraftGraphs, TargetGraphs, draft_tree, level_sizes, tree_parents
+from .transfer import tensor_to, to_device
 
 SCHEDULES = ("constant", "heuristic")
 _FROM_TARGET = object()
@@ -115,23 +116,23 @@ def _draft(drafter, target, reqs, pending, hidden, shapes, query_position, sampl
     one `draft_tree` round (replayed as a CUDA graph when `graphs` is given) and keeps the prefix of
     its own shape, whose nodes come first in breadth-first order. With `sampler(b, q) -> token`
     (chains only) one token is drawn per step from the drafter distribution q on the host, which is
-    then recorded for the node it was drawn at. Returns per request (tokens [N] int64, parents
-    list[int], draft q per node or None), node 0 being the pending token."""
+    then recorded for the node it was drawn at. Returns (tokens [B, >= N] int64 on the device, row b
+    beginning with request b's nodes; per request its parents list[int]; per request the draft q of
+    each node or None), node 0 being the pending token. Without a sampler nothing is read back: the
+    tokens stay on the device for the target's forward and the verification."""
     if not any(shapes):  # nothing to draft (target-only decoding, or no token budget left)
-        return [p.view(1).cpu() for p in pending], [[-1] for _ in reqs], None if sampler is None else [[]] * len(reqs)
+        return pending.view(-1, 1), [[-1] for _ in reqs], None if sampler is None else [[]] * len(reqs)
     ctx = drafter.context(target, reqs, query_position)
     if sampler is not None:
         return _draft_sampled(drafter, ctx, pending, hidden, shapes, sampler, target.device)
     widths = tuple(max(shapes, key=len))
-    pending, hidden = pending.to(target.device), hidden.view(len(reqs), -1)
+    hidden = hidden.view(len(reqs), -1)
     if graphs is not None:
         tokens = graphs.draft(ctx, pending, hidden, widths)
     else:
         tokens = draft_tree(drafter, ctx, pending, hidden, widths)
-    tokens = tokens.cpu()
     parents = tree_parents(widths)
-    sizes = [1 + sum(level_sizes(shape)) for shape in shapes]
-    return [tokens[b, :n] for b, n in enumerate(sizes)], [parents[:n] for n in sizes], None
+    return tokens, [parents[:1 + sum(level_sizes(shape))] for shape in shapes], None
 
 
 def _draft_sampled(drafter, ctx, pending, hidden, shapes, sampler, dev):
@@ -148,18 +149,18 @@ def _draft_sampled(drafter, ctx, pending, hidden, shapes, sampler, dev):
         rows = [b for b in rows if len(shapes[b]) > depth]
         if not rows:
             break
-        sel = torch.tensor(rows, device=dev)
+        sel = tensor_to(rows, torch.long, dev)
         last, proj = drafter.step(ctx.select(rows), level_tok[sel], level_hid[sel])
         q = sampler.distribution(drafter.logits(last)[:, 0])
         drawn = [sampler.draw(b, q[r]) for r, b in enumerate(rows)]
         for r, b in enumerate(rows):
             tokens[b].append(drawn[r])
             probs[b].append(q[r])
-        level_tok[sel] = torch.tensor(drawn, device=dev).view(-1, 1)
+        level_tok[sel] = tensor_to(drawn, torch.long, dev).view(-1, 1)
         level_hid[sel] = proj
         depth += 1
     parents = [list(range(-1, len(t) - 1)) for t in tokens]
-    return [torch.tensor(t, dtype=torch.long) for t in tokens], parents, probs
+    return tensor_to(_pad(tokens, max(map(len, tokens)), 0), torch.long, dev), parents, probs
 
 
 class _Sampler:
@@ -188,7 +189,7 @@ class _Sampler:
         out = torch.zeros(len(bs), N, 2, dtype=torch.float32)
         for i, (b, n) in enumerate(zip(bs, counts)):
             out[i, :n] = self.uniforms(b, n)
-        return out.to(self.device)
+        return to_device(out, self.device)
 
 
 def _pad(rows: list[list], width: int, fill) -> list[list]:
@@ -228,7 +229,8 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
         on a CUDA target without an MoE block (its expert dispatch reads the routing on the host).
         Drafts drawn with sample_drafts always run eagerly (host random numbers). The prefill runs
         eagerly. Same tokens either way. A `target.graph_runner` set by the caller (a TargetGraphs,
-        e.g. with capture=False on CPU) serves the target's forwards unless cuda_graphs is False.
+        e.g. with capture=False on CPU) serves the target's forwards unless cuda_graphs is False, and
+        a `drafter.graph_runner` (a DraftGraphs over this target) the draft rounds.
     on_tokens: called as on_tokens(request_index, tokens) with each request's newly emitted tokens,
         as soon as a round emits them (for streaming).
     """
@@ -270,17 +272,18 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
     out_ids: list[list[int]] = [[] for _ in prompts]
     reqs = [target.new_request() for _ in prompts]
     try:
-        pre = target.prefill(reqs, [p.to(dev) for p in prompts], last_only=True)
-        first = K.tree_verify(torch.stack([p[-1:] for p in prompts]).to(dev),
+        pre = target.prefill(reqs, [to_device(p, dev) for p in prompts], last_only=True)
+        first = K.tree_verify(to_device(torch.stack([p[-1:] for p in prompts]), dev),
                               torch.full((B, 1), -1, dtype=torch.int32, device=dev),
                               pre.logits, temperature=temps,
                               uniforms=sampler.padded_uniforms(list(range(B)), [1] * B, 1) if sampling else None,
                               backend=backend)
         pending = first.output_tokens[:, 0].clone()
         hidden = pre.hidden[:, 0]
+        first_tokens = _read_round(first)[2]
         done = [False] * B
         for b in range(B):
-            done[b] = _emit(out_ids[b], [int(pending[b])], eos, max_new_tokens, b, on_tokens)
+            done[b] = _emit(out_ids[b], [int(first_tokens[b, 0])], eos, max_new_tokens, b, on_tokens)
         chain_len = [num_draft_tokens] * B
         while not all(done):
             act = [b for b in range(B) if not done[b]]
@@ -291,30 +294,34 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
                 shape = list(tree) if tree is not None else [1] * chain_len[b]
                 shapes.append(shape[:max(0, room)])
             act_reqs = [reqs[b] for b in act]
-            sel = torch.tensor(act, device=dev)
+            sel = tensor_to(act, torch.long, dev)
+            # a round queues all its device work (draft, target forward, verification, the next
+            # round's inputs) and reads the device once, at _read_round: every copy to the device
+            # before it goes through gemma4_mtp.transfer, so the host never waits for the GPU sooner
             drafted, parents, q = _draft(drafter, target, act_reqs, pending[sel], hidden[sel], shapes,
                                          query_position, _ActSampler(sampler, act) if sample_drafts else None,
                                          graphs)
             out = forward(act_reqs, drafted, parents)
-            N = max(len(t) for t in drafted)
+            sizes = [len(p) for p in parents]
+            N = max(sizes)
             draft_probs = None
             if q is not None:
                 draft_probs = torch.zeros(len(act), N, target.config.vocab_size, dtype=torch.float32, device=dev)
                 for i, rows_q in enumerate(q):
                     if rows_q:
                         draft_probs[i, :len(rows_q)] = torch.stack(rows_q)
+            # a row's nodes past its own tree are padding (parent -1): verification ignores their tokens
             res = K.tree_verify(
-                torch.tensor(_pad([t.tolist() for t in drafted], N, 0), dtype=torch.long, device=dev),
-                torch.tensor(_pad(parents, N, -1), dtype=torch.int32, device=dev),
+                drafted[:, :N].contiguous(), tensor_to(_pad(parents, N, -1), torch.int32, dev),
                 out.logits, temperature=None if temps is None else temps[sel],
-                uniforms=sampler.padded_uniforms(act, [len(t) for t in drafted], N) if sampling else None,
+                uniforms=sampler.padded_uniforms(act, sizes, N) if sampling else None,
                 draft_probs=draft_probs, backend=backend)
             stats.rounds += 1
-            # the next round's inputs stay on the device; the host reads the result once
+            # the next round's inputs stay on the device
             rows = torch.arange(len(act), device=dev)
             pending[sel] = res.output_tokens[rows, res.accept_len.long()]
             hidden[sel] = out.hidden[rows, res.last_node.long()]
-            accept_len, nodes, tokens = (t.cpu() for t in (res.accept_len, res.accepted_nodes, res.output_tokens))
+            accept_len, nodes, tokens = _read_round(res)
             for i, b in enumerate(act):
                 n = int(accept_len[i])
                 path = nodes[i, :n].tolist()
@@ -335,8 +342,22 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
     return SpeculativeOutput([torch.tensor(o, dtype=torch.long) for o in out_ids], stats)
 
 
+def _read_round(res) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A verification's result on the host, (accept_len [B], accepted_nodes [B, N], output_tokens
+    [B, N]) as int64, in one device-to-host copy: the one point of a round where the host waits for
+    the device (each read drains the stream)."""
+    packed = torch.cat([res.accept_len[:, None].long(), res.accepted_nodes.long(), res.output_tokens.long()], 1)
+    packed = packed.cpu()
+    N = res.output_tokens.shape[1]
+    return packed[:, 0], packed[:, 1:1 + N], packed[:, 1 + N:]
+
+
 def _graphs(drafter, target, cuda_graphs: bool | None) -> DraftGraphs | None:
-    """The drafter's captured rounds over `target` (kept on the drafter across calls), or None."""
+    """The drafter's captured rounds over `target` (kept on the drafter across calls), its graph
+    runner when the caller set one, or None."""
+    runner = getattr(drafter, "graph_runner", None)
+    if runner is not None and cuda_graphs is not False:
+        return runner
     on_cuda = drafter.pre_projection.weight.device.type == "cuda"
     if cuda_graphs is None:
         cuda_graphs = on_cuda and drafter.backend != "torch"

@@ -25,9 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gemma4_mtp_kernels._checks import values_checkable
+
 from .config import FULL, TextConfig
 from .kv_cache import PagedKVCache
 from .layers import MLP, RMSNorm, apply_rope, rms_norm, rope_inv_freq
+from .transfer import tensor_to, to_device
 
 
 class TargetAttention(nn.Module):
@@ -287,24 +290,26 @@ class Gemma4Target(nn.Module):
         return {t: c.block_table(reqs) for t, c in self.caches.items()}
 
     def seq_lens(self, reqs: list[int]) -> torch.Tensor:
-        return torch.tensor([self.lengths[r] for r in reqs], dtype=torch.int32, device=self.device)
+        return tensor_to([self.lengths[r] for r in reqs], torch.int32, self.device)
 
     # ---- forward -----------------------------------------------------------------------------
 
     @torch.no_grad()
-    def forward_tree(self, reqs: list[int], tokens: list[torch.Tensor], parents: list[list[int]], *,
+    def forward_tree(self, reqs: list[int], tokens, parents: list[list[int]], *,
                      last_only: bool = False) -> TargetOutput:
         """Run the token tree of each request (node 0 = pending token) and write its K/V to scratch slots.
 
+        tokens: per request a 1-D tensor of its nodes' ids, or one [B, >= nodes] tensor whose row b
+        begins with request b's (a draft round's output, left on the device); see prepare_trees.
         last_only: return only each request's last node (a long prompt needs no [T, V] logits)."""
         dev = self.device
         ids, trees, counts = self.prepare_trees(reqs, tokens, parents)
-        ids = ids.to(dev)
-        trees = [(depth, anc.to(dev)) for depth, anc in trees]
-        pos = torch.cat([self.lengths[r] + depth.to(dev) for r, (depth, _) in zip(reqs, trees)])
+        ids = to_device(ids, dev)
+        trees = [(depth, to_device(anc, dev)) for depth, anc in trees]
+        pos = torch.cat([self.lengths[r] + to_device(depth, dev) for r, (depth, _) in zip(reqs, trees)])
         hidden = self._layers(ids, pos, lambda i, q, k, v: self._attend(i, q, k, v, pos, reqs, counts, trees))
         if last_only:
-            ends = torch.tensor(counts, device=dev).cumsum(0) - 1
+            ends = tensor_to(counts, torch.long, dev).cumsum(0) - 1
             hidden, counts = hidden[ends], [1] * len(counts)
         logits = self._logits(hidden)
         B, N = len(reqs), max(counts)
@@ -316,21 +321,35 @@ class Gemma4Target(nn.Module):
         return TargetOutput(out_logits, out_hidden)
 
     def prepare_trees(self, reqs, tokens, parents):
-        """Check the trees and reserve their scratch slots: (ids [T] int64 on the host side of the
-        tokens, per request (depth [n], ancestor-or-self mask [n, n]) on the host, node counts)."""
+        """Check the trees and reserve their scratch slots: (ids [T] int64 on the tokens' device, per
+        request (depth [n], ancestor-or-self mask [n, n]) on the host, node counts).
+
+        tokens: per request a 1-D tensor (or list) of its nodes' ids, or one [B, >= nodes] tensor whose
+        row b begins with request b's. The ids are checked against the vocabulary where
+        gemma4_mtp_kernels checks values (CPU tensors; CUDA tensors with value checks on): elsewhere
+        the check would be a device-to-host read, which a draft round's tokens on the GPU must not
+        cost (they are the drafter head's own ids)."""
         if not (len(reqs) == len(tokens) == len(parents)):
             raise ValueError("reqs, tokens and parents need one entry per request")
-        ids = torch.cat([torch.as_tensor(t).long().reshape(-1) for t in tokens])
-        if bool(((ids < 0) | (ids >= self.config.vocab_size)).any()):
+        counts = [len(p) for p in parents]
+        if isinstance(tokens, torch.Tensor):
+            if tokens.dim() != 2 or tokens.shape[1] < max(counts, default=0):
+                raise ValueError(f"tokens: expected a [B, >= {max(counts, default=0)}] tensor of node ids, got "
+                                 f"shape {tuple(tokens.shape)}")
+            rows = [tokens[b, :n] for b, n in enumerate(counts)]
+        else:
+            rows = [torch.as_tensor(t).reshape(-1) for t in tokens]
+        ids = torch.cat(rows).long()
+        if values_checkable(ids) and bool(((ids < 0) | (ids >= self.config.vocab_size)).any()):
             raise ValueError(f"tokens: ids must be in [0, {self.config.vocab_size})")
         trees = []
-        for r, tok, par in zip(reqs, tokens, parents):
-            if len(tok) != len(par) or len(tok) == 0:
+        for r, row, par in zip(reqs, rows, parents):
+            if len(row) != len(par) or len(row) == 0:
                 raise ValueError(f"request {r}: tokens and parents need the same non-zero length")
             trees.append(_tree_structure(list(par)))
             for c in self.caches.values():
-                c.reserve(r, self.lengths[r] + len(tok))
-        return ids, trees, [len(t) for t in tokens]
+                c.reserve(r, self.lengths[r] + len(row))
+        return ids, trees, counts
 
     def _layers(self, ids: torch.Tensor, pos: torch.Tensor, attend) -> torch.Tensor:
         """The final normed hidden states [T, H] of tokens ids [T] at positions pos [T];
@@ -378,9 +397,9 @@ class Gemma4Target(nn.Module):
             L, n = self.lengths[r], counts[b]
             depth, anc = trees[b]
             if kb is not None:
-                cache.write(slot, r, torch.arange(L, L + n, device=dev), kb, vb)
+                cache.write(slot, r, range(L, L + n), kb, vb)
             lo = 0 if window is None else max(0, L - window + 1)
-            keys_k, keys_v = cache.read(slot, r, torch.arange(lo, L + n, device=dev))
+            keys_k, keys_v = cache.read(slot, r, range(lo, L + n))
             key_pos = torch.cat([torch.arange(lo, L, device=dev), pb])
             allowed = torch.cat([torch.ones(n, L - lo, dtype=torch.bool, device=dev), anc], dim=1)
             if window is not None:
@@ -450,10 +469,8 @@ class Gemma4Target(nn.Module):
                 raise ValueError(f"accepted_nodes: node {node} cannot sit at depth {d}")
         moves = [(L + node, L + d) for d, node in enumerate(accepted_nodes, start=1) if node != d]
         if moves:
-            src = torch.tensor([m[0] for m in moves], device=self.device)
-            dst = torch.tensor([m[1] for m in moves], device=self.device)
             for c in self.caches.values():
-                c.move(req, src, dst)
+                c.move(req, [m[0] for m in moves], [m[1] for m in moves])
         new_len = L + 1 + len(accepted_nodes)
         self.lengths[req] = new_len
         for c in self.caches.values():
