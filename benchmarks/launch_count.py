@@ -1,4 +1,5 @@
-"""Kernel launches of one eager drafter step, counted on CPU at the real shapes (no GPU, no weights).
+"""Kernel launches of one eager drafter step, counted on CPU at the real shapes (no GPU, no weights);
+with --decode, the launches and the copies to the device of each round of the decode loop.
 
 The drafter (gemma4_mtp.drafter.random_drafter on the meta device: every weight, cache and
 activation is a meta tensor, nothing holds values) runs
@@ -15,6 +16,7 @@ raises, so a step that counts here also has no hidden device->host sync.
     python -m benchmarks.launch_count               # JSON: per drafter, B, k: launches by kind
     python -m benchmarks.launch_count --rounds      # a k = 4 chain round and a (2, 2, 1) tree round
     python -m benchmarks.launch_count --host-time   # adds host_us: wall time of one eager step here
+    python -m benchmarks.launch_count --decode      # speculative_generate's rounds: launches, copies
 
 `host_us` (median of 50 steps, after the counted ones) is the host time of an eager step on this
 machine's CPU short of the driver: the ops' Python (validation, allocation, launch arithmetic),
@@ -43,7 +45,7 @@ _NO_KERNEL = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_st
 
 
 class KernelCounter(TorchDispatchMode):
-    """Counts aten ops on meta tensors that would launch a CUDA kernel, by op name."""
+    """Counts aten ops writing meta tensors, which would launch a CUDA kernel (or a copy), by op name."""
 
     def __init__(self):
         super().__init__()
@@ -54,8 +56,9 @@ class KernelCounter(TorchDispatchMode):
         name = func.overloadpacket.__name__
         if func.is_view or name in _NO_KERNEL:
             return out
-        tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
-        if any(t.device.type == "meta" for t in tensors):
+        # an op launches on the device when it writes a device tensor (zeros_like(x, device="cpu") of a
+        # device x is host work)
+        if any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in torch.utils._pytree.tree_leaves(out)):
             self.ops[name] += 1
         return out
 
@@ -159,6 +162,135 @@ def count_round(name: str, widths, B: int = 1, ctx: int = 8192, *, sms: int = 13
             "triton": len(triton_launches), "torch": torch_ops, "torch_ops": dict(counter.ops)}
 
 
+class TransferCounter(TorchDispatchMode):
+    """Host-to-device transfers into meta tensors (standing for CUDA tensors), by kind: `async`, copies
+    with non_blocking=True (gemma4_mtp.transfer: the host does not wait), and `blocking`, every other
+    way host data reaches the device (a plain copy, an op taking a CPU tensor beside device tensors,
+    `torch.tensor(..., device=...)`), each of which makes a CUDA host wait for the stream to drain."""
+
+    def __init__(self):
+        super().__init__()
+        self.kinds: collections.Counter = collections.Counter()
+        self.blocking: collections.Counter = collections.Counter()  # where: op name or constructor
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        leaves = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        host = [t for t in leaves if t.device.type == "cpu" and t.dim() > 0]  # 0-dim: a kernel argument
+        out = func(*args, **kwargs)
+        if name == "_to_copy" and host and kwargs.get("device") is not None and kwargs["device"].type == "meta":
+            self._count(kwargs.get("non_blocking", False), name)
+        elif name == "copy_" and args[0].device.type == "meta" and args[1].device.type == "cpu":
+            self._count(len(args) > 2 and args[2] or kwargs.get("non_blocking", False), name)
+        elif host and any(t.device.type == "meta" for t in leaves):
+            self._count(False, name)
+        return out
+
+    def _count(self, non_blocking: bool, where: str) -> None:
+        self.kinds["async" if non_blocking else "blocking"] += 1
+        if not non_blocking:
+            self.blocking[where] += 1
+
+    def __enter__(self):
+        # torch.tensor / torch.as_tensor with a device copy their data below the dispatcher
+        self._constructors = {n: getattr(torch, n) for n in ("tensor", "as_tensor")}
+
+        def watched(ctor, n):
+            def make(*args, **kwargs):
+                device = kwargs.get("device")
+                if device is not None and torch.device(device).type != "cpu":
+                    self._count(False, f"torch.{n}(..., device=...)")
+                return ctor(*args, **kwargs)
+            return make
+        for n, ctor in self._constructors.items():
+            setattr(torch, n, watched(ctor, n))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for n, ctor in self._constructors.items():
+            setattr(torch, n, ctor)
+        return super().__exit__(*exc)
+
+
+def count_decode(shape: dict, *, max_new_tokens: int = 10, sms: int = 132) -> dict:
+    """One `speculative_generate` of the embedded pair (gemma4_mtp's assets) with every weight, cache
+    and activation on the meta device, its draft rounds and target forwards through their graph
+    runners' static buffers (capture=False: the code a GPU captures, run eagerly), backend "triton".
+
+    Each round's one host read (`speculative._read_round`) cannot run on meta tensors: it answers
+    "nothing accepted, emit token 3" (so each round emits one token and commits no move); any other
+    host read raises. Counted per round (the prefill and its verification are round 0): launches
+    (Triton and torch; `in_graphs`: those inside a runner's replay, what a GPU replays as one graph;
+    `eager`: the rest, each a launch from the host) and host-to-device transfers (TransferCounter).
+    No host time: torch's meta kernels cost several times a device op's dispatch."""
+    from pathlib import Path
+    from unittest import mock
+
+    import gemma4_mtp
+    from gemma4_mtp import load_drafter, load_target, speculative
+    from gemma4_mtp.graphs import DraftGraphs, TargetGraphs, _Replays as Replays
+    from gemma4_mtp_kernels.triton.record import recording
+
+    assets = Path(gemma4_mtp.__file__).parent / "assets"
+    target = load_target(assets / "target", device="meta")
+    drafter = None
+    if shape["num_draft_tokens"] != 0:
+        drafter = load_drafter(assets / "drafter", device="meta", backend="triton")
+        drafter.graph_runner = DraftGraphs(drafter, table_width=target.num_blocks, capture=False)
+    target.graph_runner = TargetGraphs(target, capture=False)
+    prompt = torch.arange(3, 3 + 40)
+    rounds: list[dict] = []
+    state: dict = {}
+
+    def launched() -> int:
+        return len(state["triton"]) + sum(state["kernels"].ops.values())
+
+    def start():
+        state["launches"], state["kernels"], state["transfers"] = recording(sms), KernelCounter(), TransferCounter()
+        state["triton"] = state["launches"].__enter__()
+        state["kernels"].__enter__()
+        state["transfers"].__enter__()
+        state["in_graphs"], state["graph_ops"] = 0, collections.Counter()
+
+    def stop():
+        state["transfers"].__exit__(None, None, None)
+        state["kernels"].__exit__(None, None, None)
+        state["launches"].__exit__(None, None, None)
+        t, k = state["transfers"], state["kernels"]
+        rounds.append({"triton": len(state["triton"]), "torch": sum(k.ops.values()),
+                       "in_graphs": state["in_graphs"], "eager": launched() - state["in_graphs"],
+                       "eager_torch_ops": dict(k.ops - state["graph_ops"]),
+                       "h2d_async": t.kinds["async"], "h2d_blocking": t.kinds["blocking"],
+                       "blocking_at": dict(t.blocking)})
+
+    original_replay = Replays.replay
+
+    def replay(e):  # what a GPU replays as one graph
+        before, ops = launched(), collections.Counter(state["kernels"].ops)
+        original_replay(e)
+        state["in_graphs"] += launched() - before
+        state["graph_ops"] += state["kernels"].ops - ops
+
+    def read_round(res):  # the host read ends a round's device work
+        stop()
+        B, N = res.output_tokens.shape
+        tokens = torch.full((B, N), -1, dtype=torch.long)
+        tokens[:, 0] = 3
+        start()
+        return torch.zeros(B, dtype=torch.long), torch.full((B, N), -1, dtype=torch.long), tokens
+
+    with mock.patch.object(speculative, "_read_round", read_round), \
+            mock.patch.object(Replays, "replay", staticmethod(replay)):
+        start()
+        out = speculative.speculative_generate(target, drafter, prompt, max_new_tokens=max_new_tokens,
+                                               eos_token_id=None, verify_backend="triton", **shape)
+        stop()
+    rounds.pop()  # after the last read: the loop's end (releases), no round
+    return {"shape": {k: v for k, v in shape.items() if v is not None}, "rounds": out.stats.rounds,
+            "per_round": rounds}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--drafter", nargs="*", default=None, help="drafter names (default: all four)")
@@ -167,6 +299,8 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, nargs="*", default=[1], help="top_tokens k (tree branching)")
     p.add_argument("--rounds", action="store_true", help="count a k = 4 chain and a (2, 2, 1) tree round instead")
     p.add_argument("--host-time", action="store_true", help="also time the eager step's host side (host_us)")
+    p.add_argument("--decode", action="store_true",
+                   help="count the rounds of speculative_generate on the embedded pair instead (transfers too)")
     args = p.parse_args(argv)
     from gemma4_mtp_kernels.drafter_shapes import DRAFTERS
 
@@ -174,7 +308,10 @@ def main(argv=None) -> int:
     if triton.knobs.runtime.interpret:
         sys.exit("unset TRITON_INTERPRET: launch counting records the real @triton.jit launches")
     names = args.drafter or list(DRAFTERS)
-    if args.rounds:
+    if args.decode:
+        rows = [count_decode(shape) for shape in (dict(num_draft_tokens=4), dict(num_draft_tokens=None, tree=(2, 2, 1)),
+                                                   dict(num_draft_tokens=0))]
+    elif args.rounds:
         rows = [count_round(n, w, B) for n in names for B in args.batch for w in ((1, 1, 1, 1), (2, 2, 1))]
     else:
         rows = [count_step(n, B, Q=Q, k=k, host_time=args.host_time)
