@@ -179,7 +179,7 @@ class TransferCounter(TorchDispatchMode):
         leaves = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         host = [t for t in leaves if t.device.type == "cpu" and t.dim() > 0]  # 0-dim: a kernel argument
         out = func(*args, **kwargs)
-        if name == "_to_copy" and host and kwargs.get("device") is not None and kwargs["device"].type == "meta":
+        if name == "_to_copy" and args[0].device.type == "cpu" and getattr(kwargs.get("device"), "type", None) == "meta":
             self._count(kwargs.get("non_blocking", False), name)
         elif name == "copy_" and args[0].device.type == "meta" and args[1].device.type == "cpu":
             self._count(len(args) > 2 and args[2] or kwargs.get("non_blocking", False), name)
