@@ -81,6 +81,15 @@ def test_split_and_merge_paths(splits):
     run_case([150, 30, 0], 2, 8, 2, 256, splits=splits, window=120)
 
 
+def test_merge_over_more_splits_than_one_merge_tile():
+    """The merge walks the splits MERGE_TILE_S at a time (its tiles do not follow the split count):
+    request 0 fills 47 of 70 splits (192-key chunks), two merge tiles with the second one partly
+    empty; request 1 fills 4, request 2 none."""
+    splits = 70
+    assert splits > 2 * tq.MERGE_TILE_S
+    run_case([9000, 700, 0], 1, 4, 1, 64, splits=splits)
+
+
 @pytest.mark.parametrize("splits", [None, 1])
 def test_fp32_head_dim_512_tiles(splits):
     """fp32 takes its own tiles (16 keys, fewer stages): with the bf16 ones a D 512 fp32 launch needs

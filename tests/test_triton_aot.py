@@ -130,3 +130,25 @@ def test_the_pdl_check_finds_an_early_global_access():
     assert "before griddepcontrol.wait" in pdl_problem("cp.async.cg.shared.global [%r1], [%rd1], 16;\n" + ok)
     assert "before griddepcontrol.wait" in pdl_problem("\tatom.global.add.u32 %r3, [%rd2], 1;\n" + ok)
     assert "never waits" in pdl_problem("ld.param.u64 %rd1, [p];\n")
+
+
+# Distinct compiles of a drafter's chain steps over batch sizes 1-16 and five context lengths (1K-70K):
+# attention one per layer type and split / unsplit path, its merge one per head dim, the glue one per
+# token block (16 / 32 / 64 tokens) and split-K choice. Before the sizes were left unspecialised it
+# was 47 (E2B) and 48 (31B): Triton's JIT compiled again whenever the batch size, the table's width or
+# the split count changed its divisibility by 16, or the split count its power of two.
+STEP_COMPILES_PER_KERNEL = 4
+STEP_COMPILES = 16
+
+
+def test_a_decode_compiles_each_kernel_a_few_times_whatever_its_batch_and_context():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "python_api"), env.get("PYTHONPATH", "")])
+    counts = json.loads(subprocess.run([sys.executable, "-m", "gemma4_mtp_kernels.triton.aot", "--step-compiles"],
+                                       env=env, cwd=ROOT, capture_output=True, text=True, check=True).stdout)
+    assert set(counts) == {"E2B", "E4B", "26B-A4B", "31B"}
+    for name, per_kernel in counts.items():
+        print(name, sum(per_kernel.values()), per_kernel)
+        assert {"_attn_kernel", "_merge_kernel", "_q_rope_kernel"} <= set(per_kernel), name
+        assert max(per_kernel.values()) <= STEP_COMPILES_PER_KERNEL, (name, per_kernel)
+        assert sum(per_kernel.values()) <= STEP_COMPILES, (name, per_kernel)

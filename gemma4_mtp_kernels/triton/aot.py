@@ -298,6 +298,32 @@ def _step_scenarios() -> Iterator[Scenario]:
         yield Scenario(f"drafter step bf16 {name} B={B} Q={Q} top {k}", "bf16", call)
 
 
+# What a decode's batch size and context sweep over: an engine's batch moves one request at a time, the
+# attended length (the block table's width) grows with the context.
+SWEEP_BATCHES = tuple(range(1, 17))
+SWEEP_CONTEXTS = (1000, 3000, 8192, 20000, 70000)
+
+
+def step_compiles(name: str, batches=SWEEP_BATCHES, contexts=SWEEP_CONTEXTS, sms: int = 132, arch: int = 90
+                  ) -> dict[str, int]:
+    """Distinct compiles per kernel that chain steps (`step` + `top_tokens(last, 1)`) of drafter `name`
+    make over every (batch size, context length) pair: what a GPU process JIT-compiles (a second or
+    two each, on the decode's critical path) as its batch and context move. Needs gemma4_mtp."""
+    from gemma4_mtp.drafter import random_drafter, synthetic_context
+
+    drafter = random_drafter(name, device="meta", backend="triton")
+    Hb = drafter.config.backbone_hidden_size
+    keys: dict[str, set] = {}
+    for B, length in itertools.product(batches, contexts):
+        ctx = synthetic_context(drafter, B, length, device="meta")
+        with recording(sms, arch) as recorded:
+            last, _ = drafter.step(ctx, _meta((B, 1), torch.int64), _meta((B, 1, Hb), torch.bfloat16))
+            drafter.top_tokens(last, 1)
+        for rec in recorded:
+            keys.setdefault(rec.kernel.__name__, set()).add(rec.key)
+    return {k: len(v) for k, v in sorted(keys.items())}
+
+
 def scenarios() -> Iterator[Scenario]:
     yield from _down_proj_scenarios()
     yield from _attention_scenarios()
@@ -420,5 +446,14 @@ if __name__ == "__main__":
     parser.add_argument("--arch", type=int, action="append", choices=ARCHS,
                         help="compile for this SM architecture only (repeatable; default: all)")
     parser.add_argument("--kernels", action="store_true", help="list the package's Triton kernels instead")
+    parser.add_argument("--step-compiles", action="store_true",
+                        help="instead, the distinct compiles per kernel of each drafter's chain steps over "
+                             "batch sizes 1-16 and five context lengths (no compile)")
     args = parser.parse_args()
-    json.dump(sorted(defined_kernels()) if args.kernels else report(tuple(args.arch or ARCHS)), sys.stdout, indent=1)
+    if args.kernels:
+        result = sorted(defined_kernels())
+    elif args.step_compiles:
+        result = {name: step_compiles(name) for name in DRAFTERS}
+    else:
+        result = report(tuple(args.arch or ARCHS))
+    json.dump(result, sys.stdout, indent=1)

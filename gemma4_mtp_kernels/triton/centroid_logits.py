@@ -96,7 +96,7 @@ def _top_clusters(score_row, C, BLOCK_CC: tl.constexpr, K2: tl.constexpr, ROW: t
     return top
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _head(h_ptr, c_ptr, order_ptr, lm_ptr, score_ptr, part_val_ptr, part_id_ptr, cnt_ptr, ids_ptr, logit_ptr, dense_ptr,
           T, C, V, Hd, CS, top_k, chunks, rows, items, order_lines, s_h, s_c, s_lm, s_dense,
           BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,

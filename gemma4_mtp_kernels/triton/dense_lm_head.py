@@ -68,7 +68,7 @@ def take_topk(run_key, run_id, key, ids, KP: tl.constexpr):
     return best_key, best_id
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "tiles_per_prog"])
 def _head_kernel(h_ptr, w_ptr, out_ptr, key_ptr, id_ptr, cnt_ptr, out_id_ptr, out_val_ptr, T, V, Hd, top_k,
                  tiles_per_prog, s_h, s_w, s_out,
                  DENSE: tl.constexpr, KP: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr,

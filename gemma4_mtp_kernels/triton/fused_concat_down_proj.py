@@ -37,7 +37,7 @@ from ._common import cast, cdiv, dot_precision, interpreting, mma, num_sms, pdl_
 
 # T is not specialised: Triton turns an integer argument equal to 1 into a constant, and `T.to(...)` of a
 # constant does not compile (every T = 1 split-K launch failed the recorded-launch compile check).
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "kb_per_split", "split_k"])
 def _down_proj_kernel(tok_ptr, emb_ptr, hid_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr,
                       T, V, Hb, Hd, kb_per_split, split_k, scale,
                       stride_emb, stride_hid, stride_w, stride_t,

@@ -28,9 +28,13 @@ Design. The op is a pure K/V stream: every attended cache entry is read once, th
   short requests leave trailing splits empty (the merge skips their partials).
   With SPLITS > 1 each program writes its normalised partial output and its lse (fp32) and a
   merge kernel combines them (out = sum_s exp(lse_s - lse) o_s); with SPLITS = 1 the main kernel
-  writes out/lse directly. The merge reads the partials as [splits, 128-column] tiles, one program
-  per (row, 128 columns): a handful of dependent steps instead of one per split (the first version
-  looped over the splits one by one, ~15 us of the 26 us measured for E2B at B = 1).
+  writes out/lse directly. The merge reads the partials as [32 splits, 128-column] tiles, one
+  program per (row, 128 columns): a handful of dependent steps instead of one per split (the first
+  version looped over the splits one by one, ~15 us of the 26 us measured for E2B at B = 1).
+- One compile serves every batch size and table width: the integer sizes (split count, table
+  width, window, block size, head counts) are not specialised by Triton's JIT (do_not_specialize),
+  and no tile size follows them; only the strides keep Triton's divisibility-by-16 specialisation,
+  which the vectorised K/V and output accesses need.
   seq_len 0 (or an empty split) leaves l = 0: partial output 0 with lse -inf, final output 0.
 - sm_90: both kernels are launched with programmatic dependent launch (`_common.pdl_args`, as every
   kernel of a drafter step): the merge is scheduled while the main grid runs and waits for it in
@@ -49,7 +53,10 @@ from ._common import cast, cdiv, dot_precision, interpreting, mma, num_sms, pdl_
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+# Not specialised (one compile for every batch size, table width and split count): the sizes, the table's
+# row stride (its entries are gathered one by one) and the lse strides (one scalar store per row).
+@triton.jit(do_not_specialize=["window", "num_blocks", "block_size", "max_blocks", "splits", "rows", "G", "Hkv",
+                               "st_b", "sl_b", "sl_q", "sl_h", "sl_s"])
 def _attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, lse_ptr,
                  scale_log2, softcap, window, num_blocks, block_size, max_blocks, splits, rows, G, Hkv,
                  sq_b, sq_q, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, st_b,
@@ -127,10 +134,10 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, lse_ptr,
         tl.store(lse_ptr + b.to(tl.int64) * sl_b + qi * sl_q + head * sl_h + split * sl_s, lse, mask=r_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["splits", "Qn", "Hq", "sl_b", "sl_q", "sl_h"])
 def _merge_kernel(po_ptr, plse_ptr, out_ptr, lse_ptr, splits, Qn, Hq,
                   so_b, so_q, so_h, sl_b, sl_q, sl_h,
-                  D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, TILE_S: tl.constexpr,
+                  D: tl.constexpr, BLOCK_D: tl.constexpr, TILE_S: tl.constexpr,
                   WRITE_LSE: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
     wait_for_inputs(USE_PDL)  # the partials are the main kernel's output
     row = tl.program_id(0)  # (b, q, h) of the contiguous partial buffers
@@ -139,20 +146,24 @@ def _merge_kernel(po_ptr, plse_ptr, out_ptr, lse_ptr, splits, Qn, Hq,
     qi = (row // Hq) % Qn
     h = row % Hq
     lse_row = plse_ptr + row.to(tl.int64) * splits
-    s = tl.arange(0, BLOCK_S)
-    lse_s = tl.load(lse_row + s, mask=s < splits, other=float("-inf"))
-    m = tl.max(lse_s, axis=0)
+    # the row's largest lse, a tile of splits at a time (the lse are 4 bytes a split, from L2)
+    m = float("-inf")
+    for s0 in range(0, splits, TILE_S):
+        si = s0 + tl.arange(0, TILE_S)
+        m = tl.maximum(m, tl.max(tl.load(lse_row + si, mask=si < splits, other=float("-inf")), axis=0))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    total = tl.sum(tl.exp(lse_s - m_safe), axis=0)  # a NaN lse (bad block id) makes it NaN
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    total = 0.0
     base = po_ptr + row.to(tl.int64) * splits * D
     for s0 in range(0, splits, TILE_S):
         si = s0 + tl.arange(0, TILE_S)
         lse_i = tl.load(lse_row + si, mask=si < splits, other=float("-inf"))
+        w = tl.exp(lse_i - m_safe)
+        total += tl.sum(w, axis=0)  # a NaN lse (bad block id) makes it NaN
         # empty splits (lse -inf: short requests) are not read; a NaN weight still poisons the sum
         part = tl.load(base + si[:, None] * D + d[None, :], mask=(lse_i > float("-inf"))[:, None], other=0.0)
-        acc += tl.sum(tl.exp(lse_i - m_safe)[:, None] * part, axis=0)
+        acc += tl.sum(w[:, None] * part, axis=0)
     total_div = tl.where(total == 0, 1.0, total)
     o = acc / total_div
     tl.store(out_ptr + b.to(tl.int64) * so_b + qi * so_q + h * so_h + d, cast(o, out_ptr.dtype.element_ty, INTERP))
@@ -183,13 +194,14 @@ def kernel_config(D: int, rows: int, elem_bytes: int = 2) -> dict:
 
 
 MERGE_BLOCK_D = 128  # partial columns per merge program
-MERGE_TILE_S = 32  # splits per merge step
+# Splits per merge step, whatever the split count: tile sizes that followed the split count (it
+# follows the batch size and the table width) made a compile per power of two of it.
+MERGE_TILE_S = 32
 
 
-def merge_config(D: int, splits: int) -> dict:
+def merge_config(D: int) -> dict:
     """Merge tiles (also used by the AOT compile check): [TILE_S, BLOCK_D] fp32 tiles of the partials."""
-    block_s = pow2_at_least(splits, 2)
-    return dict(BLOCK_D=min(D, MERGE_BLOCK_D), BLOCK_S=block_s, TILE_S=min(MERGE_TILE_S, block_s))
+    return dict(BLOCK_D=min(D, MERGE_BLOCK_D), TILE_S=MERGE_TILE_S)
 
 
 def programs_per_sm(cfg: dict) -> int:
@@ -247,7 +259,7 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
         _attn_kernel[grid](*args, po, plse, *scalars, *po.stride()[:4], *plse.stride(),
                            WRITE_LSE=True, PARTIAL=True, **common)
         lse_strides = lse.stride() if return_lse else (0, 0, 0)
-        mc = merge_config(D, splits)
+        mc = merge_config(D)
         _merge_kernel[(B * Qn * Hq, D // mc["BLOCK_D"])](
             po, plse, out, lse, splits, Qn, Hq, *out.stride()[:3], *lse_strides, D=D, **mc,
             WRITE_LSE=return_lse, INTERP=interp, num_warps=4, num_stages=1, **pdl_args(q.device))

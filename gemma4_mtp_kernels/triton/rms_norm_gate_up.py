@@ -32,7 +32,7 @@ def gelu_tanh(x, INTERP: tl.constexpr):
     return 0.5 * x * (1.0 + t)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _gate_up_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, g_ptr, u_ptr, out_ptr, hout_ptr,
                     T, H, I, eps, s_x, s_r, s_g, s_u, s_out, s_hout,
                     HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr, WRITE_H: tl.constexpr,

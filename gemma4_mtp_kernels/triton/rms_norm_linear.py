@@ -107,7 +107,7 @@ def normed_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, tok, tok_mask, k, k_mask
     return cast(h, DTYPE, INTERP)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "kb_per_split", "splits"])
 def _norm_linear_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, hout_ptr, nout_ptr,
                         T, H, N, kb_per_split, splits, eps, s_x, s_r, s_w, s_out, s_hout, s_nout,
                         HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr,

@@ -78,7 +78,7 @@ def _norm_rope_head(ws_ptr, qw_ptr, pos_ptr, freq_ptr, out_ptr, head, t_lo, T, N
                  mask=tm[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "per_pos"])
 def _q_rope_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, qw_ptr, pos_ptr, freq_ptr, ws_ptr, cnt_ptr,
                    out_ptr, hout_ptr, T, H, N, Hq, per_pos, eps, s_x, s_r, s_w, s_hout,
                    HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr, WRITE_H: tl.constexpr,

@@ -175,7 +175,7 @@ def _finish(dec_ptr, cnt_ptr, len_ptr, acc_ptr, out_ptr, last_ptr, row, b, N, R,
         _walk(dec_ptr, len_ptr, acc_ptr, out_ptr, last_ptr, b, N, BLOCK_NODES)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R", "N"])
 def _verify(tok_ptr, par_ptr, logit_ptr, q_ptr, temp_ptr, unif_ptr, max_ptr, sum_ptr, arg_ptr, res_ptr, mz_ptr,
             dec_ptr, cnt_ptr, len_ptr, acc_ptr, out_ptr, last_ptr, R, N, V, chunk, nch, G, s_b, s_n, sq_b, sq_n,
             HAS_TEMP: tl.constexpr, HAS_DRAFT: tl.constexpr, BLOCK_NODES: tl.constexpr, BLOCK_G: tl.constexpr,
