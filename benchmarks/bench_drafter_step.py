@@ -6,13 +6,14 @@ A step is `Gemma4MTPDrafter.step` + `top_tokens(last, 1)`; a round is `gemma4_mt
 (the target forward in between is not the drafter's). Baselines:
 - `hf_assistant` (steps only): Hugging Face's Gemma4AssistantForCausalLM forward + argmax at the same
   shapes (its shared K/V as HF holds it, [B, Hkv, n, D]), eager: the anchor, where transformers runs;
-- `triton`, `cuda`: our drafter with that backend (cuda: the four ops on CUDA, the fused glue on
-  Triton), the call captured and replayed as one CUDA graph by the timer;
+- `triton`, `cuda`: our drafter with that backend (every op of the step, the fused glue and the LM
+  head included, on that backend), the call captured and replayed as one CUDA graph by the timer;
 - `triton_no_pdl` (steps, and rounds at B = 1): `triton` with programmatic dependent launch off (`_common.PDL`, as
   GEMMA4_MTP_PDL=0 sets it), graph-replayed: what PDL saves between the ~27 dependent launches of a
   step (prediction in benchmarks/README.md, "Programmatic dependent launch");
-- `triton_eager`: the same calls eagerly, timed with events around them: on a GPU this is the host
-  time per call (Python, validation, launches), the GPU waiting on it;
+- `triton_eager`, `cuda_eager`: the same calls eagerly, timed with events around them: on a GPU this
+  is the host time per call (Python, validation, launches), the GPU waiting on it (`cuda_eager`: torch
+  custom-op dispatch instead of Triton's launcher);
 - `torch_eager`: the reference backend (the unfused composition, host reads in its attention).
 Floors: roofline.drafter_step, roofline.draft_round (chain), and the tree round's three steps with 1,
 2 and 4 queries per request plus the verify of its 11 nodes (roofline.draft_round counts 1 + 7).
@@ -101,7 +102,7 @@ def run_ours(inp, backend, kind):
         last, _ = drafter.step(inp["ctx"], inp["pending"].view(-1, 1), inp["hidden"].unsqueeze(1))
         return drafter.top_tokens(last, 1).view(-1)
     tokens = draft_tree(drafter, inp["ctx"], inp["pending"], inp["hidden"], SHAPES[kind])
-    verify = gk.tree_verify(tokens, inp["parents"], inp["logits"], backend=drafter.glue_backend)
+    verify = gk.tree_verify(tokens, inp["parents"], inp["logits"], backend=drafter.backend)
     return torch.cat([tokens.view(-1), verify.output_tokens.view(-1)])
 
 
@@ -195,8 +196,9 @@ def cases(dry: bool) -> list[Case]:
         baselines.update({"triton": ours("triton", kind), "cuda": ours("cuda", kind)})
         if B == 1 or kind == "step":  # on a CPU (the interpreter) the same code as "triton"; run for its wiring
             baselines["triton_no_pdl"] = ours_without_pdl(kind)
-        if not dry:  # the same calls as "triton", timed eagerly: nothing more to exercise on a CPU
+        if not dry:  # the same calls as "triton" / "cuda", timed eagerly: nothing more to exercise on a CPU
             baselines["triton_eager"] = ours("triton", kind)
+            baselines["cuda_eager"] = ours("cuda", kind)
         baselines["torch_eager"] = ours("torch", kind)
         what = {"step": "step", "chain": "chain round k=4", "tree": "tree round (2,2,1)"}[kind]
         out.append(Case(
@@ -205,6 +207,6 @@ def cases(dry: bool) -> list[Case]:
             make_inputs=_inputs(shape, B, ctx, kind), reference=lambda i, kind=kind: run_ours(i, "torch", kind),
             baselines=baselines, default_compare=agree,
             compare={"hf_assistant": lambda o, r: {"ok": None, "detail": "Hugging Face's weights: a different model"}},
-            eager=frozenset({"hf_assistant", "triton_eager", "torch_eager"})))
+            eager=frozenset({"hf_assistant", "triton_eager", "cuda_eager", "torch_eager"})))
     return out
 

@@ -130,8 +130,8 @@ done
 if command -v compute-sanitizer > /dev/null; then
     stage memcheck 90 "$OUT/memcheck.log" compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
         "$PY" -m pytest -q -m gpu -p no:cacheprovider -x tests/test_q_only_attention_cuda.py \
-        tests/test_fused_concat_down_proj_cuda.py tests/test_centroid_logits_cuda.py tests/test_tree_verify_cuda.py \
-        tests/test_q_only_attention_triton.py tests/test_tree_verify_triton.py
+        tests/test_fused_glue_cuda.py tests/test_fused_concat_down_proj_cuda.py tests/test_centroid_logits_cuda.py \
+        tests/test_tree_verify_cuda.py tests/test_q_only_attention_triton.py tests/test_tree_verify_triton.py
 else
     say "compute-sanitizer not found: memcheck stage skipped"
     status=1

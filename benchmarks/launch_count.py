@@ -23,13 +23,15 @@ machine's CPU short of the driver: the ops' Python (validation, allocation, laun
 torch's dispatch, and Triton's own launch path (binder, specialisation, cache key and lookup, launch
 metadata), each launch stopping at a stub standing in for its compiled kernel. `host_ours_us` drops
 every launch at Triton's JIT entry instead: our side alone. The driver call (~2-4 µs a launch on a
-GPU host, 27 launches) comes on top of `host_us`.
+GPU host, 27 launches) comes on top of `host_us`. `host_cuda_us`: the same step with
+backend="cuda" (every launch a torch custom op, its Python fake standing in for the C++ launcher).
 Needs the real @triton.jit kernels: run it without TRITON_INTERPRET (tests do, in a subprocess).
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import copy
 import json
 import statistics
 import sys
@@ -131,7 +133,32 @@ def count_step(name: str, B: int = 1, ctx: int = 8192, *, Q: int = 1, k: int = 1
             drafter.top_tokens(drafter.step(dctx, tokens, hidden)[0], k)
         row["host_us"] = _host_us(step, sms, triton_path=True)
         row["host_ours_us"] = _host_us(step, sms, triton_path=False)
+        row["host_cuda_us"] = _cuda_host_us(drafter, dctx, tokens, hidden, k)
     return row
+
+
+def _cuda_host_us(drafter, dctx, tokens, hidden, k: int, repeats: int = 50) -> float | None:
+    """Median wall time in µs of the same eager step with backend="cuda": every launch a torch custom
+    op, whose Python fake implementation (the ops on meta tensors) stands in for the C++ launcher
+    (argument checks, plan, workspace, cudaLaunchKernelEx). None without the compiled extension."""
+    from unittest import mock
+
+    from gemma4_mtp_kernels import _dispatch
+    from gemma4_mtp_kernels import cuda as cuda_backend
+
+    if not cuda_backend.extension_status()[0]:
+        return None
+    meta_ok = _dispatch.BackendStatus(True, "meta tensors standing for CUDA tensors")
+    with mock.patch.object(_dispatch, "_cuda_status", lambda device=None: meta_ok):
+        cuda = copy.copy(drafter)
+        cuda.backend = "cuda"
+        cuda._checked_glue = None
+        times = []
+        for i in range(repeats + 1):  # the first step checks the glue calls
+            t0 = time.perf_counter()
+            cuda.top_tokens(cuda.step(dctx, tokens, hidden)[0], k)
+            times.append(time.perf_counter() - t0)
+    return round(statistics.median(times[1:]) * 1e6, 1)
 
 
 def count_round(name: str, widths, B: int = 1, ctx: int = 8192, *, sms: int = 132) -> dict:

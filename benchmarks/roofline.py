@@ -127,6 +127,17 @@ def tree_verify(B: int, N: int, vocab: int, *, sampling: bool = False, draft_pro
     return Cost("tree_verify", parts, flops=float(B * N * vocab * (5 if sampling else 1)))
 
 
+def fused_glue(op: str, H: int, N: int, T: int, *, prologue: bool, E: int = BF16) -> Cost:
+    """rms_norm_linear / rms_norm_gate_up / rms_norm_q_rope: the weight once (gate_up: two), T rows of
+    x (and, with the layer prologue, of the residual, the residual written back, and two norm
+    vectors), T output rows."""
+    parts = {"weights: glue projection": N * H * E * (2 if op == "rms_norm_gate_up" else 1),
+             "activations": T * H * E * (3 if prologue else 1) + T * N * E}
+    if prologue:
+        parts["weights: norms"] = 2 * H * E
+    return Cost(op, parts, flops=2.0 * T * N * H * (2 if op == "rms_norm_gate_up" else 1))
+
+
 # ---------------------------------------------------------------- drafter step and round
 
 

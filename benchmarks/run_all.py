@@ -29,8 +29,8 @@ if __package__ in (None, ""):  # python benchmarks/run_all.py
 
 # The drafter step / round comes first: it is the unit an engine pays for, and each module's unused
 # share of the time budget passes on to the ones after it.
-MODULES = ("bench_drafter_step", "bench_q_only_attention", "bench_centroid_logits", "bench_fused_concat_down_proj",
-           "bench_tree_verify", "bench_dense_lm_head")
+MODULES = ("bench_drafter_step", "bench_fused_glue", "bench_q_only_attention", "bench_centroid_logits",
+           "bench_fused_concat_down_proj", "bench_tree_verify", "bench_dense_lm_head")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

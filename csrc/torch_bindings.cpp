@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -467,6 +468,177 @@ void dense_lm_head(const at::Tensor& hidden, const at::Tensor& lm_head, int64_t 
   check_launch(gemma4_mtp::launch_dense_lm_head(dt, p, at::cuda::getCurrentCUDAStream()), "dense_lm_head");
 }
 
+// ---- the fused glue ops: rms_norm_linear, rms_norm_gate_up, rms_norm_q_rope (one kernel header,
+// csrc/include/gemma4_mtp/rms_norm_linear.cuh). x [T, H] and the decoder-layer prologue are shared.
+
+using OptTensor = std::optional<at::Tensor>;
+
+void check_vector(const OptTensor& t, const char* name, int64_t n, const at::Tensor& x) {
+  if (!t) return;
+  check_tensor(*t, name, 1, x.device());
+  check_dtype(*t, name, x.scalar_type());
+  check_shape(*t, name, {n});
+  check_contiguous(*t, name);
+}
+
+void check_rows(const OptTensor& t, const char* name, const at::Tensor& x) {
+  if (!t) return;
+  check_tensor(*t, name, 2, x.device());
+  check_dtype(*t, name, x.scalar_type());
+  check_shape(*t, name, x.sizes());
+  check_inner(*t, name);
+}
+
+void check_weight(const at::Tensor& w, const char* name, int64_t rows, const at::Tensor& x) {
+  check_tensor(w, name, 2, x.device());
+  check_dtype(w, name, x.scalar_type());
+  TORCH_CHECK(w.size(1) == x.size(1) && (rows < 0 || w.size(0) == rows), "gemma4_mtp: ", name, " must have ",
+              rows < 0 ? "" : std::to_string(rows) + " rows and ", "H = ", x.size(1), " columns, got shape ", w.sizes());
+  check_inner(w, name);
+  TORCH_CHECK(w.size(0) <= INT32_MAX, "gemma4_mtp: ", name, " rows must fit 32-bit indices, got ", w.sizes());
+}
+
+// Checks x and the prologue's tensors (naming each) and fills their part of p; returns x's dtype.
+DType glue_prologue(gemma4_mtp::GlueParams& p, gemma4_mtp::GlueKind kind, const at::Tensor& x,
+                    const OptTensor& norm_weight, double eps, const OptTensor& residual,
+                    const OptTensor& residual_norm_weight, const OptTensor& layer_scalar, const OptTensor& residual_out,
+                    const OptTensor& normed_out) {
+  check_tensor(x, "x", 2, x.device());
+  const DType dt = float_dtype(x, "x");
+  check_inner(x, "x");
+  const int64_t T = x.size(0), H = x.size(1);
+  TORCH_CHECK(T <= INT32_MAX && H <= INT32_MAX, "gemma4_mtp: x sizes must fit 32-bit indices, got ", x.sizes());
+  check_vector(norm_weight, "norm_weight", H, x);
+  check_rows(residual, "residual", x);
+  check_vector(residual_norm_weight, "residual_norm_weight", H, x);
+  check_vector(layer_scalar, "layer_scalar", 1, x);
+  TORCH_CHECK(!residual || residual_norm_weight, "gemma4_mtp: residual_norm_weight is required with residual");
+  TORCH_CHECK(residual || (!residual_norm_weight && !layer_scalar && !residual_out),
+              "gemma4_mtp: residual_norm_weight, layer_scalar and residual_out need residual");
+  TORCH_CHECK(!normed_out || norm_weight, "gemma4_mtp: normed_out needs norm_weight");
+  check_rows(residual_out, "residual_out", x);
+  check_rows(normed_out, "normed_out", x);
+  auto ptr = [](const OptTensor& t) -> void* { return t ? t->data_ptr() : nullptr; };
+  p.kind = kind;
+  p.x = x.data_ptr();
+  p.x_stride = stride(x, 0);
+  p.residual = ptr(residual);
+  p.residual_stride = residual ? stride(*residual, 0) : 0;
+  p.residual_norm_weight = ptr(residual_norm_weight);
+  p.layer_scalar = ptr(layer_scalar);
+  p.norm_weight = ptr(norm_weight);
+  p.eps = static_cast<float>(eps);
+  p.residual_out = ptr(residual_out);
+  p.residual_out_stride = residual_out ? stride(*residual_out, 0) : 0;
+  p.normed_out = ptr(normed_out);
+  p.normed_out_stride = normed_out ? stride(*normed_out, 0) : 0;
+  p.T = static_cast<int>(T);
+  p.H = static_cast<int>(H);
+  return dt;
+}
+
+// Plans the launch for this device, takes its partials, workspace and cached counters, launches.
+void launch_glue(gemma4_mtp::GlueParams& p, DType dt, const at::Tensor& x, const char* op,
+                 cudaError_t (*launch)(DType, const gemma4_mtp::GlueParams&, cudaStream_t)) {
+  if (p.T == 0 || p.N == 0) return;
+  const c10::cuda::CUDAGuard guard(x.device());
+  int64_t ws_bytes = 0, n_counters = 0;
+  const int64_t part_bytes = gemma4_mtp::prepare_rms_norm_glue(dt, p, sm_count(), &ws_bytes, &n_counters);
+  at::Tensor fresh, partials, ws;
+  p.counters = n_counters > 0 ? zeroed_counters(op, n_counters, x, &fresh) : nullptr;
+  if (part_bytes > 0) {
+    partials = at::empty({part_bytes / 4}, x.options().dtype(at::kFloat));
+    p.partials = partials.data_ptr<float>();
+  }
+  if (ws_bytes > 0) {
+    ws = at::empty({ws_bytes}, x.options().dtype(at::kByte));
+    p.workspace = ws.data_ptr();
+  }
+  check_launch(launch(dt, p, at::cuda::getCurrentCUDAStream()), op);
+}
+
+void check_out(const at::Tensor& out, const at::Tensor& x, at::IntArrayRef shape) {
+  check_tensor(out, "out", static_cast<int64_t>(shape.size()), x.device());
+  check_dtype(out, "out", x.scalar_type());
+  check_shape(out, "out", shape);
+  check_contiguous(out, "out");
+}
+
+void rms_norm_linear(const at::Tensor& x, const at::Tensor& weight, const OptTensor& norm_weight, double eps,
+                     const OptTensor& residual, const OptTensor& residual_norm_weight, const OptTensor& layer_scalar,
+                     at::Tensor& out, const OptTensor& residual_out, const OptTensor& normed_out) {
+  gemma4_mtp::GlueParams p{};
+  const DType dt = glue_prologue(p, gemma4_mtp::GlueKind::kLinear, x, norm_weight, eps, residual,
+                                 residual_norm_weight, layer_scalar, residual_out, normed_out);
+  check_weight(weight, "weight", -1, x);
+  check_out(out, x, {x.size(0), weight.size(0)});
+  p.weight = weight.data_ptr();
+  p.weight_stride = stride(weight, 0);
+  p.out = out.data_ptr();
+  p.out_stride = out.stride(0);
+  p.N = static_cast<int>(weight.size(0));
+  launch_glue(p, dt, x, "rms_norm_linear", gemma4_mtp::launch_rms_norm_linear);
+}
+
+void rms_norm_gate_up(const at::Tensor& x, const at::Tensor& gate_weight, const at::Tensor& up_weight,
+                      const OptTensor& norm_weight, double eps, const OptTensor& residual,
+                      const OptTensor& residual_norm_weight, const OptTensor& layer_scalar, at::Tensor& out,
+                      const OptTensor& residual_out) {
+  gemma4_mtp::GlueParams p{};
+  const DType dt = glue_prologue(p, gemma4_mtp::GlueKind::kGateUp, x, norm_weight, eps, residual,
+                                 residual_norm_weight, layer_scalar, residual_out, std::nullopt);
+  check_weight(gate_weight, "gate_weight", -1, x);
+  check_weight(up_weight, "up_weight", gate_weight.size(0), x);
+  check_out(out, x, {x.size(0), gate_weight.size(0)});
+  p.weight = gate_weight.data_ptr();
+  p.weight_stride = stride(gate_weight, 0);
+  p.up_weight = up_weight.data_ptr();
+  p.up_weight_stride = stride(up_weight, 0);
+  p.out = out.data_ptr();
+  p.out_stride = out.stride(0);
+  p.N = static_cast<int>(gate_weight.size(0));
+  launch_glue(p, dt, x, "rms_norm_gate_up", gemma4_mtp::launch_rms_norm_gate_up);
+}
+
+void rms_norm_q_rope(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& q_norm_weight,
+                     const at::Tensor& positions, const at::Tensor& inv_freq, const OptTensor& norm_weight, double eps,
+                     const OptTensor& residual, const OptTensor& residual_norm_weight, const OptTensor& layer_scalar,
+                     at::Tensor& out, const OptTensor& residual_out) {
+  gemma4_mtp::GlueParams p{};
+  const DType dt = glue_prologue(p, gemma4_mtp::GlueKind::kQRope, x, norm_weight, eps, residual,
+                                 residual_norm_weight, layer_scalar, residual_out, std::nullopt);
+  check_weight(weight, "weight", -1, x);
+  const int64_t D = q_norm_weight.size(0), N = weight.size(0);
+  check_vector(q_norm_weight, "q_norm_weight", D, x);
+  TORCH_CHECK(D == 64 || D == 128 || D == 256 || D == 512, "gemma4_mtp: q_norm_weight must have a head dim of 64, "
+              "128, 256 or 512 elements, got ", D);
+  TORCH_CHECK(N > 0 && N % D == 0, "gemma4_mtp: weight must have a positive multiple of the head dim ", D,
+              " rows, got shape ", weight.sizes());
+  check_tensor(positions, "positions", 1, x.device());
+  check_dtype(positions, "positions", at::kInt, at::kLong);
+  check_contiguous(positions, "positions");
+  const int64_t T = x.size(0), P = positions.size(0);
+  TORCH_CHECK(T == 0 || (P > 0 && T % P == 0), "gemma4_mtp: positions must have a length dividing T = ", T,
+              ", got ", P);
+  check_tensor(inv_freq, "inv_freq", 1, x.device());
+  check_dtype(inv_freq, "inv_freq", at::kFloat);
+  check_shape(inv_freq, "inv_freq", {D / 2});
+  check_contiguous(inv_freq, "inv_freq");
+  check_out(out, x, {T, N / D, D});
+  p.weight = weight.data_ptr();
+  p.weight_stride = stride(weight, 0);
+  p.out = out.data_ptr();
+  p.out_stride = N;
+  p.q_norm_weight = q_norm_weight.data_ptr();
+  p.positions = positions.data_ptr();
+  p.positions_int64 = positions.scalar_type() == at::kLong;
+  p.inv_freq = inv_freq.data_ptr<float>();
+  p.D = static_cast<int>(D);
+  p.per_pos = P > 0 ? static_cast<int>(T / P) : 1;
+  p.N = static_cast<int>(N);
+  launch_glue(p, dt, x, "rms_norm_q_rope", gemma4_mtp::launch_rms_norm_q_rope);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(gemma4_mtp, m) {
@@ -481,6 +653,15 @@ TORCH_LIBRARY(gemma4_mtp, m) {
         "Tensor(c!) output_tokens, Tensor(d!) last_node) -> ()");
   m.def("dense_lm_head(Tensor hidden, Tensor lm_head, int k, str output, Tensor(a!) ids, Tensor(b!) logits, "
         "Tensor(c!) dense) -> ()");
+  m.def("rms_norm_linear(Tensor x, Tensor weight, Tensor? norm_weight, float eps, Tensor? residual, "
+        "Tensor? residual_norm_weight, Tensor? layer_scalar, Tensor(a!) out, Tensor(b!)? residual_out, "
+        "Tensor(c!)? normed_out) -> ()");
+  m.def("rms_norm_gate_up(Tensor x, Tensor gate_weight, Tensor up_weight, Tensor? norm_weight, float eps, "
+        "Tensor? residual, Tensor? residual_norm_weight, Tensor? layer_scalar, Tensor(a!) out, "
+        "Tensor(b!)? residual_out) -> ()");
+  m.def("rms_norm_q_rope(Tensor x, Tensor weight, Tensor q_norm_weight, Tensor positions, Tensor inv_freq, "
+        "Tensor? norm_weight, float eps, Tensor? residual, Tensor? residual_norm_weight, Tensor? layer_scalar, "
+        "Tensor(a!) out, Tensor(b!)? residual_out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(gemma4_mtp, CUDA, m) {
@@ -489,6 +670,9 @@ TORCH_LIBRARY_IMPL(gemma4_mtp, CUDA, m) {
   m.impl("centroid_logits", &centroid_logits);
   m.impl("tree_verify", &tree_verify);
   m.impl("dense_lm_head", &dense_lm_head);
+  m.impl("rms_norm_linear", &rms_norm_linear);
+  m.impl("rms_norm_gate_up", &rms_norm_gate_up);
+  m.impl("rms_norm_q_rope", &rms_norm_q_rope);
 }
 
 // The extension is imported as the Python module gemma4_mtp_kernels._C only for its side effect of

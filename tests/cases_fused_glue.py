@@ -8,6 +8,7 @@ error. `assert_matches` says how close a backend must come to it, and to the ref
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -112,13 +113,18 @@ def assert_matches(got, exact, ref, dtype, what, *, max_mismatch=0.05):
 
 
 def check_glue(op, backend, device, T, H, N, dtype, kind, *, gen, D=None, per_pos=1, proportional=False,
-               strided=False, outs=True):
-    """Run `op` on `backend` into poisoned out= buffers and compare every output with the oracle."""
+               strided=False, shifted=False, outs=True, call=None):
+    """Run `op` on `backend` into poisoned out= buffers and compare every output with the oracle.
+    `call`: what runs the op instead of the public op (same arguments, without backend=): the CUDA
+    kernels on the CPU emulator. strided: rows of x and the residual at strides H + 3 and H + 5;
+    shifted: x one element into its storage (no 16-byte aligned rows)."""
     x, kw = make_prologue(T, H, dtype, kind, gen)
     if strided:  # row strides the ops accept: views into wider storage
         x = torch.cat([x, x[:, :3]], dim=1)[:, :H]
         if "residual" in kw:
             kw["residual"] = torch.cat([kw["residual"], kw["residual"][:, :5]], dim=1)[:, :H]
+    if shifted:
+        x = torch.cat([x.new_zeros(1), x.reshape(-1)])[1:].view(T, H)
     h_exact, n_exact = exact_prologue(x, kw, dtype)
     extra = {}
     if outs and "residual" in kw:
@@ -145,8 +151,8 @@ def check_glue(op, backend, device, T, H, N, dtype, kind, *, gen, D=None, per_po
         args = (wq, qn, positions, inv_freq)
         exact = exact_q_rope(n_exact, wq, qn, positions, inv_freq, dtype)
     to = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t  # noqa: E731
-    got = getattr(g, op)(to(x), *map(to, args), eps=EPS, out=out, backend=backend, **{k: to(v) for k, v in kw.items()},
-                         **extra)
+    run = call if call is not None else functools.partial(getattr(g, op), backend=backend)
+    got = run(to(x), *map(to, args), eps=EPS, out=out, **{k: to(v) for k, v in kw.items()}, **extra)
     assert got is out
     ref_extra = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in extra.items()}
     ref = getattr(g, op)(x, *args, eps=EPS, backend="torch", **kw, **ref_extra)

@@ -15,11 +15,11 @@ from benchmarks import plot, run_all, timer
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 OPS = ("fused_concat_down_proj", "q_only_paged_attention", "centroid_logits", "tree_verify", "dense_lm_head",
-       "drafter_step", "draft_round")
+       "rms_norm_linear", "rms_norm_gate_up", "rms_norm_q_rope", "drafter_step", "draft_round")
 COMPOSITIONS = {  # the PyTorch baselines that run anywhere: each must run and agree with the reference
     "hf_torch", "hf_torch_compile", "torch_gather_sdpa", "torch_gather_sdpa_compile", "hf_masked_embedder",
     "hf_masked_embedder_compile", "torch_argmax_python_walk", "torch_compile_argmax_python_walk", "torch_eager",
-    "fp32_copy_sort",
+    "fp32_copy_sort", "torch_composition",
 }
 
 
@@ -288,6 +288,8 @@ def test_gpu_case_grid_is_well_formed():
     assert ("drafter_step", "E2B step B=1 ctx=8192") in labels and ("drafter_step", "31B step B=32 ctx=32768") in labels
     assert ("draft_round", "31B chain round k=4 B=1 ctx=8192") in labels
     assert ("draft_round", "E4B tree round (2,2,1) B=8 ctx=32768") in labels
+    # the two GEMV designs of the fused glue on the same bytes (31B's largest projections, E2B's)
+    assert ("rms_norm_gate_up", "31B gate_up T=1") in labels and ("rms_norm_q_rope", "E2B q_proj full T=1") in labels
     # what programmatic dependent launch saves: every step, the B = 1 rounds
     assert "triton_no_pdl" in baselines["31B step B=32 ctx=32768"]
     assert "triton_no_pdl" in baselines["E2B chain round k=4 B=1 ctx=8192"]

@@ -18,6 +18,9 @@ OPS = {
     "q_only_paged_attention": ["out", "lse"],
     "centroid_logits": ["ids", "logits"],
     "tree_verify": ["accept_len", "accepted_nodes", "output_tokens", "last_node"],
+    "rms_norm_linear": ["out", "residual_out", "normed_out"],
+    "rms_norm_gate_up": ["out", "residual_out"],
+    "rms_norm_q_rope": ["out", "residual_out"],
 }
 
 
@@ -54,6 +57,20 @@ def centroid_args(device, T=2, Hd=32, C=8, V=64, dtype=torch.float32):
 def tree_args(device, B=2, N=4, V=50, dtype=torch.float32):
     parents = torch.tensor([[-1, 0, 1, 2]] * B, dtype=torch.int32, device=device)
     return (torch.zeros(B, N, dtype=torch.long, device=device), parents, torch.zeros(B, N, V, dtype=dtype, device=device))
+
+
+def glue_args(device, T=3, H=64, N=40, dtype=torch.bfloat16):
+    """x, the weight and the full prologue (norm, residual, its norm, the layer scalar)."""
+    kw = dict(dtype=dtype, device=device)
+    return ((torch.ones(T, H, **kw), torch.ones(N, H, **kw)),
+            dict(norm_weight=torch.ones(H, **kw), residual=torch.ones(T, H, **kw),
+                 residual_norm_weight=torch.ones(H, **kw), layer_scalar=torch.ones(1, **kw)))
+
+
+def q_rope_args(device, T=4, H=64, Hq=2, D=64, dtype=torch.bfloat16):
+    kw = dict(dtype=dtype, device=device)
+    return (torch.ones(T, H, **kw), torch.ones(Hq * D, H, **kw), torch.ones(D, **kw),
+            torch.zeros(T // 2, dtype=torch.long, device=device), torch.ones(D // 2, device=device))
 
 
 def opcheck_meta(op, args):
@@ -93,6 +110,20 @@ def test_opcheck_meta_tree_verify(sampling):
     opcheck_meta(ops().tree_verify, (tokens, parents, logits, *extra, *outs))
 
 
+def test_opcheck_meta_glue():
+    (x, w), kw = glue_args("meta")
+    T, H = x.shape
+    rows = lambda: torch.empty(T, H, dtype=x.dtype, device="meta")  # noqa: E731
+    pro = (kw["norm_weight"], 1e-6, kw["residual"], kw["residual_norm_weight"], kw["layer_scalar"])
+    out = torch.empty(T, w.shape[0], dtype=x.dtype, device="meta")
+    opcheck_meta(ops().rms_norm_linear, (x, w, *pro, out, rows(), rows()))
+    opcheck_meta(ops().rms_norm_linear, (x, w, None, 1e-6, None, None, None, out, None, None))
+    opcheck_meta(ops().rms_norm_gate_up, (x, w, w, *pro, out, rows()))
+    qx, qw, qn, pos, freq = q_rope_args("meta")
+    opcheck_meta(ops().rms_norm_q_rope, (qx, qw, qn, pos, freq, None, 1e-6, None, None, None,
+                                         torch.empty(4, 2, 64, dtype=qx.dtype, device="meta"), None))
+
+
 def shapes(x):
     if isinstance(x, torch.Tensor):
         return (tuple(x.shape), x.dtype)
@@ -107,6 +138,9 @@ CASES = {
     "centroid_sparse": (lambda d: (centroid_args(d), dict(top_k=3, output="sparse")), "centroid_logits"),
     "centroid_dense": (lambda d: (centroid_args(d), dict(top_k=3, output="dense", fill_value=-1.0)), "centroid_logits"),
     "tree_greedy": (lambda d: (tree_args(d), dict()), "tree_verify"),
+    "rms_norm_linear": (lambda d: glue_args(d), "rms_norm_linear"),
+    "rms_norm_gate_up": (lambda d: ((*glue_args(d)[0], glue_args(d)[0][1]), glue_args(d)[1]), "rms_norm_gate_up"),
+    "rms_norm_q_rope": (lambda d: (q_rope_args(d), dict()), "rms_norm_q_rope"),
 }
 
 
@@ -124,7 +158,8 @@ def test_fake_cuda_outputs_match_the_reference(case):
     assert shapes(got) == shapes(want)
 
 
-@pytest.mark.parametrize("case", ["down_proj", "attention", "centroid_sparse", "tree_greedy"])
+@pytest.mark.parametrize("case", ["down_proj", "attention", "centroid_sparse", "tree_greedy", "rms_norm_gate_up",
+                                  "rms_norm_q_rope"])
 def test_compile_fullgraph_traces_the_backend(case):
     """Dynamo traces the cuda backend's Python (allocation + op call) without a graph break; the
     meta tensors run the fake implementations."""
@@ -133,7 +168,8 @@ def test_compile_fullgraph_traces_the_backend(case):
     fn = getattr(cuda_backend, op)
     compiled = torch.compile(lambda *a: fn(*a, **kw), fullgraph=True, backend="aot_eager")
     got = compiled(*args)
-    want = getattr(reference, op)(*make("cpu")[0], **kw)
+    cpu_args, cpu_kw = make("cpu")
+    want = getattr(reference, op)(*cpu_args, **cpu_kw)
     assert shapes(got) == shapes(want)
 
 

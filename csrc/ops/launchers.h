@@ -32,4 +32,12 @@ int64_t prepare_tree_verify(DType dtype, TreeVerifyParams& p, int num_sms);
 int64_t tree_verify_counters(int B, int N);
 cudaError_t launch_tree_verify(DType dtype, const TreeVerifyParams& p, cudaStream_t stream);
 
+// The fused glue ops (GlueParams): fills p.plan for this device; returns the bytes of p.partials and,
+// in *workspace_bytes and *counters, the bytes of p.workspace (rms_norm_q_rope) and the number of int32
+// p.counters (zero before the first launch, left zero by every launch). Defined in rms_norm_linear.cu.
+int64_t prepare_rms_norm_glue(DType dtype, GlueParams& p, int num_sms, int64_t* workspace_bytes, int64_t* counters);
+cudaError_t launch_rms_norm_linear(DType dtype, const GlueParams& p, cudaStream_t stream);
+cudaError_t launch_rms_norm_gate_up(DType dtype, const GlueParams& p, cudaStream_t stream);
+cudaError_t launch_rms_norm_q_rope(DType dtype, const GlueParams& p, cudaStream_t stream);
+
 }  // namespace gemma4_mtp

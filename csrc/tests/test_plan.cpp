@@ -1,8 +1,10 @@
 // Window, split and block-column arithmetic of the attention kernels, their launch shapes and split
 // plans, and the work plans of the other kernels.
 #include <random>
+#include <vector>
 
 #include "check.h"
+#include "gemma4_mtp/glue_logic.h"
 #include "gemma4_mtp/plan.h"
 
 using namespace gemma4_mtp;
@@ -160,6 +162,56 @@ static void test_rows_per_cta() {
   CHECK_EQ(plan_rows_per_cta(3, 132), 1);
 }
 
+// The fused glue kernels' tiles: every weight row read once per token tile (gate_up: gate and up rows
+// of the same columns in one tile), the k steps covered exactly by the splits, the stage within its
+// budget, and the real drafters' grids on an H200.
+static void test_glue_plans() {
+  for (GlueKind kind : {GlueKind::kLinear, GlueKind::kGateUp, GlueKind::kQRope}) {
+    const int N = 200;
+    std::vector<int> seen(2 * N, 0);
+    const int cols = glue_cols_per_tile(kind);
+    for (int tile = 0; tile * cols < N; ++tile)
+      for (int r = 0; r < kGlueRows; ++r) {
+        const int64_t row = glue_weight_row(kind, tile, r);
+        if (row < N) ++seen[(glue_reads_up(kind, r) ? N : 0) + row];
+        CHECK(row / cols == tile);  // the row feeds an output column of its own tile
+      }
+    for (int i = 0; i < 2 * N; ++i) CHECK_EQ(seen[i], (kind == GlueKind::kGateUp || i < N) ? 1 : 0);
+  }
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int64_t T = 1 + rng() % 200, H = rng() % 20000, N = 1 + rng() % 9000;
+    const bool staged = rng() % 2;
+    const auto kind = static_cast<GlueKind>(rng() % 3);
+    const GluePlan p = plan_glue(kind, T, H, N, 1 + rng() % 200, staged);
+    const int64_t steps = max64(1, ceil_div(H, kMmaStepK));
+    CHECK(p.splits >= 1 && p.steps_per_split >= 1);
+    CHECK(int64_t{p.splits} * p.steps_per_split >= steps);
+    CHECK(int64_t{p.splits - 1} * p.steps_per_split < steps);  // no empty split
+    CHECK(int64_t{p.token_tiles} * 16 * p.token_tiles_m16 >= T);
+    CHECK(p.token_tiles_m16 == 1 || p.token_tiles_m16 == 2 || p.token_tiles_m16 == 4);
+    CHECK(int64_t{p.row_tiles} * glue_cols_per_tile(kind) >= N);
+    if (staged) CHECK(glue_stage_bytes(p) <= 66 * 1024);
+    CHECK(glue_stage_stride(p.steps_per_split) % 64 == 32);  // 64 bytes past a multiple of 128
+    CHECK(glue_stage_stride(p.steps_per_split) >= p.steps_per_split * kMmaStepK);
+  }
+  // one token on an H200 (132 SMs, two CTAs each): 31B's o_proj (16384 -> 1024) splits into ~264 CTAs,
+  // its gate / up (1024 -> 2 x 8192) and q_proj (1024 -> 8192) fill the GPU unsplit
+  GluePlan p = plan_glue(GlueKind::kLinear, 1, 16384, 1024, 132, true);
+  CHECK_EQ(p.row_tiles, 32);
+  CHECK(p.splits >= 8 && p.row_tiles * p.splits <= 2 * 132 + 32);
+  p = plan_glue(GlueKind::kGateUp, 1, 1024, 8192, 132, true);
+  CHECK_EQ(p.row_tiles, 512);
+  CHECK_EQ(p.splits, 1);
+  p = plan_glue(GlueKind::kQRope, 1, 1024, 8192, 132, true);
+  CHECK_EQ(p.row_tiles, 256);
+  CHECK_EQ(p.splits, 1);
+  p = plan_glue(GlueKind::kLinear, 64, 1024, 5376, 132, true);  // a tree level of 64 tokens
+  CHECK_EQ(p.token_tiles_m16, 4);
+  CHECK_EQ(glue_counters(GlueKind::kQRope, plan_glue(GlueKind::kQRope, 70, 256, 1024, 8, true), 4),
+           int64_t{2} * 4 + (plan_glue(GlueKind::kQRope, 70, 256, 1024, 8, true).splits > 1 ? 2 * 32 : 0));
+}
+
 int main() {
   test_attended_range();
   test_splits_cover_range();
@@ -169,5 +221,6 @@ int main() {
   test_attention_plans_of_the_drafters();
   test_attention_plans_fill_one_wave();
   test_rows_per_cta();
+  test_glue_plans();
   return finish("test_plan");
 }

@@ -161,3 +161,33 @@ def dense_lm_head(hidden, lm_head, *, output="topk", k=1):
     logits = torch.empty((T, k), dtype=torch.float32, device=dev)
     _ops().dense_lm_head(hidden, lm_head, int(k), output, ids, logits, empty)
     return ids, logits
+
+
+# The fused glue ops: one kernel header (csrc/include/gemma4_mtp/rms_norm_linear.cuh). Rows read with
+# 16-byte vectors take the tensor-core kernel, any other layout the CUDA-core one: no layout check here.
+def rms_norm_linear(x, weight, *, norm_weight=None, eps=1e-6, residual=None, residual_norm_weight=None,
+                    layer_scalar=None, out=None, residual_out=None, normed_out=None):
+    if out is None:
+        out = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
+    _ops().rms_norm_linear(x, weight, norm_weight, float(eps), residual, residual_norm_weight, layer_scalar, out,
+                           residual_out, normed_out)
+    return out
+
+
+def rms_norm_gate_up(x, gate_weight, up_weight, *, norm_weight=None, eps=1e-6, residual=None,
+                     residual_norm_weight=None, layer_scalar=None, out=None, residual_out=None):
+    if out is None:
+        out = torch.empty((x.shape[0], gate_weight.shape[0]), dtype=x.dtype, device=x.device)
+    _ops().rms_norm_gate_up(x, gate_weight, up_weight, norm_weight, float(eps), residual, residual_norm_weight,
+                            layer_scalar, out, residual_out)
+    return out
+
+
+def rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, *, norm_weight=None, eps=1e-6, residual=None,
+                    residual_norm_weight=None, layer_scalar=None, out=None, residual_out=None):
+    D = q_norm_weight.shape[0]
+    if out is None:
+        out = torch.empty((x.shape[0], weight.shape[0] // D, D), dtype=x.dtype, device=x.device)
+    _ops().rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, norm_weight, float(eps), residual,
+                           residual_norm_weight, layer_scalar, out, residual_out)
+    return out

@@ -28,3 +28,21 @@ def _tree_verify(draft_tokens, parents, target_logits, temperature, uniforms, dr
 @torch.library.register_fake("gemma4_mtp::dense_lm_head")
 def _dense_lm_head(hidden, lm_head, k, output, ids, logits, dense):
     return None
+
+
+@torch.library.register_fake("gemma4_mtp::rms_norm_linear")
+def _rms_norm_linear(x, weight, norm_weight, eps, residual, residual_norm_weight, layer_scalar, out, residual_out,
+                     normed_out):
+    return None
+
+
+@torch.library.register_fake("gemma4_mtp::rms_norm_gate_up")
+def _rms_norm_gate_up(x, gate_weight, up_weight, norm_weight, eps, residual, residual_norm_weight, layer_scalar, out,
+                      residual_out):
+    return None
+
+
+@torch.library.register_fake("gemma4_mtp::rms_norm_q_rope")
+def _rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, norm_weight, eps, residual, residual_norm_weight,
+                     layer_scalar, out, residual_out):
+    return None

@@ -96,8 +96,8 @@ class _LayerWeights(NamedTuple):
 
 
 class Gemma4MTPDrafter(nn.Module):
-    """Draft steps over a borrowed target cache. `backend` goes to every gemma4_mtp_kernels op (the
-    fused glue ops take `glue_backend`)."""
+    """Draft steps over a borrowed target cache. `backend` goes to every gemma4_mtp_kernels op, the
+    fused glue and the dense LM head included (backend="cuda": no Triton launch in a step)."""
 
     def __init__(self, config: DrafterConfig, *, backend: str = "auto"):
         super().__init__()
@@ -117,14 +117,6 @@ class Gemma4MTPDrafter(nn.Module):
             self.register_buffer(f"{lt}_inv_freq", rope_inv_freq(spec), persistent=False)
         # what the last step with checked glue calls ran on (see step), and the unchecked glue ops
         self._checked_glue, self._glue_impls = None, None
-
-    @property
-    def glue_backend(self) -> str:
-        """The backend of the fused glue ops (rms_norm_*, dense_lm_head): the drafter's, except that
-        backend="cuda" runs them on Triton. The four ops have CUDA kernels; the glue does not (a
-        CUDA version pays only where a kernel is bandwidth bound and Triton is not at the floor:
-        see README "Fused glue")."""
-        return "triton" if self.backend == "cuda" else self.backend
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -210,7 +202,7 @@ class Gemma4MTPDrafter(nn.Module):
             q_rope, linear, gate_up = self._glue_impls
             check_positions(ctx.positions, T, x.device)
         else:
-            q_rope, linear, gate_up = (functools.partial(getattr(K, op), backend=self.glue_backend)
+            q_rope, linear, gate_up = (functools.partial(getattr(K, op), backend=self.backend)
                                        for op in _GLUE_OPS)
         residual, delta, prev = x, None, None  # residual stream, block output still to add, its layer
         for i, w in enumerate(weights):
@@ -234,7 +226,7 @@ class Gemma4MTPDrafter(nn.Module):
         proj = linear(delta, post_projection, norm_weight=final_norm, eps=eps, normed_out=last,
                       **self._glue(prev, residual, keep=False))
         if key != self._checked_glue:  # every glue call of this step passed the checks
-            self._glue_impls = tuple(K.implementation(op, self.glue_backend, x.device, x.dtype) for op in _GLUE_OPS)
+            self._glue_impls = tuple(K.implementation(op, self.backend, x.device, x.dtype) for op in _GLUE_OPS)
             self._checked_glue = key
         return last.view(B, Q, -1), proj.view(B, Q, Hb)
 
@@ -265,14 +257,14 @@ class Gemma4MTPDrafter(nn.Module):
             out = K.centroid_logits(flat, self.centroids.weight, self.token_ordering, self.lm_head_weight,
                                     top_k=self.config.centroid_top_k, output="dense", backend=self.backend)
         else:
-            out = K.dense_lm_head(flat, self.lm_head_weight, output="dense", backend=self.glue_backend)
+            out = K.dense_lm_head(flat, self.lm_head_weight, output="dense", backend=self.backend)
         return out.view(*last.shape[:-1], -1)
 
     def top_tokens(self, last: torch.Tensor, k: int) -> torch.Tensor:
         """The k highest-scoring tokens [..., k] (int64), best first, ties to the lower id."""
         flat = last.reshape(-1, last.shape[-1])
         if not self.config.use_ordered_embeddings:
-            ids, _ = K.dense_lm_head(flat, self.lm_head_weight, k=k, backend=self.glue_backend)
+            ids, _ = K.dense_lm_head(flat, self.lm_head_weight, k=k, backend=self.backend)
             return ids.view(*last.shape[:-1], k)
         if k == 1:
             tok, _ = K.centroid_logits(flat, self.centroids.weight, self.token_ordering, self.lm_head_weight,

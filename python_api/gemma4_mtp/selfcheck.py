@@ -11,6 +11,9 @@ import torch
 def _cases(device):
     g = torch.Generator().manual_seed(0)
 
+    def rope_inv_freq(D):
+        return (1.0 / 10_000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D)).to(device)
+
     def rnd(*shape, dtype=torch.bfloat16):
         return torch.randn(*shape, generator=g).to(dtype).to(device)
 
@@ -39,6 +42,18 @@ def _cases(device):
     yield "tree_verify", (drafts, parents, logits), dict(
         temperature=torch.tensor([0.0, 0.8], device=device),
         uniforms=torch.rand(2, N, 2, generator=g).to(device))
+
+    # the fused glue of a drafter layer and the dense LM head (outputs O(1): bf16 steps of <= 1/128)
+    H, I = 128, 96
+    layer = dict(norm_weight=1 + 0.1 * rnd(H), residual=rnd(T, H), residual_norm_weight=1 + 0.1 * rnd(H),
+                 layer_scalar=torch.tensor([0.5], dtype=torch.bfloat16, device=device))
+    yield "rms_norm_linear", (rnd(T, H), rnd(Hd, H) * 0.05), layer
+    yield "rms_norm_gate_up", (rnd(T, H), rnd(I, H) * 0.05, rnd(I, H) * 0.05), layer
+    yield "rms_norm_q_rope", (
+        rnd(T, H), rnd(2 * Hd, H) * 0.05, 1 + 0.1 * rnd(Hd), torch.tensor([5, 900, 31000], device=device),
+        rope_inv_freq(Hd),
+    ), dict(norm_weight=1 + 0.1 * rnd(H))
+    yield "dense_lm_head", (rnd(T, Hd), rnd(V, Hd) * 0.1), dict(k=4)
 
 
 def _flat(x):

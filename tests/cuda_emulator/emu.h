@@ -366,6 +366,13 @@ inline int atomicOr(int* p, int v) {
   *p |= v;
   return old;
 }
+// Blocks run one after another, so atomics are plain read-modify-writes and fences have nothing to order.
+inline int atomicAdd(int* p, int v) {
+  const int old = *p;
+  *p += v;
+  return old;
+}
+inline void __threadfence() {}
 
 // ---- kernel launch ----
 inline cudaError_t cudaGetDevice(int* d) {

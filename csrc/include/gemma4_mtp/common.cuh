@@ -209,6 +209,11 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "r"(a));
 }
 
+// 32-bit word i (0..3) of a 16-byte vector: a register of an mma fragment loaded as one vector.
+__device__ __forceinline__ uint32_t uint4_word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
 // Two floats rounded to T (nearest even) in one register, lo in the low half (the lower column).
 template <class T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {

@@ -199,10 +199,6 @@ __device__ __forceinline__ uint4 to_concat(const XLoad<T>& x, float scale) {
                     scale_pair<T>(x.raw.w, scale));
 }
 
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
 // MT m16 tiles of tokens (16 * MT per CTA); U steps of loads in flight per warp before any mma.
 template <class T, int MT>
 __global__ void __launch_bounds__(kMmaWarps * 32, 1) mma_kernel(DownProjParams p, DownProjPlan plan) {
@@ -277,10 +273,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) mma_kernel(DownProjParams p
         for (int kb = 0; kb < 2; ++kb) {
           uint32_t a[4];
 #pragma unroll
-          for (int r = 0; r < 4; ++r) a[r] = word((r & 1) ? a_hi : a_lo, mma_a_elem(kb, r) / 2);
+          for (int r = 0; r < 4; ++r) a[r] = uint4_word((r & 1) ? a_hi : a_lo, mma_a_elem(kb, r) / 2);
 #pragma unroll
           for (int nt = 0; nt < kMmaRowTiles; ++nt) {
-            const uint32_t b[2] = {word(wf[u][nt], mma_b_elem(kb, 0) / 2), word(wf[u][nt], mma_b_elem(kb, 1) / 2)};
+            const uint32_t b[2] = {uint4_word(wf[u][nt], mma_b_elem(kb, 0) / 2), uint4_word(wf[u][nt], mma_b_elem(kb, 1) / 2)};
             mma_m16n8k16<T>(acc[mt][nt], a, b);
           }
         }

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "gemma4_mtp/down_proj_logic.h"
+#include "gemma4_mtp/glue_logic.h"
 
 namespace gemma4_mtp {
 
@@ -103,6 +104,49 @@ struct TreeVerifyParams {
   int64_t chunk;
   int64_t granule;
   int granules;
+};
+
+// The fused glue ops (rms_norm_linear.cuh): a decoder layer's glue as a prologue, a projection, and
+// an epilogue per op. Prologue, per token row t of x [T, H] (every step rounded to the element type, as
+// Hugging Face's Gemma 4 rounds): h = x, or h = residual + rms_norm(x) * residual_norm_weight (then
+// h * layer_scalar when given); n = rms_norm(h) * norm_weight, or h when norm_weight is null. Then
+//   kLinear:  out [T, N] = n @ weight^T
+//   kGateUp:  out [T, N] = gelu_tanh(n @ weight^T) * (n @ up_weight^T)   (weight = gate_proj)
+//   kQRope:   out [T, N / D, D] = rope(rms_norm(n @ weight^T per head, q_norm_weight), positions)
+// residual_out / normed_out [T, H], when not null, receive h / n (normed_out: kLinear only).
+struct GlueParams {
+  GlueKind kind;
+  const void* x;  // [T, H]
+  int64_t x_stride;
+  const void* residual;  // [T, H] or null (h = x)
+  int64_t residual_stride;
+  const void* residual_norm_weight;  // [H], with residual
+  const void* layer_scalar;          // [1] or null, with residual
+  const void* norm_weight;           // [H] or null (n = h)
+  float eps;
+  const void* weight;  // [N, H]
+  int64_t weight_stride;
+  const void* up_weight;  // kGateUp: [N, H]
+  int64_t up_weight_stride;
+  void* out;  // [T, N]; kQRope: contiguous [T, N / D, D]
+  int64_t out_stride;
+  void* residual_out;  // [T, H] or null
+  int64_t residual_out_stride;
+  void* normed_out;  // [T, H] or null
+  int64_t normed_out_stride;
+  // kQRope: q_norm_weight [D]; positions [P] (int32 or int64), row t takes positions[t / per_pos];
+  // inv_freq [D / 2] fp32 (neox pairs (j, j + D/2))
+  const void* q_norm_weight;
+  const void* positions;
+  bool positions_int64;
+  const float* inv_freq;
+  int D, per_pos;
+  int T, H, N;
+  // filled by glue_prepare(): the grid, and the buffers it needs
+  GluePlan plan;
+  float* partials;    // fp32 [splits, T, row_tiles * 32] when plan.splits > 1
+  int32_t* counters;  // glue_counters(); zero before the first launch, left zero
+  void* workspace;    // kQRope: [T, N] of the element type (q before q_norm)
 };
 
 }  // namespace gemma4_mtp

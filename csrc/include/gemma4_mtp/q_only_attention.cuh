@@ -30,6 +30,7 @@
 #include <cmath>
 
 #include "gemma4_mtp/common.cuh"
+#include "gemma4_mtp/launch.cuh"
 #include "gemma4_mtp/params.h"
 #include "gemma4_mtp/plan.h"
 
@@ -767,68 +768,6 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const AttentionPar
 // Host side
 // ------------------------------------------------------------------------------------------------
 
-// Per-device facts the launches need, read once per device (no configuration calls at launch time, so
-// that launches inside a CUDA-graph capture stay plain kernel nodes).
-struct DeviceInfo {
-  int smem_optin = 0;  // bytes of dynamic shared memory a block may opt in to
-  bool pdl = false;    // programmatic dependent launch (sm_90+)
-};
-
-inline cudaError_t device_info(DeviceInfo* out) {
-  constexpr int kMaxDevices = 64;
-  static DeviceInfo cache[kMaxDevices];
-  static bool known[kMaxDevices] = {};
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  if (dev < kMaxDevices && known[dev]) {
-    *out = cache[dev];
-    return cudaSuccess;
-  }
-  DeviceInfo info;
-  int major = 0;
-  err = cudaDeviceGetAttribute(&info.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (err != cudaSuccess) return err;
-  info.pdl = major >= 9;
-  if (dev < kMaxDevices) {
-    cache[dev] = info;
-    known[dev] = true;
-  }
-  *out = info;
-  return cudaSuccess;
-}
-
-// Sets a kernel's dynamic shared memory opt-in once per device.
-template <class Kernel>
-cudaError_t opt_in_smem(Kernel kernel, int bytes) {
-  constexpr int kMaxDevices = 64;
-  static int done[kMaxDevices] = {};
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  if (dev < kMaxDevices && done[dev] >= bytes) return cudaSuccess;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (err == cudaSuccess && dev < kMaxDevices) done[dev] = bytes;
-  return err;
-}
-
-template <class Kernel, class... Args>
-cudaError_t launch(Kernel kernel, dim3 grid, int threads, size_t smem, bool pdl, cudaStream_t stream,
-                   Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
-}
-
 // Pipeline stages of the tensor-core kernel on a device: as many as its shared memory holds (at most
 // kMaxStages); 0 when fewer than 3 fit (the kernel refuses such a device).
 template <int D, int MT>
@@ -860,14 +799,14 @@ cudaError_t launch_d(const AttentionParams& p, cudaStream_t stream) {
       const int stages = tc_stages<D, MT>(dev);
       if (stages == 0) return cudaErrorInvalidConfiguration;
       const size_t smem = tc::Layout<D, MT>::bytes(stages);
-      cudaError_t e = opt_in_smem(tc::kernel<T, D, MT>, static_cast<int>(smem));
+      cudaError_t e = opt_in_smem<tc::kernel<T, D, MT>>(static_cast<int>(smem));
       if (e != cudaSuccess) return e;
       return launch(tc::kernel<T, D, MT>, grid, tc::kThreads, smem, dev.pdl, stream, p, stages);
     };
     err = shape.m_tiles == 1 ? run(std::integral_constant<int, 1>{}) : run(std::integral_constant<int, 2>{});
   } else {
     const size_t smem = sizeof(f32::Smem<D>);
-    err = opt_in_smem(f32::kernel<D>, static_cast<int>(smem));
+    err = opt_in_smem<f32::kernel<D>>(static_cast<int>(smem));
     if (err == cudaSuccess) err = launch(f32::kernel<D>, grid, f32::kThreads, smem, dev.pdl, stream, p);
   }
   if (err != cudaSuccess || p.num_splits == 1) return err;

@@ -1,6 +1,6 @@
 // Emulated stand-in for csrc/include/gemma4_mtp/common.cuh (found first on the emulator's include path):
 // the same helpers with the same signatures, implemented on tests/cuda_emulator/emu.h. Only what the
-// attention kernels use. EMU_BULK selects the sm_90 code path (bulk copies + mbarriers) or sm_80's.
+// attention and the fused glue kernels use. EMU_BULK selects the sm_90 code path (bulk copies + mbarriers) or sm_80's.
 #pragma once
 
 #include "emu.h"
@@ -59,6 +59,49 @@ inline void load_float(const T* p, float* out) {
   if constexpr (N > 1) check_aligned(p, 16, "misaligned 16-byte load");
   for (int i = 0; i < N; ++i) out[i] = to_float(p[i]);
 }
+
+// 16-byte vectors kept packed (common.cuh's Packed), loaded with an alignment check.
+template <int N, class T>
+struct Packed {
+  static_assert(N * sizeof(T) == 16, "vector loads are 16 bytes");
+  union {
+    uint4 raw;
+    T e[N];
+  };
+};
+
+template <class T>
+struct Packed<1, T> {
+  T e[1];
+};
+
+template <int N, class T>
+inline void load_packed(const T* p, Packed<N, T>& out) {
+  if constexpr (N == 1) {
+    out.e[0] = *p;
+  } else {
+    check_aligned(p, 16, "misaligned 16-byte load");
+    std::memcpy(&out.raw, p, 16);
+  }
+}
+
+inline uint4 __ldg(const uint4* p) {
+  check_aligned(p, 16, "misaligned 16-byte load");
+  uint4 v;
+  std::memcpy(&v, p, 16);
+  return v;
+}
+
+template <class V>
+inline V __ldcg(const V* p) {
+  return *p;
+}
+
+inline void prefetch_l2(const void*) {}
+
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+
+inline uint32_t uint4_word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 inline float warp_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);

@@ -1,0 +1,79 @@
+"""The fused glue of a drafter layer (rms_norm_q_rope, rms_norm_linear, rms_norm_gate_up) per call, at
+the real projections of E2B and 31B: the Triton and the CUDA kernels against the unfused PyTorch
+composition they replace (the reference backend: Hugging Face's norms, adds, linears, gelu and RoPE as
+separate ops).
+
+This is where the two GEMV designs meet on the same bytes: Triton's tl.dot tile loop and the CUDA
+kernel's 16-byte fragment loads (csrc/include/gemma4_mtp/rms_norm_linear.cuh). Floor: the weight once
+plus the activations (roofline.fused_glue). Prediction: benchmarks/README.md, "CUDA glue".
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+import gemma4_mtp_kernels as gk
+
+from . import roofline
+from .common import Case, close, ours
+
+TINY = dict(Hb=96, Hd=64, inter=128, Hq=2, D_swa=64, D_full=128)
+
+
+def projections(d: dict) -> list[tuple[str, str, int, int, int | None, str]]:
+    """(label, op, H, N, head dim, prologue) of one layer's calls: the full layer's q and o_proj, the
+    MLP's two halves and the post-projection (the final norm in front)."""
+    Hd, Hq, D = d["Hd"], d["Hq"], d["D_full"]
+    return [("q_proj full", "rms_norm_q_rope", Hd, Hq * D, D, "layer"),
+            ("o_proj full", "rms_norm_linear", Hq * D, Hd, None, "none"),
+            ("gate_up", "rms_norm_gate_up", Hd, d["inter"], None, "layer"),
+            ("down_proj", "rms_norm_linear", d["inter"], Hd, None, "none"),
+            ("post_projection", "rms_norm_linear", Hd, d["Hb"], None, "layer")]
+
+
+def _inputs(op, H, N, D, T, prologue):
+    def make(device, dtype, seed):
+        g = torch.Generator(device=device).manual_seed(seed)
+
+        def rnd(*shape, scale=1.0, mean=0.0):
+            return (mean + scale * torch.randn(*shape, generator=g, device=device)).to(dtype)
+        i = {"x": rnd(T, H), "weight": rnd(N, H, scale=1 / math.sqrt(H)), "kw": {}}
+        if prologue == "layer":
+            i["kw"] = dict(norm_weight=rnd(H, scale=0.2, mean=1.0), residual=rnd(T, H),
+                           residual_norm_weight=rnd(H, scale=0.2, mean=1.0), layer_scalar=rnd(1, scale=0.1, mean=0.7),
+                           residual_out=torch.empty(T, H, dtype=dtype, device=device))
+        if op == "rms_norm_gate_up":
+            i["args"] = (rnd(N, H, scale=1 / math.sqrt(H)),)
+        elif op == "rms_norm_q_rope":
+            inv = 1.0 / (10_000.0 ** (torch.arange(0, D, 2, dtype=torch.float32, device=device) / D))
+            i["args"] = (rnd(D, scale=0.2, mean=1.0), torch.full((T,), 8191, dtype=torch.long, device=device), inv)
+        else:
+            i["args"] = ()
+        return i
+    return make
+
+
+def _call(op):
+    def call(fn, i, backend):
+        return fn(i["x"], i["weight"], *i["args"], backend=backend, **i["kw"])
+    return call
+
+
+def cases(dry: bool) -> list[Case]:
+    grid = [("tiny", TINY, T) for T in (1, 3)] if dry else [("31B", roofline.DRAFTERS["31B"], 1),
+                                                             ("E2B", roofline.DRAFTERS["E2B"], 1),
+                                                             ("31B", roofline.DRAFTERS["31B"], 8)]
+    out = []
+    for name, d, T in grid:
+        for label, op, H, N, D, prologue in projections(d):
+            call = _call(op)
+            out.append(Case(
+                op=op, label=f"{name} {label} T={T}", params=dict(drafter=name, H=H, N=N, T=T, D=D),
+                cost=roofline.fused_glue(op, H, N, T, prologue=prologue != "none"),
+                make_inputs=_inputs(op, H, N, D, T, prologue),
+                reference=lambda i, call=call, op=op: call(getattr(gk, op), i, "torch"),
+                baselines={"torch_composition": ours(op, "torch", call), "triton": ours(op, "triton", call),
+                           "cuda": ours(op, "cuda", call)},
+                default_compare=close))
+    return out

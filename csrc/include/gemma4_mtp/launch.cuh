@@ -1,0 +1,77 @@
+// Host-side launch helpers shared by the kernels' launchers: per-device facts read once, the dynamic
+// shared memory opt-in, and a launch with programmatic dependent launch (sm_90+). CUDA runtime API
+// only (no device code), so the CPU emulation of the kernels (tests/cuda_emulator) uses it as it is.
+#pragma once
+
+#include "gemma4_mtp/common.cuh"
+
+namespace gemma4_mtp {
+
+// Per-device facts the launches need, read once per device (no configuration calls at launch time, so
+// that launches inside a CUDA-graph capture stay plain kernel nodes).
+struct DeviceInfo {
+  int smem_optin = 0;  // bytes of dynamic shared memory a block may opt in to
+  bool pdl = false;    // programmatic dependent launch (sm_90+)
+};
+
+inline cudaError_t device_info(DeviceInfo* out) {
+  constexpr int kMaxDevices = 64;
+  static DeviceInfo cache[kMaxDevices];
+  static bool known[kMaxDevices] = {};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < kMaxDevices && known[dev]) {
+    *out = cache[dev];
+    return cudaSuccess;
+  }
+  DeviceInfo info;
+  int major = 0;
+  err = cudaDeviceGetAttribute(&info.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (err != cudaSuccess) return err;
+  info.pdl = major >= 9;
+  if (dev < kMaxDevices) {
+    cache[dev] = info;
+    known[dev] = true;
+  }
+  *out = info;
+  return cudaSuccess;
+}
+
+// Sets a kernel's dynamic shared memory opt-in once per device. The kernel is a template argument so
+// that each kernel has its own record: kernels of one signature share a type, and a record per type
+// would skip the opt-in of every such kernel after the first (its launch then fails).
+template <auto kernel>
+cudaError_t opt_in_smem(int bytes) {
+  constexpr int kMaxDevices = 64;
+  static int done[kMaxDevices] = {};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < kMaxDevices && done[dev] >= bytes) return cudaSuccess;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess && dev < kMaxDevices) done[dev] = bytes;
+  return err;
+}
+
+// Launches `kernel` on `stream`; with pdl, as a programmatic dependent launch: it may be scheduled while
+// the previous kernel of the stream still runs and must call griddep_wait() before it reads anything
+// that kernel writes.
+template <class Kernel, class... Args>
+cudaError_t launch(Kernel kernel, dim3 grid, int threads, size_t smem, bool pdl, cudaStream_t stream,
+                   Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+}  // namespace gemma4_mtp

@@ -1,0 +1,225 @@
+"""The CUDA fused glue kernels (rms_norm_linear, rms_norm_gate_up, rms_norm_q_rope) run on the CPU:
+their own source (csrc/include/gemma4_mtp/rms_norm_linear.cuh, prepare and launcher included) compiled
+with g++ against tests/cuda_emulator (threads as fibers, warp shuffles, mma.m16n8k16), under
+AddressSanitizer, on the cases and the fp64 oracle of cases_fused_glue, like the Triton kernels.
+
+Each call writes its tensors to a directory; tests/cuda_emulator/glue_main.cpp copies them into
+allocations of exactly their extent (a read past a row or a tensor is an AddressSanitizer error),
+poisons the outputs, the partials and the workspace with NaN, launches, checks that one launch
+happened (programmatic dependent launch on sm_90), that every counter was left zero, and writes the
+outputs back. Covered: both kernels (tensor cores for bf16 / fp16 with 16-byte rows; CUDA cores for
+fp32 and strided rows), split and unsplit k, one to four m16 token tiles and several token tiles, the
+prologues, the residual_out / normed_out shares of split 0's CTAs, head dims 64-512, tree levels
+sharing a position, warps in step or racing ahead. Not covered: timing, memory ordering between
+CTAs on real hardware, the PTX fragment layouts themselves (the emulation reads the PTX ISA as the
+kernel does): the GPU suite (test_fused_glue_cuda.py) verifies those.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from cases_fused_glue import DTYPES, PROLOGUES, check_glue
+from helpers import DRAFTERS
+from test_q_only_attention_emulated import EMU, ROOT, _compiler_flags
+
+SOURCES = [EMU / "emu.h", EMU / "gemma4_mtp" / "common.cuh", EMU / "glue_main.cpp",
+           *sorted((ROOT / "csrc" / "include" / "gemma4_mtp").glob("*.h")),
+           *(ROOT / "csrc" / "include" / "gemma4_mtp" / f for f in ("rms_norm_linear.cuh", "launch.cuh"))]
+OPS = {"rms_norm_linear": "linear", "rms_norm_gate_up": "gate_up", "rms_norm_q_rope": "q_rope"}
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+
+
+@pytest.fixture(scope="module")
+def binary(request):
+    flags = _compiler_flags()
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(flags).encode()).hexdigest()[:16]
+    exe = Path(request.config.cache.mkdir("cuda_emulator")) / f"glue_{digest}"
+    if not exe.exists():
+        cmd = [*flags, f"-I{EMU}", f"-I{ROOT / 'csrc' / 'include'}", str(EMU / "glue_main.cpp"), "-o", str(exe)]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+        assert run.returncode == 0, run.stderr[-4000:]
+    return exe
+
+
+def _write(path: Path, t: torch.Tensor) -> None:
+    path.write_bytes(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+def _read(path: Path, like: torch.Tensor) -> torch.Tensor:
+    raw = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)
+    return raw.view(like.dtype).reshape(like.shape)
+
+
+class Emulated:
+    """A stand-in for the public op (check_glue's `call`): the same arguments, run by the emulator."""
+
+    def __init__(self, binary, tmp_path, op, *, sms=8, major=9, schedule="rr", again_T=None):
+        self.binary, self.dir, self.op = binary, tmp_path, op
+        self.settings = f"sms={sms} major={major} schedule={schedule}" + (f" again_T={again_T}" if again_T else "")
+        self.last = {}
+
+    def __call__(self, x, *args, eps, out, norm_weight=None, residual=None, residual_norm_weight=None,
+                 layer_scalar=None, residual_out=None, normed_out=None):
+        d = self.dir
+        for f in d.glob("*.bin"):
+            f.unlink()
+        T, H = x.shape
+        tensors = dict(x=x, weight=args[0], norm_weight=norm_weight, residual=residual,
+                       residual_norm_weight=residual_norm_weight, layer_scalar=layer_scalar)
+        extra = ""
+        if self.op == "rms_norm_gate_up":
+            tensors["up_weight"] = args[1]
+        if self.op == "rms_norm_q_rope":
+            qnw, positions, inv_freq = args[1:]
+            tensors.update(q_norm_weight=qnw, positions=positions, inv_freq=inv_freq)
+            extra = (f"D={qnw.shape[0]} P={positions.shape[0]} "
+                     f"pos64={int(positions.dtype == torch.int64)}")
+        for name, t in tensors.items():
+            if t is not None:
+                _write(d / f"{name}.bin", t)
+        N = args[0].shape[0]
+        flags = (f"res={int(residual is not None)} scale={int(layer_scalar is not None)} "
+                 f"norm={int(norm_weight is not None)} rout={int(residual_out is not None)} "
+                 f"nout={int(normed_out is not None)} xs={x.stride(0)} xo={x.storage_offset()} "
+                 f"rs={residual.stride(0) if residual is not None else H}")
+        cmd = (f"dir={d} op={OPS[self.op]} dtype={DTYPE_NAMES[x.dtype]} T={T} H={H} N={N} eps={eps!r} "
+               f"{flags} {extra} {self.settings}")
+        env = dict(os.environ, ASAN_OPTIONS="detect_stack_use_after_return=0:detect_leaks=0")
+        run = subprocess.run([str(self.binary), *cmd.split()], capture_output=True, text=True, env=env, timeout=1200)
+        lines = run.stdout.strip().splitlines()
+        last = lines[-1] if lines else ""
+        assert run.returncode == 0 and last.startswith("OK"), f"{cmd}\n{last}\n{run.stderr[-3000:]}"
+        self.last = dict(kv.split("=", 1) for kv in last.split()[1:])
+        out.copy_(_read(d / "out.bin", out))
+        for name, buf in (("residual_out", residual_out), ("normed_out", normed_out)):
+            if buf is not None:
+                buf.copy_(_read(d / f"{name}.bin", buf))
+        return out
+
+
+GEN = torch.Generator
+
+
+def glue(binary, tmp_path, op, T, H, N, dtype, kind, *, emu=None, **kw):
+    call = Emulated(binary, tmp_path, op, **(emu or {}))
+    check_glue(op, "cuda (emulated)", "cpu", T, H, N, dtype, kind, gen=GEN().manual_seed(T + H + N), call=call, **kw)
+    return call.last
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", PROLOGUES)
+def test_linear_prologues(binary, tmp_path, kind, dtype):
+    got = glue(binary, tmp_path, "rms_norm_linear", 3, 200, 72, dtype, kind)
+    assert got["path"] == ("scalar" if dtype == torch.float32 else "mma")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", PROLOGUES)
+def test_gate_up_prologues(binary, tmp_path, kind, dtype):
+    glue(binary, tmp_path, "rms_norm_gate_up", 3, 136, 40, dtype, kind)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", PROLOGUES)
+def test_q_rope_prologues(binary, tmp_path, kind, dtype):
+    glue(binary, tmp_path, "rms_norm_q_rope", 4, 72, 128, dtype, kind, D=64, per_pos=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_split_k_and_direct_paths(binary, tmp_path, dtype):
+    """Few tiles split k (fp32 partials, the last split sums them); many do not."""
+    got = glue(binary, tmp_path, "rms_norm_linear", 1, 1024, 32, dtype, "layer", emu=dict(sms=8))
+    assert int(got["splits"]) > 1
+    got = glue(binary, tmp_path, "rms_norm_linear", 2, 1000, 40, dtype, "residual", emu=dict(sms=8))
+    assert int(got["splits"]) > 1  # a ragged last k step
+    got = glue(binary, tmp_path, "rms_norm_linear", 5, 128, 256, dtype, "norm", emu=dict(sms=2))
+    assert got["splits"] == "1"
+    got = glue(binary, tmp_path, "rms_norm_q_rope", 2, 512, 128, dtype, "layer", D=128, emu=dict(sms=8))
+    assert int(got["splits"]) > 1  # split reduction, then the head's last tile
+
+
+def test_stage_holds_at_most_its_steps(binary, tmp_path):
+    """A k range longer than the stage holds (62 steps at one m16 tile) is split even on one SM."""
+    got = glue(binary, tmp_path, "rms_norm_linear", 1, 2080, 8, torch.bfloat16, "none", emu=dict(sms=1))
+    assert got["splits"] == "2" and int(got["steps"]) <= 62
+
+
+@pytest.mark.parametrize("T", [17, 40, 70])  # m16 tiles 2, 4 and two token tiles of 4
+def test_token_tiles(binary, tmp_path, T):
+    got = glue(binary, tmp_path, "rms_norm_linear", T, 96, 48, torch.bfloat16, "layer")
+    assert got["m16"] == ("2" if T <= 32 else "4")
+    glue(binary, tmp_path, "rms_norm_gate_up", T, 96, 40, torch.bfloat16, "layer")
+    glue(binary, tmp_path, "rms_norm_q_rope", T, 64, 64, torch.bfloat16, "layer", D=64,
+         per_pos=T // 5 if T % 5 == 0 else 1)
+    glue(binary, tmp_path, "rms_norm_linear", T, 96, 48, torch.float32, "layer")
+
+
+@pytest.mark.parametrize("D,proportional", [(64, False), (128, True), (256, False), (512, True)])
+def test_head_dims(binary, tmp_path, D, proportional):
+    glue(binary, tmp_path, "rms_norm_q_rope", 2, 64, 3 * D, torch.bfloat16, "norm", D=D, proportional=proportional)
+
+
+def test_tree_levels_share_a_position(binary, tmp_path):
+    glue(binary, tmp_path, "rms_norm_q_rope", 12, 64, 128, torch.bfloat16, "layer", D=64, per_pos=4)
+
+
+def test_strided_rows_take_the_cuda_core_path(binary, tmp_path):
+    """Rows that are not 16-byte aligned (stride H + 3) cannot be read in vectors: the CUDA-core kernel."""
+    assert glue(binary, tmp_path, "rms_norm_linear", 5, 96, 40, torch.bfloat16, "layer", strided=True)["path"] == "scalar"
+    glue(binary, tmp_path, "rms_norm_gate_up", 5, 96, 40, torch.bfloat16, "residual", strided=True)
+    glue(binary, tmp_path, "rms_norm_q_rope", 5, 96, 64, torch.bfloat16, "layer", D=64, strided=True)
+    got = glue(binary, tmp_path, "rms_norm_gate_up", 3, 128, 40, torch.bfloat16, "layer", shifted=True)
+    assert got["path"] == "scalar"
+
+
+def test_without_the_optional_outputs(binary, tmp_path):
+    glue(binary, tmp_path, "rms_norm_linear", 3, 96, 40, torch.bfloat16, "layer", outs=False)
+    glue(binary, tmp_path, "rms_norm_q_rope", 3, 96, 64, torch.bfloat16, "layer", D=64, outs=False)
+
+
+@pytest.mark.parametrize("schedule", ["ahead", "behind"])
+def test_warps_out_of_step(binary, tmp_path, schedule):
+    """One warp running as far ahead (or behind) of the others as the barriers allow: shared memory
+    (the stage, the reduction buffers, the statistics) reused before every warp has read it shows."""
+    emu = dict(schedule=schedule, sms=4)
+    glue(binary, tmp_path, "rms_norm_linear", 9, 320, 72, torch.bfloat16, "layer", emu=emu)
+    glue(binary, tmp_path, "rms_norm_gate_up", 40, 96, 40, torch.bfloat16, "layer", emu=emu)
+    glue(binary, tmp_path, "rms_norm_q_rope", 3, 256, 256, torch.bfloat16, "layer", D=128, emu=emu)
+    glue(binary, tmp_path, "rms_norm_linear", 9, 320, 72, torch.float32, "layer", emu=emu)
+
+
+def test_each_kernel_opts_in_to_its_shared_memory(binary, tmp_path):
+    """Two kernels of one signature in one process, the second needing less than 64 KiB but more than
+    48: each must opt in for itself (a record per kernel type would skip the second: launch error)."""
+    got = glue(binary, tmp_path, "rms_norm_linear", 1, 4096, 8, torch.bfloat16, "layer",
+               emu=dict(sms=1, again_T=17))
+    assert got["m16"] == "1" and int(got["smem"]) == 64512  # then the T = 17 launch: 63488 bytes
+
+
+def test_a100_launches_without_programmatic_dependent_launch(binary, tmp_path):
+    glue(binary, tmp_path, "rms_norm_linear", 2, 256, 64, torch.bfloat16, "layer", emu=dict(major=8))
+
+
+@pytest.mark.parametrize("name", ["E2B", "31B"])
+def test_drafter_layer_shapes(binary, tmp_path, name):
+    """One token through the projections of a real drafter layer (bf16), on an H200's 132 SMs: the
+    grids and splits of the real launches. (31B's q_proj / gate-up rows are cut to 2 heads / 256
+    rows: the emulator runs every thread of every CTA on one core.)"""
+    d = DRAFTERS[name]
+    Hd, Hq = d["Hd"], d["Hq"]
+    emu = dict(sms=132)
+    heads = Hq if name == "E2B" else 2
+    glue(binary, tmp_path, "rms_norm_q_rope", 1, Hd, heads * d["D_full"], torch.bfloat16, "layer", D=d["D_full"],
+         proportional=True, emu=emu)
+    glue(binary, tmp_path, "rms_norm_q_rope", 1, Hd, heads * d["D_swa"], torch.bfloat16, "norm", D=d["D_swa"], emu=emu)
+    glue(binary, tmp_path, "rms_norm_linear", 1, Hq * d["D_swa"], Hd, torch.bfloat16, "none", emu=emu)  # o_proj
+    glue(binary, tmp_path, "rms_norm_gate_up", 1, Hd, d["inter"] if name == "E2B" else 256, torch.bfloat16,
+         "residual", emu=emu)
+    glue(binary, tmp_path, "rms_norm_linear", 1, d["inter"], Hd, torch.bfloat16, "none", emu=emu)  # down_proj
+    glue(binary, tmp_path, "rms_norm_linear", 1, Hd, d["Hb"], torch.bfloat16, "layer", emu=emu)  # post_projection
