@@ -71,7 +71,21 @@ def environment(torch) -> dict:
     return env
 
 
-def _run_case(case, *, torch, dry, device, dtype, l2_bytes, measured_dev, datasheet, timer, runs):
+class ContextLost(Exception):
+    """A sticky CUDA error (an illegal address, a misaligned access, ...): the device context of this
+    process is unusable, so nothing more can run in it. Carries the case's record so far."""
+
+    def __init__(self, case: str, baseline: str, rec: dict):
+        super().__init__(f"the CUDA context was lost in {case} / {baseline}")
+        self.case, self.baseline, self.rec = case, baseline, rec
+
+
+def _skipped(name: str, skip: dict[str, str]) -> str | None:
+    """Why baseline `name` is not run: the reason of the first skipped prefix it starts with."""
+    return next((why for prefix, why in skip.items() if name.startswith(prefix)), None)
+
+
+def _run_case(case, *, torch, dry, device, dtype, l2_bytes, measured_dev, datasheet, timer, runs, skip=None):
     from gemma4_mtp_kernels import BackendUnavailableError
 
     from . import common
@@ -84,6 +98,10 @@ def _run_case(case, *, torch, dry, device, dtype, l2_bytes, measured_dev, datash
     ref = case.reference(inputs[0])
     for name, factory in case.baselines.items():
         r = {"baseline": name}
+        why = _skipped(name, skip or {})
+        if why:
+            rec["results"].append({"baseline": name, "status": "not run", "reason": why})
+            continue
         try:
             calls = [factory(i) for i in inputs]
             if getattr(calls[0], "provenance", None):  # an external kernel says how it was obtained and called
@@ -103,9 +121,18 @@ def _run_case(case, *, torch, dry, device, dtype, l2_bytes, measured_dev, datash
         except Exception as e:  # noqa: BLE001 - a failing baseline is a result, not a crash
             r.update(status="error", reason=f"{type(e).__name__}: {str(e)[:300]}",
                      where=traceback.format_exc(limit=3)[-600:])
-        rec["results"].append(r)
         if device.type == "cuda":
-            torch.cuda.synchronize()
+            try:
+                torch.cuda.synchronize()
+            except RuntimeError as e:  # sticky: every later call in this process would fail too
+                if r.get("status") != "error":
+                    r.update(status="error", reason=f"{type(e).__name__}: {str(e)[:300]}")
+                rec["results"].append(r)
+                lost = f"not run: the CUDA context was lost in baseline {name}"
+                rec["results"] += [{"baseline": b, "status": "not run", "reason": lost}
+                                   for b in list(case.baselines)[len(rec["results"]):]]
+                raise ContextLost(case.label, name, rec) from e
+        rec["results"].append(r)
     first = rec["results"][0]
     for r in rec["results"]:
         if r.get("time_s") and first.get("time_s"):
@@ -115,7 +142,11 @@ def _run_case(case, *, torch, dry, device, dtype, l2_bytes, measured_dev, datash
 
 
 def run(*, dry: bool, out_path: str, ops=None, time_budget_s: float | None = None, runs: int = 30,
-        log=print) -> dict:
+        log=print, resume: bool = False, skip_baselines=()) -> dict:
+    """Runs the cases of every module (of `ops`) and writes the results to out_path after each case.
+    resume: keep the cases out_path already holds (those with any baseline run) and run the others;
+    skip_baselines: prefixes of baseline names recorded as not run (after a lost CUDA context).
+    Raises ContextLost, after writing what finished, when a baseline leaves the CUDA context unusable."""
     import torch
     from . import devices, timer
     if not dry and not torch.cuda.is_available():
@@ -127,9 +158,22 @@ def run(*, dry: bool, out_path: str, ops=None, time_budget_s: float | None = Non
     dtype = torch.float32 if dry else torch.bfloat16
     results = {"schema": 1, "dry_run": dry, "dtype": str(dtype).replace("torch.", ""), "env": environment(torch),
                "device_peaks": {}, "cases": []}
+    if resume and os.path.exists(out_path):
+        with open(out_path) as f:
+            kept = json.load(f)
+        results["device_peaks"] = kept.get("device_peaks", {})
+        results["cases"] = [c for c in kept["cases"] if any(r["status"] != "not run" for r in c["results"])]
+        results["lost_contexts"] = kept.get("lost_contexts", []) + ([kept["context_lost"]] if "context_lost" in kept else [])
+    done = {(c["op"], c["case"]) for c in results["cases"]}
+    skip = {p: f"skipped: the CUDA context was lost in an earlier run of a baseline starting with {p!r}"
+            for p in skip_baselines}
     datasheet = list(devices.DATASHEET.values())
     measured_dev, l2 = None, 0
-    if not dry:
+    if not dry and results["device_peaks"]:
+        measured_dev = devices.measured(results)
+        spec = devices.match(results["env"]["device"])
+        l2 = spec.l2_bytes if spec else 64 << 20
+    elif not dry:
         peaks = results["device_peaks"]
         peaks["copy_bytes_per_s"] = timer.copy_bandwidth()
         peaks["matmul_flops_per_s"] = timer.matmul_flops()
@@ -150,6 +194,8 @@ def run(*, dry: bool, out_path: str, ops=None, time_budget_s: float | None = Non
             now = time.monotonic()
             deadline = now + (start + time_budget_s - now) / (len(mods) - n_mod)
         for case in mod.cases(dry):
+            if (case.op, case.label) in done:
+                continue
             if deadline is not None and time.monotonic() > deadline:
                 results["cases"].append({"op": case.op, "case": case.label, "params": case.params,
                                          "bytes": case.cost.bytes, "flops": case.cost.flops, "parts": case.cost.parts,
@@ -159,8 +205,14 @@ def run(*, dry: bool, out_path: str, ops=None, time_budget_s: float | None = Non
                                                      for b in case.baselines]})
                 continue
             t0 = time.monotonic()
-            rec = _run_case(case, torch=torch, dry=dry, device=device, dtype=dtype, l2_bytes=l2,
-                            measured_dev=measured_dev, datasheet=datasheet, timer=timer, runs=runs)
+            try:
+                rec = _run_case(case, torch=torch, dry=dry, device=device, dtype=dtype, l2_bytes=l2,
+                                measured_dev=measured_dev, datasheet=datasheet, timer=timer, runs=runs, skip=skip)
+            except ContextLost as e:
+                results["cases"].append(e.rec)
+                results["context_lost"] = {"case": e.case, "baseline": e.baseline}
+                write_json(results, out_path)
+                raise
             results["cases"].append(rec)
             write_json(results, out_path)
             log(f"{case.op:24s} {case.label:45s} {time.monotonic() - t0:6.1f} s")
@@ -229,6 +281,9 @@ def main(argv=None) -> int:
     p.add_argument("--table", metavar="RESULTS", help="print the summary table of a results file and exit")
     p.add_argument("--markdown", action="store_true", help="table as markdown")
     p.add_argument("--plot", metavar="PNG", help="also draw the roofline plot (needs matplotlib)")
+    p.add_argument("--resume", action="store_true", help="keep the cases --out already holds, run the rest")
+    p.add_argument("--skip-baselines", default="", metavar="PREFIXES",
+                   help="comma-separated prefixes of baseline names not to run (after a lost CUDA context)")
     args = p.parse_args(argv)
     if args.table:
         with open(args.table) as f:
@@ -245,8 +300,14 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    results = run(dry=args.dry_run, out_path=args.out, ops=args.ops, time_budget_s=args.time_budget,
-                  runs=args.runs, log=lambda s: print(s, file=sys.stderr, flush=True))
+    try:
+        results = run(dry=args.dry_run, out_path=args.out, ops=args.ops, time_budget_s=args.time_budget,
+                      runs=args.runs, log=lambda s: print(s, file=sys.stderr, flush=True), resume=args.resume,
+                      skip_baselines=[b for b in args.skip_baselines.split(",") if b])
+    except ContextLost as e:
+        print(f"run_all: {e}; what finished is in {args.out} (rerun with --resume --skip-baselines "
+              f"{e.baseline} for the rest)", file=sys.stderr)
+        return 3
     if args.plot:
         from . import plot
         plot.plot(results, args.plot)

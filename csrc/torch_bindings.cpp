@@ -557,11 +557,20 @@ void launch_glue(gemma4_mtp::GlueParams& p, DType dt, const at::Tensor& x, const
   check_launch(launch(dt, p, at::cuda::getCurrentCUDAStream()), op);
 }
 
-void check_out(const at::Tensor& out, const at::Tensor& x, at::IntArrayRef shape) {
-  check_tensor(out, "out", static_cast<int64_t>(shape.size()), x.device());
+// Checks the projection's weight [N, H] (`name`) and out (contiguous, `out_shape`: [T, N], or q_rope's
+// [T, N / D, D]) and fills their part of p.
+void glue_projection(gemma4_mtp::GlueParams& p, const at::Tensor& weight, const char* name, const at::Tensor& x,
+                     at::Tensor& out, at::IntArrayRef out_shape) {
+  check_weight(weight, name, -1, x);
+  check_tensor(out, "out", static_cast<int64_t>(out_shape.size()), x.device());
   check_dtype(out, "out", x.scalar_type());
-  check_shape(out, "out", shape);
+  check_shape(out, "out", out_shape);
   check_contiguous(out, "out");
+  p.weight = weight.data_ptr();
+  p.weight_stride = stride(weight, 0);
+  p.out = out.data_ptr();
+  p.out_stride = out.stride(0);
+  p.N = static_cast<int>(weight.size(0));
 }
 
 void rms_norm_linear(const at::Tensor& x, const at::Tensor& weight, const OptTensor& norm_weight, double eps,
@@ -570,13 +579,7 @@ void rms_norm_linear(const at::Tensor& x, const at::Tensor& weight, const OptTen
   gemma4_mtp::GlueParams p{};
   const DType dt = glue_prologue(p, gemma4_mtp::GlueKind::kLinear, x, norm_weight, eps, residual,
                                  residual_norm_weight, layer_scalar, residual_out, normed_out);
-  check_weight(weight, "weight", -1, x);
-  check_out(out, x, {x.size(0), weight.size(0)});
-  p.weight = weight.data_ptr();
-  p.weight_stride = stride(weight, 0);
-  p.out = out.data_ptr();
-  p.out_stride = out.stride(0);
-  p.N = static_cast<int>(weight.size(0));
+  glue_projection(p, weight, "weight", x, out, {x.size(0), weight.size(0)});
   launch_glue(p, dt, x, "rms_norm_linear", gemma4_mtp::launch_rms_norm_linear);
 }
 
@@ -587,16 +590,10 @@ void rms_norm_gate_up(const at::Tensor& x, const at::Tensor& gate_weight, const 
   gemma4_mtp::GlueParams p{};
   const DType dt = glue_prologue(p, gemma4_mtp::GlueKind::kGateUp, x, norm_weight, eps, residual,
                                  residual_norm_weight, layer_scalar, residual_out, std::nullopt);
-  check_weight(gate_weight, "gate_weight", -1, x);
+  glue_projection(p, gate_weight, "gate_weight", x, out, {x.size(0), gate_weight.size(0)});
   check_weight(up_weight, "up_weight", gate_weight.size(0), x);
-  check_out(out, x, {x.size(0), gate_weight.size(0)});
-  p.weight = gate_weight.data_ptr();
-  p.weight_stride = stride(gate_weight, 0);
   p.up_weight = up_weight.data_ptr();
   p.up_weight_stride = stride(up_weight, 0);
-  p.out = out.data_ptr();
-  p.out_stride = out.stride(0);
-  p.N = static_cast<int>(gate_weight.size(0));
   launch_glue(p, dt, x, "rms_norm_gate_up", gemma4_mtp::launch_rms_norm_gate_up);
 }
 
@@ -607,7 +604,8 @@ void rms_norm_q_rope(const at::Tensor& x, const at::Tensor& weight, const at::Te
   gemma4_mtp::GlueParams p{};
   const DType dt = glue_prologue(p, gemma4_mtp::GlueKind::kQRope, x, norm_weight, eps, residual,
                                  residual_norm_weight, layer_scalar, residual_out, std::nullopt);
-  check_weight(weight, "weight", -1, x);
+  check_tensor(weight, "weight", 2, x.device());
+  check_tensor(q_norm_weight, "q_norm_weight", 1, x.device());
   const int64_t D = q_norm_weight.size(0), N = weight.size(0);
   check_vector(q_norm_weight, "q_norm_weight", D, x);
   TORCH_CHECK(D == 64 || D == 128 || D == 256 || D == 512, "gemma4_mtp: q_norm_weight must have a head dim of 64, "
@@ -624,18 +622,13 @@ void rms_norm_q_rope(const at::Tensor& x, const at::Tensor& weight, const at::Te
   check_dtype(inv_freq, "inv_freq", at::kFloat);
   check_shape(inv_freq, "inv_freq", {D / 2});
   check_contiguous(inv_freq, "inv_freq");
-  check_out(out, x, {T, N / D, D});
-  p.weight = weight.data_ptr();
-  p.weight_stride = stride(weight, 0);
-  p.out = out.data_ptr();
-  p.out_stride = N;
+  glue_projection(p, weight, "weight", x, out, {T, N / D, D});
   p.q_norm_weight = q_norm_weight.data_ptr();
   p.positions = positions.data_ptr();
   p.positions_int64 = positions.scalar_type() == at::kLong;
   p.inv_freq = inv_freq.data_ptr<float>();
   p.D = static_cast<int>(D);
   p.per_pos = P > 0 ? static_cast<int>(T / P) : 1;
-  p.N = static_cast<int>(N);
   launch_glue(p, dt, x, "rms_norm_q_rope", gemma4_mtp::launch_rms_norm_q_rope);
 }
 

@@ -337,3 +337,80 @@ def test_timed_case_record_on_cpu():
     assert hf["speedup_vs_first"] == pytest.approx(1.0)
     cuda = next(r for r in rec["results"] if r["baseline"] == "cuda")
     assert cuda["status"] == "missing" and "time_s" not in cuda
+
+
+def _toy_cases(lose_in=None):
+    """Two cases of a toy op; each baseline returns the reference's tensor. lose_in: the baseline after
+    which the (fake) device synchronisation raises, as it does after a sticky CUDA error."""
+    from benchmarks.common import Case
+    from benchmarks.roofline import Cost
+
+    def case(label):
+        return Case(op="toy", label=label, params={}, cost=Cost("toy", {"activations": 4.0}),
+                    make_inputs=lambda device, dtype, seed: {"x": torch.ones(3)}, reference=lambda i: i["x"],
+                    baselines={b: (lambda i: (lambda: i["x"])) for b in ("torch", "triton", "cuda", "cuda_eager")},
+                    default_compare=lambda o, r: {"ok": bool(torch.equal(o, r))})
+    return [case("first"), case("second")]
+
+
+class _FakeTorch:
+    """What _run_case asks of torch on a GPU: cuda.synchronize, raising after baseline `lose_in`."""
+
+    def __init__(self, lose_in):
+        self.lose_in, self.calls = lose_in, []
+        self.cuda = self
+
+    def synchronize(self):
+        self.calls.append(len(self.calls))
+        if self.lose_in is not None and len(self.calls) > self.lose_in:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def test_a_lost_cuda_context_ends_the_case_naming_its_baseline():
+    """After a sticky CUDA error nothing more can run in the process: the case's record ends with the
+    baseline that raised (error) and the ones after it (not run), and ContextLost names it."""
+    case = _toy_cases()[0]
+    kw = dict(dry=True, device=torch.device("cuda"), dtype=torch.float32, l2_bytes=0, measured_dev=None,
+              datasheet=[], timer=timer, runs=1)
+    with pytest.raises(run_all.ContextLost) as lost:
+        run_all._run_case(case, torch=_FakeTorch(lose_in=2), **kw)  # torch, triton pass; cuda loses it
+    assert lost.value.baseline == "cuda"
+    got = {r["baseline"]: r for r in lost.value.rec["results"]}
+    assert [got[b]["status"] for b in ("torch", "triton", "cuda", "cuda_eager")] == ["ok", "ok", "error", "not run"]
+    assert "illegal memory access" in got["cuda"]["reason"] and "cuda" in got["cuda_eager"]["reason"]
+    rec = run_all._run_case(case, torch=_FakeTorch(lose_in=None), skip={"cuda": "skipped: lost before"}, **kw)
+    assert [r["status"] for r in rec["results"]] == ["ok", "ok", "not run", "not run"]
+
+
+def test_resume_keeps_the_finished_cases_and_skips_the_lost_baselines(tmp_path, monkeypatch):
+    """run_all writes what finished and exits 3 when the context is lost; --resume --skip-baselines then
+    runs only the cases not yet recorded, without the baselines starting with the given prefixes."""
+    import types
+
+    fake = types.ModuleType("benchmarks.bench_toy")
+    fake.cases = lambda dry: _toy_cases()
+    monkeypatch.setitem(sys.modules, "benchmarks.bench_toy", fake)
+    monkeypatch.setattr(run_all, "MODULES", ("bench_toy",))
+    out = str(tmp_path / "results.json")
+    real = run_all._run_case
+
+    def lose_in_second(case, **kw):
+        rec = real(case, **kw)
+        if case.label == "second":
+            raise run_all.ContextLost(case.label, "cuda", rec)
+        return rec
+    monkeypatch.setattr(run_all, "_run_case", lose_in_second)
+    assert run_all.main(["--dry-run", "--out", out]) == 3
+    written = json.load(open(out))
+    assert written["context_lost"] == {"case": "second", "baseline": "cuda"}
+    assert [c["case"] for c in written["cases"]] == ["first", "second"]
+    # the lost case is kept as recorded; a case that never ran is run on resume
+    written["cases"] = written["cases"][:1]
+    json.dump(written, open(out, "w"))
+    monkeypatch.setattr(run_all, "_run_case", real)
+    assert run_all.main(["--dry-run", "--out", out, "--resume", "--skip-baselines", "cuda"]) == 0
+    resumed = json.load(open(out))
+    assert [c["case"] for c in resumed["cases"]] == ["first", "second"]
+    assert resumed["cases"][0] == written["cases"][0]
+    assert [r["status"] for r in resumed["cases"][1]["results"]] == ["ok", "ok", "not run", "not run"]
+    assert resumed["lost_contexts"] == [{"case": "second", "baseline": "cuda"}] and "context_lost" not in resumed

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "gemma4_mtp/host_device.h"
+#include "gemma4_mtp/packed.h"
 
 namespace gemma4_mtp {
 
@@ -67,22 +68,6 @@ __device__ __forceinline__ void load_float_cg(const T* __restrict__ p, float* ou
     for (int i = 0; i < N; ++i) out[i] = to_float(v.e[i]);
   }
 }
-
-// A 16-byte vector (or one element when N == 1) kept packed until converted, so that many loads can be
-// in flight without holding N floats each.
-template <int N, class T>
-struct Packed {
-  static_assert(N * sizeof(T) == 16, "vector loads are 16 bytes");
-  union {
-    uint4 raw;
-    T e[N];
-  };
-};
-
-template <class T>
-struct Packed<1, T> {
-  T e[1];
-};
 
 template <int N, class T>
 __device__ __forceinline__ void load_packed(const T* __restrict__ p, Packed<N, T>& out) {

@@ -19,6 +19,7 @@
 
 #include "gemma4_mtp/common.cuh"
 #include "gemma4_mtp/down_proj_logic.h"
+#include "gemma4_mtp/mma_gemv.cuh"
 #include "gemma4_mtp/params.h"
 #include "gemma4_mtp/plan.h"
 
@@ -204,10 +205,9 @@ template <class T, int MT>
 __global__ void __launch_bounds__(kMmaWarps * 32, 1) mma_kernel(DownProjParams p, DownProjPlan plan) {
   constexpr int U = MT == 1 ? 4 : 2;
   constexpr int kTok = 16 * MT;
-  constexpr int kRegs = MT * kMmaRowTiles * 4;
   __shared__ const T* erow[kTok];  // embedding row of each token (nullptr: id out of range)
   __shared__ const T* hrow[kTok];  // hidden row (nullptr: token past T)
-  __shared__ float red[kMmaWarps / 2][kRegs][32];
+  __shared__ float red[kMmaWarps / 2][kMmaAccRegs<MT>][32];
   __shared__ int last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n0 = blockIdx.x * kMmaRowsPerCta;
@@ -238,13 +238,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) mma_kernel(DownProjParams p
     const int n = n0 + nt * 8 + mma_b_row(lane);
     wrow[nt] = n < p.Hd ? weight + static_cast<int64_t>(n) * p.weight_stride : nullptr;
   }
-  float acc[MT][kMmaRowTiles][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kMmaRowTiles; ++nt)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[mt][nt][c] = 0.f;
+  float acc[MT][kMmaRowTiles][4] = {};
 
   for (int s0 = blockIdx.z * plan.steps_per_split + warp; s0 < s_end; s0 += kMmaWarps * U) {
     uint4 wf[U][kMmaRowTiles];
@@ -253,10 +247,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) mma_kernel(DownProjParams p
     for (int u = 0; u < U; ++u) {
       const int k = (s0 + u * kMmaWarps) * kMmaStepK + lk;
       const bool live = s0 + u * kMmaWarps < s_end && k < K;
-#pragma unroll
-      for (int nt = 0; nt < kMmaRowTiles; ++nt)
-        wf[u][nt] = live && wrow[nt] != nullptr ? __ldg(reinterpret_cast<const uint4*>(wrow[nt] + k))
-                                                : make_uint4(0u, 0u, 0u, 0u);
+      load_gemv_weights(wf[u], wrow, k, live);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         const int ra = mt * 16 + mma_a_row(lane, 0), rb = mt * 16 + mma_a_row(lane, 1);
@@ -268,43 +259,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) mma_kernel(DownProjParams p
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        const uint4 a_lo = to_concat<T>(xa[u][mt], scale), a_hi = to_concat<T>(xb[u][mt], scale);
-#pragma unroll
-        for (int kb = 0; kb < 2; ++kb) {
-          uint32_t a[4];
-#pragma unroll
-          for (int r = 0; r < 4; ++r) a[r] = uint4_word((r & 1) ? a_hi : a_lo, mma_a_elem(kb, r) / 2);
-#pragma unroll
-          for (int nt = 0; nt < kMmaRowTiles; ++nt) {
-            const uint32_t b[2] = {uint4_word(wf[u][nt], mma_b_elem(kb, 0) / 2), uint4_word(wf[u][nt], mma_b_elem(kb, 1) / 2)};
-            mma_m16n8k16<T>(acc[mt][nt], a, b);
-          }
-        }
+        mma_gemv_step<T>(acc[mt], to_concat<T>(xa[u][mt], scale), to_concat<T>(xb[u][mt], scale), wf[u]);
       }
   }
-
-  // sum the warps' tiles: halving, through shared memory
-#pragma unroll
-  for (int half = kMmaWarps / 2; half >= 1; half /= 2) {
-    if (warp >= half && warp < 2 * half) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kMmaRowTiles; ++nt)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) red[warp - half][(mt * kMmaRowTiles + nt) * 4 + c][lane] = acc[mt][nt][c];
-    }
-    __syncthreads();
-    if (warp < half) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kMmaRowTiles; ++nt)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) acc[mt][nt][c] += red[warp][(mt * kMmaRowTiles + nt) * 4 + c][lane];
-    }
-    __syncthreads();
-  }
+  sum_warp_tiles<MT>(acc, red);
 
   T* out = static_cast<T*>(p.out);
   if (plan.splits == 1) {

@@ -43,6 +43,7 @@
 #include "gemma4_mtp/down_proj_logic.h"
 #include "gemma4_mtp/glue_logic.h"
 #include "gemma4_mtp/launch.cuh"
+#include "gemma4_mtp/mma_gemv.cuh"
 #include "gemma4_mtp/params.h"
 
 namespace gemma4_mtp {
@@ -395,9 +396,8 @@ __global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) mma_kernel(GluePara
   // prologue vectors per thread held in registers: at one m16 tile (two CTAs per SM, <= 128 registers)
   // 2, and 1 for q_rope, whose epilogue needs more registers beside them (ptxas spills with 2)
   constexpr int kCache = MT > 1 ? 4 : KIND == GlueKind::kQRope ? 1 : 2;
-  constexpr int kRegs = MT * kMmaRowTiles * 4;
   __shared__ float inv_x[kTok], inv_h[kTok], red_s[kMmaWarps];
-  __shared__ float red[kMmaWarps / 2][kRegs][32];
+  __shared__ float red[kMmaWarps / 2][kMmaAccRegs<MT>][32];
   __shared__ float tile[kTok][kGlueRows + 1];
   __shared__ int flag;
   T* stage = reinterpret_cast<T*>(dynamic_smem());
@@ -426,24 +426,14 @@ __global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) mma_kernel(GluePara
     wrow[nt] = row < p.N ? static_cast<const T*>(up ? p.up_weight : p.weight) + row * (up ? p.up_weight_stride : p.weight_stride)
                          : nullptr;
   }
-  float acc[MT][kMmaRowTiles][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kMmaRowTiles; ++nt)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[mt][nt][c] = 0.f;
+  float acc[MT][kMmaRowTiles][4] = {};
 
   for (int s0 = s_lo + warp; s0 < s_end; s0 += kMmaWarps * U) {
     uint4 wf[U][kMmaRowTiles];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k = (s0 + u * kMmaWarps) * kMmaStepK + lk;
-      const bool ok = s0 + u * kMmaWarps < s_end && k < p.H;
-#pragma unroll
-      for (int nt = 0; nt < kMmaRowTiles; ++nt)
-        wf[u][nt] = ok && wrow[nt] != nullptr ? __ldg(reinterpret_cast<const uint4*>(wrow[nt] + k))
-                                              : make_uint4(0u, 0u, 0u, 0u);
+      load_gemv_weights(wf[u], wrow, k, s0 + u * kMmaWarps < s_end && k < p.H);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -456,43 +446,11 @@ __global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) mma_kernel(GluePara
         const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
         const uint4 a_lo = in_h && ra < live ? *reinterpret_cast<const uint4*>(stage + ra * stride + (k - k_lo)) : zero;
         const uint4 a_hi = in_h && rb < live ? *reinterpret_cast<const uint4*>(stage + rb * stride + (k - k_lo)) : zero;
-#pragma unroll
-        for (int kb = 0; kb < 2; ++kb) {
-          uint32_t a[4];
-#pragma unroll
-          for (int r = 0; r < 4; ++r) a[r] = uint4_word((r & 1) ? a_hi : a_lo, mma_a_elem(kb, r) / 2);
-#pragma unroll
-          for (int nt = 0; nt < kMmaRowTiles; ++nt) {
-            const uint32_t b[2] = {uint4_word(wf[u][nt], mma_b_elem(kb, 0) / 2), uint4_word(wf[u][nt], mma_b_elem(kb, 1) / 2)};
-            mma_m16n8k16<T>(acc[mt][nt], a, b);
-          }
-        }
+        mma_gemv_step<T>(acc[mt], a_lo, a_hi, wf[u]);
       }
     }
   }
-
-  // sum the warps' tiles (halving, through shared memory), then warp 0 writes the tile
-#pragma unroll
-  for (int half = kMmaWarps / 2; half >= 1; half /= 2) {
-    if (warp >= half && warp < 2 * half) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kMmaRowTiles; ++nt)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) red[warp - half][(mt * kMmaRowTiles + nt) * 4 + c][lane] = acc[mt][nt][c];
-    }
-    __syncthreads();
-    if (warp < half) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kMmaRowTiles; ++nt)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) acc[mt][nt][c] += red[warp][(mt * kMmaRowTiles + nt) * 4 + c][lane];
-    }
-    __syncthreads();
-  }
+  sum_warp_tiles<MT>(acc, red);  // then warp 0 writes the tile
   if (warp == 0) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)

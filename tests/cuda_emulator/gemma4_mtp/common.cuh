@@ -5,6 +5,7 @@
 
 #include "emu.h"
 #include "gemma4_mtp/host_device.h"
+#include "gemma4_mtp/packed.h"
 
 namespace gemma4_mtp {
 
@@ -60,21 +61,7 @@ inline void load_float(const T* p, float* out) {
   for (int i = 0; i < N; ++i) out[i] = to_float(p[i]);
 }
 
-// 16-byte vectors kept packed (common.cuh's Packed), loaded with an alignment check.
-template <int N, class T>
-struct Packed {
-  static_assert(N * sizeof(T) == 16, "vector loads are 16 bytes");
-  union {
-    uint4 raw;
-    T e[N];
-  };
-};
-
-template <class T>
-struct Packed<1, T> {
-  T e[1];
-};
-
+// 16-byte vectors kept packed (gemma4_mtp/packed.h), loaded with an alignment check.
 template <int N, class T>
 inline void load_packed(const T* p, Packed<N, T>& out) {
   if constexpr (N == 1) {
