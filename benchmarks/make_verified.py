@@ -37,6 +37,9 @@ SHAPES = {
     "centroid_logits": (("Hd", "C", "V", "top_k", "output"), "T"),
     "tree_verify": (("N", "V", "sampling", "draft_probs"), "B"),
     "dense_lm_head": (("Hd", "V", "k", "output"), "T"),
+    "rms_norm_linear": (("H", "N"), "T"),
+    "rms_norm_gate_up": (("H", "N"), "T"),
+    "rms_norm_q_rope": (("H", "N", "D"), "T"),
 }
 
 

@@ -168,6 +168,37 @@ def test_glue_checked_once_per_weights(models, monkeypatch):
         target.release(r)
 
 
+def test_unchecked_glue_resolves_with_the_shapes_the_ops_pass(models, monkeypatch):
+    """The unchecked glue calls resolve their backend with the shape parameters the public ops pass
+    (so backend="auto" follows verified.py's evidence per shape in both), once per shape."""
+    import gemma4_mtp_kernels.ops as ops_pkg
+
+    _, _, target, drafter = models
+    drafter = copy.deepcopy(drafter)
+    seen = {"checked": [], "unchecked": []}
+    for op in ("rms_norm_gate_up", "rms_norm_linear", "rms_norm_q_rope"):
+        module = importlib.import_module(f"gemma4_mtp_kernels.ops.{op}")
+        real = module.resolve
+        monkeypatch.setattr(module, "resolve", lambda *a, _real=real: seen["checked"].append(a[:1] + a[4:]) or _real(*a))
+    real = ops_pkg.resolve
+    monkeypatch.setattr(ops_pkg, "resolve", lambda *a, _real=real: seen["unchecked"].append(a[:1] + a[4:]) or _real(*a))
+    g = torch.Generator().manual_seed(4)
+    r = target.new_request()
+    try:
+        target.prefill([r], [torch.randint(0, hf_tiny.VOCAB, (9,), generator=g)])
+        ctx = drafter.context(target, [r])
+        tokens = torch.randint(0, hf_tiny.VOCAB, (1, 2), generator=g)
+        hidden = torch.randn(1, 2, hf_tiny.HB, generator=g)
+        drafter.step(ctx, tokens, hidden)
+        drafter.step(ctx, tokens, hidden)
+        drafter.step(ctx, tokens, hidden)  # every shape resolved already: no resolve at all
+    finally:
+        target.release(r)
+    distinct = sorted({(op, tuple(sorted(shape.items()))) for op, shape in seen["checked"]})
+    assert sorted((op, tuple(sorted(shape.items()))) for op, shape in seen["unchecked"]) == distinct
+    assert {op for op, _ in distinct} == {"rms_norm_gate_up", "rms_norm_linear", "rms_norm_q_rope"}
+
+
 def test_check_target_rejects_mismatches(models):
     _, _, target, drafter = models
     drafter.check_target(target)

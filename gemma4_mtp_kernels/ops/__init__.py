@@ -30,7 +30,7 @@ def implementation(op: str, backend: str, device: torch.device, dtype: torch.dty
     once, then call this with arguments of the same kinds, shapes, dtypes, devices and layouts. It
     checks nothing: bad arguments read out of bounds on a GPU. `shape`: the call's shape parameters
     for the ops whose `auto` choice follows verified.py's evidence (as each op passes them to
-    `_dispatch.resolve`; the glue ops pass none)."""
+    `_dispatch.resolve`; for the glue ops their modules' `shape_params`)."""
     if op not in __all__:
         raise ValueError(f"implementation: op must be one of {tuple(__all__)}, got {op!r}")
     return resolve(op, backend, torch.device(device), dtype, shape)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .. import _checks as C
 from .._dispatch import resolve
-from .rms_norm_linear import check_prologue
+from .rms_norm_linear import check_prologue, shape_params
 
 OP = "rms_norm_gate_up"
 
@@ -30,7 +30,7 @@ def rms_norm_gate_up(x, gate_weight, up_weight, *, norm_weight=None, eps=1e-6, r
         C.out_tensor(OP, out, (T, gate_weight.shape[0]), x.dtype, x.device)
         C.no_overlap(OP, "out", out, [("x", x), ("gate_weight", gate_weight), ("up_weight", up_weight),
                                       ("residual", residual), ("residual_out", residual_out)])
-    impl = resolve(OP, backend, x.device, x.dtype)
+    impl = resolve(OP, backend, x.device, x.dtype, shape_params(x, gate_weight))
     return impl(x, gate_weight, up_weight, norm_weight=norm_weight, eps=eps, residual=residual,
                 residual_norm_weight=residual_norm_weight, layer_scalar=layer_scalar, out=out,
                 residual_out=residual_out)

@@ -53,6 +53,12 @@ def check_prologue(op, x, *, norm_weight, eps, residual, residual_norm_weight, l
     return T, H, eps
 
 
+def shape_params(x, weight) -> dict:
+    """The shape parameters a glue call (rms_norm_linear, rms_norm_gate_up with its gate weight) passes
+    to resolve(): `auto` follows verified.py's evidence for them (benchmarks.make_verified.SHAPES)."""
+    return {"T": x.shape[0], "H": x.shape[1], "N": weight.shape[0]}
+
+
 def rms_norm_linear(x, weight, *, norm_weight=None, eps=1e-6, residual=None, residual_norm_weight=None,
                     layer_scalar=None, out=None, residual_out=None, normed_out=None, backend="auto"):
     """y = n @ weight.T with the decoder-layer prologue in front (rounded as Hugging Face's Gemma 4).
@@ -76,7 +82,7 @@ def rms_norm_linear(x, weight, *, norm_weight=None, eps=1e-6, residual=None, res
         C.out_tensor(OP, out, (T, weight.shape[0]), x.dtype, x.device)
         C.no_overlap(OP, "out", out, [("x", x), ("weight", weight), ("residual", residual),
                                       ("residual_out", residual_out), ("normed_out", normed_out)])
-    impl = resolve(OP, backend, x.device, x.dtype)
+    impl = resolve(OP, backend, x.device, x.dtype, shape_params(x, weight))
     return impl(x, weight, norm_weight=norm_weight, eps=eps, residual=residual,
                 residual_norm_weight=residual_norm_weight, layer_scalar=layer_scalar, out=out,
                 residual_out=residual_out, normed_out=normed_out)

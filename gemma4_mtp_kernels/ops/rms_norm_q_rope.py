@@ -6,6 +6,7 @@ import torch
 from .. import _checks as C
 from .._dispatch import resolve
 from .rms_norm_linear import check_prologue
+from .rms_norm_linear import shape_params as _linear_shape
 
 OP = "rms_norm_q_rope"
 HEAD_DIMS = (64, 128, 256, 512)
@@ -22,6 +23,11 @@ def check_positions(positions, T: int, device: torch.device) -> None:
     if (P == 0 and T > 0) or (P > 0 and T % P):
         C.fail_value(OP, "positions", f"of a length dividing T = {T} (one position per request)", f"length {P}")
     C.contiguous(OP, "positions", positions)
+
+
+def shape_params(x, weight, q_norm_weight) -> dict:
+    """The shape parameters this op passes to resolve() (rms_norm_linear's and the head dim)."""
+    return {**_linear_shape(x, weight), "D": q_norm_weight.shape[0]}
 
 
 def rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, *, norm_weight=None, eps=1e-6, residual=None,
@@ -62,7 +68,7 @@ def rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, *, norm_weigh
         C.out_tensor(OP, out, (T, Hq, D), x.dtype, x.device)
         C.no_overlap(OP, "out", out, [("x", x), ("weight", weight), ("residual", residual),
                                       ("residual_out", residual_out), ("positions", positions)])
-    impl = resolve(OP, backend, x.device, x.dtype)
+    impl = resolve(OP, backend, x.device, x.dtype, shape_params(x, weight, q_norm_weight))
     return impl(x, weight, q_norm_weight, positions, inv_freq, norm_weight=norm_weight, eps=eps, residual=residual,
                 residual_norm_weight=residual_norm_weight, layer_scalar=layer_scalar, out=out,
                 residual_out=residual_out)

@@ -16,15 +16,39 @@ import torch
 from torch import nn
 
 import gemma4_mtp_kernels as K
+from gemma4_mtp_kernels.ops.rms_norm_linear import shape_params as linear_shape
 from gemma4_mtp_kernels.ops.rms_norm_q_rope import check_positions
+from gemma4_mtp_kernels.ops.rms_norm_q_rope import shape_params as q_rope_shape
 
 from .config import FULL, SLIDING, AttentionSpec, DrafterConfig, TextConfig
 from .layers import DecoderLayer, RMSNorm, rope_inv_freq, to_dtype
 from .transfer import tensor_to
 
 QUERY_POSITIONS = ("last_cached", "next")
-# the fused glue ops of a step, in the order step unpacks them (checked once per weights, see step)
+# the fused glue ops of a step, in the order step unpacks them (checked once per weights, see step), and
+# the shape parameters each passes to resolve (from its positional arguments)
 _GLUE_OPS = ("rms_norm_q_rope", "rms_norm_linear", "rms_norm_gate_up")
+_GLUE_SHAPES = {"rms_norm_q_rope": lambda x, w, q_norm, *_: q_rope_shape(x, w, q_norm),
+                "rms_norm_linear": lambda x, w, *_: linear_shape(x, w),
+                "rms_norm_gate_up": lambda x, w, *_: linear_shape(x, w)}
+
+
+class _Unchecked:
+    """A glue op without its checks (`gemma4_mtp_kernels.implementation`), resolved once per call shape,
+    so that backend="auto" follows verified.py's evidence per shape as the public op does."""
+
+    def __init__(self, op: str, backend: str, device: torch.device, dtype: torch.dtype):
+        self.op, self.backend, self.device, self.dtype = op, backend, device, dtype
+        self.shape = _GLUE_SHAPES[op]
+        self.impls: dict[tuple, object] = {}
+
+    def __call__(self, x, weight, *args, **kwargs):
+        shape = self.shape(x, weight, *args)
+        key = tuple(shape.values())
+        impl = self.impls.get(key)
+        if impl is None:
+            impl = self.impls[key] = K.implementation(self.op, self.backend, self.device, self.dtype, shape)
+        return impl(x, weight, *args, **kwargs)
 
 
 def real_shape_config(name: str | dict, *, num_layers: int = 4) -> DrafterConfig:
@@ -226,7 +250,7 @@ class Gemma4MTPDrafter(nn.Module):
         proj = linear(delta, post_projection, norm_weight=final_norm, eps=eps, normed_out=last,
                       **self._glue(prev, residual, keep=False))
         if key != self._checked_glue:  # every glue call of this step passed the checks
-            self._glue_impls = tuple(K.implementation(op, self.backend, x.device, x.dtype) for op in _GLUE_OPS)
+            self._glue_impls = tuple(_Unchecked(op, self.backend, x.device, x.dtype) for op in _GLUE_OPS)
             self._checked_glue = key
         return last.view(B, Q, -1), proj.view(B, Q, Hb)
 
