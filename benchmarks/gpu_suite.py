@@ -12,9 +12,10 @@ into `gpu_suite.json`, which `benchmarks.make_verified` reads next to the run's 
      "ops": {op: {backend: {passed, tests, failures, errors, skipped, files: [stem...], why}}}}
 
 A file `test_<op module>_<backend>.py` (e.g. test_q_only_attention_cuda.py) counts for that op and
-backend. A file for one backend and several ops (e.g. test_cuda_review.py) counts each test for the op
-its name mentions, and for every op of the backend when it mentions none; a file that died counts
-against every op it covers (a file with no GPU test, exit 5, counts for nothing). (op, backend) passed only if at least one of its tests ran (not skipped),
+backend, `test_<group>_<backend>.py` (GROUPS, e.g. test_fused_glue_cuda.py) for the ops of the group.
+A file for one backend and several ops (a group's, or e.g. test_cuda_review.py for all) counts each
+test for the op its name mentions, and for every op it covers when it mentions none; a file that died
+counts against every op it covers (a file with no GPU test, exit 5, counts for nothing). (op, backend) passed only if at least one of its tests ran (not skipped),
 none failed or errored, and every file covering it ran to its end.
 """
 from __future__ import annotations
@@ -27,6 +28,8 @@ import pkgutil
 import xml.etree.ElementTree as ET
 
 BACKENDS = ("cuda", "triton")
+# test files named after a group of ops: test_<group>_<backend>.py covers exactly these
+GROUPS = {"fused_glue": ("rms_norm_linear", "rms_norm_gate_up", "rms_norm_q_rope")}
 
 
 def op_modules() -> dict[str, str]:
@@ -51,14 +54,17 @@ def _keywords(modules: dict[str, str]) -> list[tuple[str, str]]:
     return sorted(words.items(), key=lambda kv: -len(kv[0]))
 
 
-def file_scope(stem: str, modules: dict[str, str]) -> tuple[str | None, str | None]:
-    """(backend, op or None for a cross-op file) that a test file covers; (None, None) if neither."""
+def file_scope(stem: str, modules: dict[str, str]) -> tuple[str | None, tuple[str, ...] | None]:
+    """(backend, the ops a test file covers, or None for every op of the backend); (None, None) if
+    neither."""
     name = stem.removeprefix("test_")
     for backend in BACKENDS:
         if name.endswith("_" + backend):
-            op = modules.get(name[: -len(backend) - 1])
-            if op:
-                return backend, op
+            scope = name[: -len(backend) - 1]
+            if scope in modules:
+                return backend, (modules[scope],)
+            if scope in GROUPS:
+                return backend, tuple(op for op in GROUPS[scope] if op in modules.values())
     tokens = name.split("_")
     backend = next((b for b in BACKENDS if b in tokens), None)
     return backend, None
@@ -112,21 +118,18 @@ def convert(directory: str, modules: dict[str, str] | None = None) -> dict:
         counts = {k: sum(1 for _, o in cases if o == v) for k, v in
                   (("failures", "failed"), ("errors", "error"), ("skipped", "skipped"))}
         files[stem] = {"rc": rc, "status": status, "tests": len(cases), **counts}
-        backend, file_op = file_scope(stem, modules)
+        backend, file_ops = file_scope(stem, modules)
         if backend is None:
             continue
-        covered = [file_op] if file_op else sorted(set(modules.values()))
+        covered = list(file_ops) if file_ops else sorted(set(modules.values()))
         for op in covered:
             s = slot(op, backend)
             s["files"].append(stem)
             if status in ("crashed", "timed out"):
                 s["unfinished"].append(f"{stem}: {status}" + (f" (exit {rc})" if rc is not None else " (no exit status)"))
         for name, outcome in cases:
-            if file_op:
-                targets = [file_op]
-            else:
-                hit = next((op for w, op in words if w in name), None)
-                targets = [hit] if hit else covered
+            hit = next((op for w, op in words if w in name and op in covered), None)
+            targets = covered if len(covered) == 1 or hit is None else [hit]
             for op in targets:
                 s = slot(op, backend)
                 s["tests"] += 1

@@ -292,6 +292,10 @@ def test_gpu_suite_verdict_per_op_and_backend(tmp_path):
                                         ("test_all_ops_refuse_cpu", "passed")])
     (d / "test_cuda_review.rc").write_text("1\n")
     (d / "test_triton_aot.rc").write_text("5\n")  # no GPU test in it: counts for nothing
+    # a group's file that crashed counts against the group's ops only
+    _junit(d / "test_fused_glue_triton.xml", [("test_prologues[rms_norm_q_rope-bf16]", "passed")])
+    (d / "test_fused_glue_triton.rc").write_text("0\n")
+    (d / "test_fused_glue_cuda.rc").write_text("139\n")
     s = gpu_suite.convert(str(d))
     ops = s["ops"]
     assert ops["q_only_paged_attention"]["cuda"]["passed"] is True
@@ -304,6 +308,9 @@ def test_gpu_suite_verdict_per_op_and_backend(tmp_path):
     assert ops["fused_concat_down_proj"]["cuda"]["passed"] is False  # the review file's concat test failed
     assert ops["centroid_logits"]["cuda"]["passed"] is True  # only the unnamed review test, which passed
     assert s["complete"] is False and s["files"]["test_tree_verify_cuda"]["status"] == "crashed"
+    assert ops["rms_norm_q_rope"]["triton"]["passed"] is True and ops["rms_norm_linear"]["triton"]["tests"] == 0
+    assert all("crashed" in ops[op]["cuda"]["why"] for op in gpu_suite.GROUPS["fused_glue"])
+    assert "test_fused_glue_cuda" not in ops["centroid_logits"]["cuda"]["files"]
     assert s["files"]["test_triton_aot"]["status"] == "no tests"
     # the CLI writes the same file
     out = tmp_path / "gpu_suite.json"
