@@ -2,6 +2,7 @@
 
 The HF assistant gets the HF target's own shared_kv_states and final hidden state, and the query at
 HF's position (P + 1); ours reads our target's paged cache at the same position."""
+import contextlib
 import copy
 import dataclasses
 import importlib
@@ -124,6 +125,19 @@ def test_top_tokens_follow_the_dense_logits(models):
 
 
 @torch.no_grad()
+@contextlib.contextmanager
+def _one_request(target, drafter, seed):
+    """(context, tokens [1, 2], hidden [1, 2, Hb]) of one prefilled request, released afterwards."""
+    g = torch.Generator().manual_seed(seed)
+    r = target.new_request()
+    try:
+        target.prefill([r], [torch.randint(0, hf_tiny.VOCAB, (9,), generator=g)])
+        yield (drafter.context(target, [r]), torch.randint(0, hf_tiny.VOCAB, (1, 2), generator=g),
+               torch.randn(1, 2, hf_tiny.HB, generator=g))
+    finally:
+        target.release(r)
+
+
 def test_glue_checked_once_per_weights(models, monkeypatch):
     """A step's 17 glue calls (4 per layer + 1) are checked on the first step with the drafter's
     weights and run unchecked after it; a replaced weight is checked again (a wrong shape raises,
@@ -137,13 +151,7 @@ def test_glue_checked_once_per_weights(models, monkeypatch):
         monkeypatch.setattr(module, "check_prologue",
                             lambda op, *a, _original=original, **k: checks.append(op) or _original(op, *a, **k))
     glue_calls = 4 * drafter.config.text.num_layers + 1
-    g = torch.Generator().manual_seed(3)
-    r = target.new_request()
-    try:
-        target.prefill([r], [torch.randint(0, hf_tiny.VOCAB, (9,), generator=g)])
-        ctx = drafter.context(target, [r])
-        tokens = torch.randint(0, hf_tiny.VOCAB, (1, 2), generator=g)
-        hidden = torch.randn(1, 2, hf_tiny.HB, generator=g)
+    with _one_request(target, drafter, 3) as (ctx, tokens, hidden):
         first = drafter.step(ctx, tokens, hidden)
         assert len(checks) == glue_calls
         second = drafter.step(ctx, tokens, hidden)
@@ -164,8 +172,6 @@ def test_glue_checked_once_per_weights(models, monkeypatch):
         down.weight.data = wide
         with pytest.raises(ValueError, match="rms_norm_linear: weight"):
             drafter.step(ctx, tokens, hidden)
-    finally:
-        target.release(r)
 
 
 def test_unchecked_glue_resolves_with_the_shapes_the_ops_pass(models, monkeypatch):
@@ -182,18 +188,10 @@ def test_unchecked_glue_resolves_with_the_shapes_the_ops_pass(models, monkeypatc
         monkeypatch.setattr(module, "resolve", lambda *a, _real=real: seen["checked"].append(a[:1] + a[4:]) or _real(*a))
     real = ops_pkg.resolve
     monkeypatch.setattr(ops_pkg, "resolve", lambda *a, _real=real: seen["unchecked"].append(a[:1] + a[4:]) or _real(*a))
-    g = torch.Generator().manual_seed(4)
-    r = target.new_request()
-    try:
-        target.prefill([r], [torch.randint(0, hf_tiny.VOCAB, (9,), generator=g)])
-        ctx = drafter.context(target, [r])
-        tokens = torch.randint(0, hf_tiny.VOCAB, (1, 2), generator=g)
-        hidden = torch.randn(1, 2, hf_tiny.HB, generator=g)
+    with _one_request(target, drafter, 4) as (ctx, tokens, hidden):
         drafter.step(ctx, tokens, hidden)
         drafter.step(ctx, tokens, hidden)
         drafter.step(ctx, tokens, hidden)  # every shape resolved already: no resolve at all
-    finally:
-        target.release(r)
     distinct = sorted({(op, tuple(sorted(shape.items()))) for op, shape in seen["checked"]})
     assert sorted((op, tuple(sorted(shape.items()))) for op, shape in seen["unchecked"]) == distinct
     assert {op for op, _ in distinct} == {"rms_norm_gate_up", "rms_norm_linear", "rms_norm_q_rope"}
