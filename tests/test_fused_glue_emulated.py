@@ -26,11 +26,9 @@ import torch
 
 from cases_fused_glue import DTYPES, PROLOGUES, check_glue
 from helpers import DRAFTERS
-from test_q_only_attention_emulated import EMU, ROOT, _compiler_flags
+from test_q_only_attention_emulated import EMU, ROOT, _compiler_flags, emulator_sources
 
-SOURCES = [EMU / "emu.h", EMU / "gemma4_mtp" / "common.cuh", EMU / "glue_main.cpp",
-           *sorted((ROOT / "csrc" / "include" / "gemma4_mtp").glob("*.h")),
-           *(ROOT / "csrc" / "include" / "gemma4_mtp" / f for f in ("rms_norm_linear.cuh", "launch.cuh"))]
+SOURCES = emulator_sources("glue_main.cpp")
 OPS = {"rms_norm_linear": "linear", "rms_norm_gate_up": "gate_up", "rms_norm_q_rope": "q_rope"}
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 

@@ -29,9 +29,16 @@ from helpers import DRAFTERS
 
 ROOT = Path(__file__).resolve().parents[1]
 EMU = ROOT / "tests" / "cuda_emulator"
-SOURCES = [EMU / "emu.h", EMU / "gemma4_mtp" / "common.cuh", EMU / "attention_main.cpp",
-           *sorted((ROOT / "csrc" / "include" / "gemma4_mtp").glob("*.h")),
-           ROOT / "csrc" / "include" / "gemma4_mtp" / "q_only_attention.cuh"]
+
+
+def emulator_sources(main: str) -> list[Path]:
+    """What an emulator build of `main` compiles (the key of its cached binary): the emulation, the
+    driver and every kernel header, so that no edit of an included header reuses a stale binary."""
+    return [EMU / "emu.h", EMU / "gemma4_mtp" / "common.cuh", EMU / main,
+            *sorted((ROOT / "csrc" / "include" / "gemma4_mtp").iterdir())]
+
+
+SOURCES = emulator_sources("attention_main.cpp")
 H100 = "smem=232448 major=9"  # opt-in shared memory per block of an H100 / H200: 5-6 stages
 A100 = "smem=166912 major=8"  # an A100: 3-4 stages, no programmatic dependent launch
 TIGHT = "smem=122000 major=9"  # room for 3 stages only at 16 rows, any D (the least the kernel runs with)
