@@ -169,17 +169,14 @@ def run(*, dry: bool, out_path: str, ops=None, time_budget_s: float | None = Non
             for p in skip_baselines}
     datasheet = list(devices.DATASHEET.values())
     measured_dev, l2 = None, 0
-    if not dry and results["device_peaks"]:
-        measured_dev = devices.measured(results)
-        spec = devices.match(results["env"]["device"])
-        l2 = spec.l2_bytes if spec else 64 << 20
-    elif not dry:
+    if not dry:
         peaks = results["device_peaks"]
-        peaks["copy_bytes_per_s"] = timer.copy_bandwidth()
-        peaks["matmul_flops_per_s"] = timer.matmul_flops()
-        peaks["launch_floor_s"] = timer.launch_floor()
         spec = devices.match(results["env"]["device"])
-        peaks["datasheet"] = spec.key if spec else None
+        if not peaks:  # a resumed run keeps the peaks its first process measured
+            peaks["copy_bytes_per_s"] = timer.copy_bandwidth()
+            peaks["matmul_flops_per_s"] = timer.matmul_flops()
+            peaks["launch_floor_s"] = timer.launch_floor()
+            peaks["datasheet"] = spec.key if spec else None
         measured_dev = devices.measured(results)
         l2 = spec.l2_bytes if spec else 64 << 20
         log(f"device {results['env']['device']}: copy {peaks['copy_bytes_per_s'] / 1e12:.2f} TB/s, "

@@ -293,15 +293,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) mma_kernel(DownProjParams p
           if (t < p.T && n < p.Hd) part[blockIdx.z * tile_elems + static_cast<int64_t>(t) * p.Hd + n] = acc[mt][nt][c];
         }
   }
-  __syncthreads();
   int32_t* counter = p.counters + blockIdx.y * gridDim.x + blockIdx.x;
-  if (threadIdx.x == 0) {
-    __threadfence();
-    last = atomicAdd(counter, 1) == plan.splits - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!last_to_arrive(counter, plan.splits, &last)) return;
   for (int e = threadIdx.x; e < kTok * kMmaRowsPerCta; e += blockDim.x) {
     const int t = t0 + e / kMmaRowsPerCta, n = n0 + e % kMmaRowsPerCta;
     if (t >= p.T || n >= p.Hd) continue;

@@ -1,6 +1,6 @@
 // The tensor-core GEMV steps shared by fused_concat_down_proj.cuh and rms_norm_linear.cuh: one 32-wide k
 // step of a 16-token x 32-row tile from operands loaded as 16-byte vectors (down_proj_logic.h's fragment
-// mapping), and the sum of the CTA's warps' tiles.
+// mapping), the sum of the CTA's warps' tiles, and the last-CTA election of a split-k reduction.
 #pragma once
 
 #include "gemma4_mtp/common.cuh"
@@ -66,6 +66,22 @@ __device__ __forceinline__ void sum_warp_tiles(float (&acc)[MT][kMmaRowTiles][4]
     }
     __syncthreads();
   }
+}
+
+// Whether this CTA is the last of `arrivals` CTAs to reach `counter` (the same answer in every thread):
+// the CTA's writes before the call are published first (bar.sync, then thread 0's fence and atomic),
+// and for the last one the other arrivals' published writes are ordered before what follows (read them
+// with .cg loads: L1 is not coherent). `flag` is a shared int. Every thread of the CTA calls it.
+__device__ __forceinline__ bool last_to_arrive(int32_t* counter, int arrivals, int* flag) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    *flag = atomicAdd(counter, 1) == arrivals - 1;
+  }
+  __syncthreads();
+  const bool last = *flag;
+  if (last) __threadfence();
+  return last;
 }
 
 }  // namespace gemma4_mtp

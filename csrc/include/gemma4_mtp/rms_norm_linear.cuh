@@ -250,15 +250,21 @@ __device__ void prologue_rows(const GlueParams& p, const Prologue<T>& pr, int t0
   }
 }
 
+// The weight row that this CTA's tile row r (0..31) reads; null past the weight's rows.
+template <class T, GlueKind KIND>
+__device__ __forceinline__ const T* weight_row(const GlueParams& p, int r) {
+  const int64_t row = glue_weight_row(KIND, blockIdx.x, r);
+  if (row >= p.N) return nullptr;
+  const bool up = glue_reads_up(KIND, r);
+  return static_cast<const T*>(up ? p.up_weight : p.weight) + row * (up ? p.up_weight_stride : p.weight_stride);
+}
+
 // Step 1: L2 prefetch of the CTA's weight rows over its k range (thread: row tid % 32, lines
 // tid / 32 + 8 j), before griddep_wait: weights are not the previous kernel's output.
 template <class T, GlueKind KIND>
 __device__ __forceinline__ void prefetch_weights(const GlueParams& p, int k_lo, int k_hi) {
-  const int r = threadIdx.x & 31;
-  const int64_t row = glue_weight_row(KIND, blockIdx.x, r);
-  if (row >= p.N || k_hi <= k_lo) return;
-  const bool up = glue_reads_up(KIND, r);
-  const T* base = static_cast<const T*>(up ? p.up_weight : p.weight) + row * (up ? p.up_weight_stride : p.weight_stride);
+  const T* base = weight_row<T, KIND>(p, threadIdx.x & 31);
+  if (base == nullptr || k_hi <= k_lo) return;
   const uintptr_t lo = reinterpret_cast<uintptr_t>(base + k_lo) & ~uintptr_t{127};
   const uintptr_t hi = reinterpret_cast<uintptr_t>(base + k_hi);
 #pragma unroll
@@ -321,15 +327,8 @@ __device__ void finish(const GlueParams& p, float (*tile)[kGlueRows + 1], int t0
       const int t = e / kGlueRows, r = e % kGlueRows;
       p.partials[(static_cast<int64_t>(blockIdx.z) * p.T + t0 + t) * W + col0 + r] = tile[t][r];
     }
-    __syncthreads();
     int32_t* counter = p.counters + ty * p.plan.row_tiles + tile_n;
-    if (tid == 0) {
-      __threadfence();
-      *flag = atomicAdd(counter, 1) == p.plan.splits - 1;
-    }
-    __syncthreads();
-    if (!*flag) return;
-    __threadfence();
+    if (!last_to_arrive(counter, p.plan.splits, flag)) return;
     for (int e = tid; e < live * kGlueRows; e += kThreads) {
       const int t = e / kGlueRows, r = e % kGlueRows;
       float sum = 0.f;
@@ -360,16 +359,9 @@ __device__ void finish(const GlueParams& p, float (*tile)[kGlueRows + 1], int t0
       const int t = e / kGlueRows, r = e % kGlueRows;
       ws[static_cast<int64_t>(t0 + t) * p.N + glue_weight_row(KIND, tile_n, r)] = from_float<T>(tile[t][r]);
     }
-    __syncthreads();
     const int head = tile_n * kGlueRows / p.D;  // D is a multiple of 32: a tile lies in one head
     int32_t* counter = p.counters + glue_split_counters(p.plan) + ty * (p.N / p.D) + head;
-    if (tid == 0) {
-      __threadfence();
-      *flag = atomicAdd(counter, 1) == p.D / kGlueRows - 1;
-    }
-    __syncthreads();
-    if (!*flag) return;
-    __threadfence();
+    if (!last_to_arrive(counter, p.D / kGlueRows, flag)) return;
     switch (p.D) {
       case 64: norm_rope_head<T, 64>(p, head, t0, live); break;
       case 128: norm_rope_head<T, 128>(p, head, t0, live); break;
@@ -419,13 +411,7 @@ __global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) mma_kernel(GluePara
   const int g = mma_b_row(lane), lk = mma_lane_k(lane);
   const T* wrow[kMmaRowTiles];
 #pragma unroll
-  for (int nt = 0; nt < kMmaRowTiles; ++nt) {
-    const int r = nt * 8 + g;
-    const int64_t row = glue_weight_row(KIND, blockIdx.x, r);
-    const bool up = glue_reads_up(KIND, r);
-    wrow[nt] = row < p.N ? static_cast<const T*>(up ? p.up_weight : p.weight) + row * (up ? p.up_weight_stride : p.weight_stride)
-                         : nullptr;
-  }
+  for (int nt = 0; nt < kMmaRowTiles; ++nt) wrow[nt] = weight_row<T, KIND>(p, nt * 8 + g);
   float acc[MT][kMmaRowTiles][4] = {};
 
   for (int s0 = s_lo + warp; s0 < s_end; s0 += kMmaWarps * U) {
@@ -490,17 +476,9 @@ __global__ void __launch_bounds__(kThreads, 1) scalar_kernel(GlueParams p) {
 
   const T* wrow[kRowsPerWarp];
 #pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    const int r = warp * kRowsPerWarp + i;
-    const int64_t row = glue_weight_row(KIND, blockIdx.x, r);
-    const bool up = glue_reads_up(KIND, r);
-    wrow[i] = row < p.N ? static_cast<const T*>(up ? p.up_weight : p.weight) + row * (up ? p.up_weight_stride : p.weight_stride)
-                        : nullptr;
-  }
+  for (int i = 0; i < kRowsPerWarp; ++i) wrow[i] = weight_row<T, KIND>(p, warp * kRowsPerWarp + i);
   for (int tp = 0; tp < live; tp += kPass) {
-    float acc[kRowsPerWarp * kPass];
-#pragma unroll
-    for (int i = 0; i < kRowsPerWarp * kPass; ++i) acc[i] = 0.f;
+    float acc[kRowsPerWarp * kPass] = {};
     for (int k = k_lo + lane; k < k_hi; k += 32) {
       float w[kRowsPerWarp];
 #pragma unroll
@@ -571,22 +549,6 @@ cudaError_t launch_kind(const GlueParams& p, cudaStream_t stream) {
   return launch(scalar_kernel<T, KIND>, grid, kThreads, 0, dev.pdl, stream, p);
 }
 
-}  // namespace glue
-
-// Fills p.plan for a device with num_sms SMs and returns the buffers a launch needs: the bytes of fp32
-// partials (p.partials), of the workspace (p.workspace, kQRope) and, in *counters, the int32 counters
-// (p.counters: zero before the first launch, left zero by every launch).
-template <class T>
-int64_t glue_prepare(GlueParams& p, int num_sms, int64_t* workspace_bytes, int64_t* counters) {
-  p.plan = plan_glue(p.kind, p.T, p.H, p.N, num_sms, glue::uses_mma<T>(p));
-  const int64_t heads = p.kind == GlueKind::kQRope && p.D > 0 ? p.N / p.D : 0;
-  *counters = glue_counters(p.kind, p.plan, heads);
-  *workspace_bytes = p.kind == GlueKind::kQRope ? static_cast<int64_t>(p.T) * p.N * static_cast<int64_t>(sizeof(T)) : 0;
-  return p.plan.splits > 1 ? int64_t{4} * p.plan.splits * p.T * p.plan.row_tiles * kGlueRows : 0;
-}
-
-namespace glue {
-
 // What every launch needs of p beyond the public ops' checks (a C++ caller's mistakes are refused,
 // not run): a plan, its buffers, and for kQRope the head layout and its inputs.
 inline bool params_ok(const GlueParams& p, GlueKind kind) {
@@ -611,6 +573,18 @@ cudaError_t run(const GlueParams& p, cudaStream_t stream) {
 }
 
 }  // namespace glue
+
+// Fills p.plan for a device with num_sms SMs and returns the buffers a launch needs: the bytes of fp32
+// partials (p.partials), of the workspace (p.workspace, kQRope) and, in *counters, the int32 counters
+// (p.counters: zero before the first launch, left zero by every launch).
+template <class T>
+int64_t glue_prepare(GlueParams& p, int num_sms, int64_t* workspace_bytes, int64_t* counters) {
+  p.plan = plan_glue(p.kind, p.T, p.H, p.N, num_sms, glue::uses_mma<T>(p));
+  const int64_t heads = p.kind == GlueKind::kQRope && p.D > 0 ? p.N / p.D : 0;
+  *counters = glue_counters(p.kind, p.plan, heads);
+  *workspace_bytes = p.kind == GlueKind::kQRope ? static_cast<int64_t>(p.T) * p.N * static_cast<int64_t>(sizeof(T)) : 0;
+  return p.plan.splits > 1 ? int64_t{4} * p.plan.splits * p.T * p.plan.row_tiles * kGlueRows : 0;
+}
 
 // Launch the op of p.kind for element type T (float, __half, __nv_bfloat16) after glue_prepare(p).
 template <class T>
