@@ -168,8 +168,17 @@ def test_glue_checked_once_per_weights(models, monkeypatch):
         third = drafter.step(ctx, tokens, hidden)
         assert len(checks) == 2 * glue_calls
         assert not torch.equal(third[1], second[1])
-        wide = torch.zeros(down.weight.shape[0], down.weight.shape[1] + 8)
-        down.weight.data = wide
+        # a replaced module, parameter or buffer is seen too (the step reads the modules' own dicts)
+        layer = drafter.layers[1]
+        layer.mlp.down_proj = torch.nn.Linear(down.in_features, down.out_features, bias=False)
+        layer.mlp.down_proj.weight.data.copy_(down.weight.data)
+        fourth = drafter.step(ctx, tokens, hidden)
+        assert len(checks) == 3 * glue_calls
+        assert torch.equal(fourth[1], third[1])
+        layer.layer_scalar = layer.layer_scalar * 3  # a new buffer under the same name
+        assert not torch.equal(drafter.step(ctx, tokens, hidden)[1], fourth[1])
+        assert len(checks) == 4 * glue_calls
+        layer.mlp.down_proj = torch.nn.Linear(down.in_features + 8, down.out_features, bias=False)
         with pytest.raises(ValueError, match="rms_norm_linear: weight"):
             drafter.step(ctx, tokens, hidden)
 

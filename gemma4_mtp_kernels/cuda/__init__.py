@@ -75,8 +75,8 @@ def _require_16_byte_rows(op: str, name: str, t: torch.Tensor, dims: int) -> Non
     must be multiples of 16 bytes. The op checks the same in C++; checking here first refuses a bad
     layout with a ValueError before the extension is entered. Under torch.compile (and for fake
     tensors) there is no data pointer to read: the C++ check alone guards it there."""
-    size = t.element_size()
-    if any(t.shape[i] > 1 and (t.stride(i) * size) % 16 for i in range(dims)):
+    size, shape, strides = t.element_size(), t.shape, t.stride()
+    if any(shape[i] > 1 and (strides[i] * size) % 16 for i in range(dims)):
         raise ValueError(f"{op}: {name} needs strides that are multiples of 16 bytes for the cuda backend, got "
                          f"strides {t.stride()} (element size {size}); use backend='triton' or 'torch' for this layout")
     if not torch.compiler.is_compiling() and not isinstance(t, FakeTensor) and t.data_ptr() % 16:
