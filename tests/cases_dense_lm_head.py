@@ -21,8 +21,11 @@ def exact_scores(hidden, lm_head):
     return h @ w.T, h.shape[1] * U32 * (h.abs() @ w.abs().T) + 1e-30
 
 
-def check_topk(hidden, lm_head, k, backend, device="cpu", what=""):
-    ids, vals = g.dense_lm_head(hidden.to(device), lm_head.to(device), k=k, backend=backend)
+def check_topk(hidden, lm_head, k, backend, device="cpu", what="", call=None):
+    """`backend`'s top-k (or `call`'s: the same arguments without backend=, e.g. the CUDA kernels on
+    the CPU emulator) against the fp64 oracle."""
+    fn = call if call is not None else lambda h, w, k: g.dense_lm_head(h, w, k=k, backend=backend)
+    ids, vals = fn(hidden.to(device), lm_head.to(device), k)
     T, V = hidden.shape[0], lm_head.shape[0]
     assert ids.shape == (T, k) and ids.dtype == torch.int64 and vals.shape == (T, k) and vals.dtype == torch.float32
     assert ids.is_contiguous() and vals.is_contiguous()

@@ -23,9 +23,12 @@ def make_inputs(T, Hb, Hd, dtype, V=97, g=None):
     return token_ids, embed_table, hidden, weight
 
 
-def check_backend(backend, device, T, Hb, Hd, dtype, *, index_dtype=torch.int64, strided=False, V=97):
-    """`backend` on `device` into a poisoned out= buffer, against the fp64 oracle (SPEC §6 rule)."""
-    token_ids, embed_table, hidden, weight = make_inputs(T, Hb, Hd, dtype, V=V)
+def check_backend(backend, device, T, Hb, Hd, dtype, *, index_dtype=torch.int64, strided=False, V=97, g=None,
+                  call=None):
+    """`backend` on `device` into a poisoned out= buffer, against the fp64 oracle (SPEC §6 rule).
+    `call`: what runs the op instead of the public op (same arguments, without backend=): the CUDA
+    kernels on the CPU emulator."""
+    token_ids, embed_table, hidden, weight = make_inputs(T, Hb, Hd, dtype, V=V, g=g)
     token_ids = token_ids.to(index_dtype)
     if strided:  # row strides the op accepts: views into wider storage (16-byte loads must not be assumed)
         embed_table = torch.cat([embed_table, embed_table[:, :3]], dim=1)[:, :Hb]
@@ -33,7 +36,10 @@ def check_backend(backend, device, T, Hb, Hd, dtype, *, index_dtype=torch.int64,
     scale = math.sqrt(Hb)
     args = [t.to(device) for t in (token_ids, embed_table, hidden, weight)]
     out = poisoned((T, Hd), dtype, device)
-    got = fused_concat_down_proj(*args, embed_scale=scale, out=out, backend=backend)
+    if call is None:
+        got = fused_concat_down_proj(*args, embed_scale=scale, out=out, backend=backend)
+    else:
+        got = call(*args, embed_scale=scale, out=out)
     assert got is out
     exact = exact_down_proj(token_ids, embed_table, hidden, weight, scale)
     ref = fused_concat_down_proj(token_ids, embed_table, hidden, weight, embed_scale=scale, backend="torch")

@@ -34,7 +34,7 @@ EMU = ROOT / "tests" / "cuda_emulator"
 def emulator_sources(main: str) -> list[Path]:
     """What an emulator build of `main` compiles (the key of its cached binary): the emulation, the
     driver and every kernel header, so that no edit of an included header reuses a stale binary."""
-    return [EMU / "emu.h", EMU / "gemma4_mtp" / "common.cuh", EMU / main,
+    return [EMU / "emu.h", EMU / "io.h", EMU / "gemma4_mtp" / "common.cuh", EMU / main,
             *sorted((ROOT / "csrc" / "include" / "gemma4_mtp").iterdir())]
 
 
@@ -51,7 +51,9 @@ def _compiler_flags() -> list[str]:
     probe = subprocess.run([gxx, "-fsanitize=address", "-x", "c++", "-", "-o", os.devnull],
                            input="int main() { return 0; }", capture_output=True, text=True)
     asan = ["-fsanitize=address", "-fno-omit-frame-pointer"] if probe.returncode == 0 else []
-    return [gxx, "-std=c++20", "-O1", *asan]
+    # the kernels' source as host C++: an implicit float -> integer conversion is an error (a float score
+    # passed where order bits were expected once ranked every token of the dense head by its integer part)
+    return [gxx, "-std=c++20", "-O1", "-Werror=float-conversion", *asan]
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,9 @@ struct dim3 {
   unsigned x, y, z;
   dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
+// The running block's launch shape (threads along x only); blocks run one at a time (run_block sets them).
+inline dim3 gridDim, blockDim;
+
 struct float2 {
   float x, y;
 };
@@ -71,7 +74,11 @@ constexpr cudaError_t cudaSuccess = 0;
 constexpr cudaError_t cudaErrorInvalidValue = 1;
 constexpr cudaError_t cudaErrorInvalidConfiguration = 9;
 typedef void* cudaStream_t;
-enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin, cudaDevAttrComputeCapabilityMajor };
+enum cudaDeviceAttr {
+  cudaDevAttrMaxSharedMemoryPerBlockOptin,
+  cudaDevAttrComputeCapabilityMajor,
+  cudaDevAttrMultiProcessorCount
+};
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 enum cudaLaunchAttributeID { cudaLaunchAttributeProgrammaticStreamSerialization };
 struct cudaLaunchAttributeValue {
@@ -99,6 +106,7 @@ namespace emu {
 struct Device {
   int smem_optin;
   int major;
+  int sms = 132;
 };
 inline std::vector<Device>& devices() {
   static std::vector<Device> d;
@@ -260,12 +268,15 @@ inline void fiber_main() {
 }
 
 // Runs one block of `threads` fibers to completion.
-inline void run_block(dim3 idx, int threads, unsigned char* smem, size_t smem_bytes, const std::function<void()>& body) {
+inline void run_block(dim3 idx, dim3 grid, int threads, unsigned char* smem, size_t smem_bytes,
+                      const std::function<void()>& body) {
   static std::vector<std::vector<char>> stacks;
   constexpr size_t kStack = 512 * 1024;
   while (static_cast<int>(stacks.size()) < threads) stacks.emplace_back(kStack);
   Block b;
   b.idx = idx;
+  ::gridDim = grid;  // blocks run one at a time
+  ::blockDim = dim3(static_cast<unsigned>(threads));
   b.fibers.resize(threads);
   b.cta.expected = threads;
   const int nwarps = (threads + 31) / 32;
@@ -381,7 +392,9 @@ inline cudaError_t cudaGetDevice(int* d) {
 }
 inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int dev) {
   const emu::Device& d = emu::devices().at(dev);
-  *v = a == cudaDevAttrMaxSharedMemoryPerBlockOptin ? d.smem_optin : d.major;
+  *v = a == cudaDevAttrMaxSharedMemoryPerBlockOptin ? d.smem_optin
+      : a == cudaDevAttrComputeCapabilityMajor        ? d.major
+                                                      : d.sms;
   return cudaSuccess;
 }
 namespace emu {
@@ -420,7 +433,7 @@ cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* cfg, void (*kernel)(P..
         // fresh shared memory of exactly the launch's size (AddressSanitizer sees an overrun), NaN bits
         std::unique_ptr<unsigned char[]> smem(new unsigned char[cfg->dynamicSmemBytes]);
         std::memset(smem.get(), 0xFF, cfg->dynamicSmemBytes);
-        emu::run_block(dim3(x, y, z), threads, smem.get(), cfg->dynamicSmemBytes, [&] { std::apply(kernel, params); });
+        emu::run_block(dim3(x, y, z), cfg->gridDim, threads, smem.get(), cfg->dynamicSmemBytes, [&] { std::apply(kernel, params); });
       }
   return cudaSuccess;
 }

@@ -317,11 +317,4 @@ __device__ __forceinline__ void cp_async_wait_dyn(int pending) {
   }
 }
 
-inline int device_sm_count() {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 1;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1) return 1;
-  return sms;
-}
-
 }  // namespace gemma4_mtp

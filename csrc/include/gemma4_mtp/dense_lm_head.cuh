@@ -19,6 +19,7 @@
 
 #include "gemma4_mtp/common.cuh"
 #include "gemma4_mtp/dense_lm_head_params.h"
+#include "gemma4_mtp/launch.cuh"
 #include "gemma4_mtp/topk_logic.h"
 
 namespace gemma4_mtp {
@@ -53,7 +54,7 @@ __device__ __forceinline__ void insert(uint64_t (&best)[K], uint64_t key) {
 }
 
 __device__ __forceinline__ uint64_t score_key(float s, int row) {
-  return topk_key(s != s ? NAN : s, static_cast<uint32_t>(row));  // one NaN: every NaN ranks first
+  return topk_key(orderable_bits(s != s ? NAN : s), static_cast<uint32_t>(row));  // one NaN: every NaN ranks first
 }
 
 // Shared memory of kernel 1: the kTokens hidden rows of a pass.
@@ -61,9 +62,10 @@ inline size_t smem_bytes(int Hd, size_t elem) { return static_cast<size_t>(kToke
 
 template <class T, int VEC, int K>
 __global__ void __launch_bounds__(kThreads, 2) rows_kernel(DenseHeadParams p) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* hid = reinterpret_cast<T*>(smem_raw);
+  T* hid = reinterpret_cast<T*>(dynamic_smem());
   __shared__ uint64_t lists[kWarps][kTokens][K];
+  griddep_wait();  // the hidden states are the previous kernel's output
+  griddep_launch_dependents();
   const T* __restrict__ hidden = static_cast<const T*>(p.hidden);
   const T* __restrict__ head = static_cast<const T*>(p.lm_head);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -153,6 +155,7 @@ constexpr int kMergeThreads = 128;
 template <int K>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(DenseHeadParams p) {
   __shared__ uint64_t lists[kMergeThreads][K];
+  griddep_wait();  // the lists are the rows kernel's output
   const int t = blockIdx.x;
   uint64_t best[K];
 #pragma unroll
@@ -186,22 +189,21 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(DenseHeadParams p)
 }
 
 template <class T, int VEC, int K>
-cudaError_t launch_k(const DenseHeadParams& p, cudaStream_t stream) {
-  rows_kernel<T, VEC, K><<<p.num_ctas, kThreads, smem_bytes(p.Hd, sizeof(T)), stream>>>(p);
-  cudaError_t err = cudaGetLastError();
+cudaError_t launch_k(const DenseHeadParams& p, bool pdl, cudaStream_t stream) {
+  const cudaError_t err = launch(rows_kernel<T, VEC, K>, dim3(p.num_ctas), kThreads, smem_bytes(p.Hd, sizeof(T)), pdl,
+                                 stream, p);
   if (err != cudaSuccess || p.dense != nullptr) return err;
-  merge_kernel<K><<<p.T, kMergeThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch(merge_kernel<K>, dim3(p.T), kMergeThreads, 0, pdl, stream, p);
 }
 
 template <class T, int VEC>
-cudaError_t launch_vec(const DenseHeadParams& p, int K, cudaStream_t stream) {
+cudaError_t launch_vec(const DenseHeadParams& p, int K, bool pdl, cudaStream_t stream) {
   switch (K) {
-    case 1: return launch_k<T, VEC, 1>(p, stream);
-    case 2: return launch_k<T, VEC, 2>(p, stream);
-    case 4: return launch_k<T, VEC, 4>(p, stream);
-    case 8: return launch_k<T, VEC, 8>(p, stream);
-    case 16: return launch_k<T, VEC, 16>(p, stream);
+    case 1: return launch_k<T, VEC, 1>(p, pdl, stream);
+    case 2: return launch_k<T, VEC, 2>(p, pdl, stream);
+    case 4: return launch_k<T, VEC, 4>(p, pdl, stream);
+    case 8: return launch_k<T, VEC, 8>(p, pdl, stream);
+    case 16: return launch_k<T, VEC, 16>(p, pdl, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -236,11 +238,15 @@ template <class T>
 cudaError_t dense_lm_head(const DenseHeadParams& p, cudaStream_t stream) {
   if (p.T <= 0) return cudaSuccess;
   if (p.V <= 0 || p.Hd < 0 || p.num_ctas <= 0 || p.k < 1 || p.k > kMaxDenseHeadK) return cudaErrorInvalidValue;
+  if (p.dense == nullptr && p.partial == nullptr) return cudaErrorInvalidValue;
+  DeviceInfo dev;
+  const cudaError_t err = device_info(&dev);
+  if (err != cudaSuccess) return err;
   const int K = p.dense != nullptr ? 1 : dense_head_list_size(p.k);
   constexpr int V = kVec16<T>;
   const bool vec = p.Hd % V == 0 && p.hidden_stride % V == 0 && p.head_stride % V == 0 && host_aligned16(p.hidden) &&
                    host_aligned16(p.lm_head);
-  return vec ? dense_head::launch_vec<T, V>(p, K, stream) : dense_head::launch_vec<T, 1>(p, K, stream);
+  return vec ? dense_head::launch_vec<T, V>(p, K, dev.pdl, stream) : dense_head::launch_vec<T, 1>(p, K, dev.pdl, stream);
 }
 
 }  // namespace gemma4_mtp

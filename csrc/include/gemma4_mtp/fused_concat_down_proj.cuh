@@ -19,6 +19,7 @@
 
 #include "gemma4_mtp/common.cuh"
 #include "gemma4_mtp/down_proj_logic.h"
+#include "gemma4_mtp/launch.cuh"
 #include "gemma4_mtp/mma_gemv.cuh"
 #include "gemma4_mtp/params.h"
 #include "gemma4_mtp/plan.h"
@@ -51,6 +52,8 @@ __global__ void __launch_bounds__(kThreads, 2) kernel(DownProjParams p) {
 
   __shared__ int64_t ids[kTokens];
   __shared__ float partial[R][kTokens][kWarps];
+  griddep_wait();  // the token ids and hidden states may be the previous kernel's output
+  griddep_launch_dependents();
 
   for (int t0 = 0; t0 < p.T; t0 += kTokens) {
     const int nt = min(kTokens, p.T - t0);
@@ -139,14 +142,13 @@ __global__ void __launch_bounds__(kThreads, 2) kernel(DownProjParams p) {
 }
 
 template <class T, int VEC>
-cudaError_t launch_vec(const DownProjParams& p, int rows_per_cta, cudaStream_t stream) {
+cudaError_t launch_vec(const DownProjParams& p, int rows_per_cta, bool pdl, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ceil_div(p.Hd, rows_per_cta)));
   switch (rows_per_cta) {
-    case 4: kernel<T, VEC, 4><<<grid, kThreads, 0, stream>>>(p); break;
-    case 2: kernel<T, VEC, 2><<<grid, kThreads, 0, stream>>>(p); break;
-    default: kernel<T, VEC, 1><<<grid, kThreads, 0, stream>>>(p); break;
+    case 4: return launch(kernel<T, VEC, 4>, grid, kThreads, 0, pdl, stream, p);
+    case 2: return launch(kernel<T, VEC, 2>, grid, kThreads, 0, pdl, stream, p);
+    default: return launch(kernel<T, VEC, 1>, grid, kThreads, 0, pdl, stream, p);
   }
-  return cudaGetLastError();
 }
 
 
@@ -214,6 +216,21 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) mma_kernel(DownProjParams p
   const int t0 = blockIdx.y * kTok;
   const T* table = static_cast<const T*>(p.embed_table);
   const T* weight = static_cast<const T*>(p.weight);
+  const int K = 2 * p.Hb;
+  const int s_end = min(static_cast<int>(ceil_div(K, kMmaStepK)), (blockIdx.z + 1) * plan.steps_per_split);
+  const T* wrow[kMmaRowTiles];
+#pragma unroll
+  for (int nt = 0; nt < kMmaRowTiles; ++nt) {
+    const int n = n0 + nt * 8 + mma_b_row(lane);
+    wrow[nt] = n < p.Hd ? weight + static_cast<int64_t>(n) * p.weight_stride : nullptr;
+  }
+  {
+    const int n = n0 + (threadIdx.x & 31);
+    prefetch_weight_rows(n < p.Hd ? weight + static_cast<int64_t>(n) * p.weight_stride : nullptr,
+                         static_cast<int>(blockIdx.z) * plan.steps_per_split * kMmaStepK, min(s_end * kMmaStepK, K));
+  }
+  griddep_wait();  // the token ids and hidden states may be the previous kernel's output
+  griddep_launch_dependents();
   if (threadIdx.x < kTok) {
     const int t = t0 + threadIdx.x;
     const T* e = nullptr;
@@ -229,15 +246,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) mma_kernel(DownProjParams p
   }
   __syncthreads();
   const float scale = to_float(from_float<T>(p.embed_scale));
-  const int K = 2 * p.Hb;
-  const int s_end = min(static_cast<int>(ceil_div(K, kMmaStepK)), (blockIdx.z + 1) * plan.steps_per_split);
   const int lk = mma_lane_k(lane);
-  const T* wrow[kMmaRowTiles];
-#pragma unroll
-  for (int nt = 0; nt < kMmaRowTiles; ++nt) {
-    const int n = n0 + nt * 8 + mma_b_row(lane);
-    wrow[nt] = n < p.Hd ? weight + static_cast<int64_t>(n) * p.weight_stride : nullptr;
-  }
   float acc[MT][kMmaRowTiles][4] = {};
 
   for (int s0 = blockIdx.z * plan.steps_per_split + warp; s0 < s_end; s0 += kMmaWarps * U) {
@@ -306,16 +315,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) mma_kernel(DownProjParams p
 }
 
 template <class T>
-cudaError_t launch_mma(const DownProjParams& p, const DownProjPlan& plan, cudaStream_t stream) {
+cudaError_t launch_mma(const DownProjParams& p, const DownProjPlan& plan, bool pdl, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(plan.row_tiles), static_cast<unsigned>(plan.token_tiles),
                   static_cast<unsigned>(plan.splits));
   switch (plan.token_tiles_m16) {
-    case 1: mma_kernel<T, 1><<<grid, kMmaWarps * 32, 0, stream>>>(p, plan); break;
-    case 2: mma_kernel<T, 2><<<grid, kMmaWarps * 32, 0, stream>>>(p, plan); break;
-    case 3: mma_kernel<T, 3><<<grid, kMmaWarps * 32, 0, stream>>>(p, plan); break;
-    default: mma_kernel<T, 4><<<grid, kMmaWarps * 32, 0, stream>>>(p, plan); break;
+    case 1: return launch(mma_kernel<T, 1>, grid, kMmaWarps * 32, 0, pdl, stream, p, plan);
+    case 2: return launch(mma_kernel<T, 2>, grid, kMmaWarps * 32, 0, pdl, stream, p, plan);
+    case 3: return launch(mma_kernel<T, 3>, grid, kMmaWarps * 32, 0, pdl, stream, p, plan);
+    default: return launch(mma_kernel<T, 4>, grid, kMmaWarps * 32, 0, pdl, stream, p, plan);
   }
-  return cudaGetLastError();
 }
 
 }  // namespace down_proj
@@ -347,18 +355,21 @@ template <class T>
 cudaError_t fused_concat_down_proj(const DownProjParams& p, cudaStream_t stream) {
   if (p.T <= 0 || p.Hd <= 0) return cudaSuccess;
   if (p.Hb < 0) return cudaErrorInvalidValue;  // Hb == 0 is legal: y = 0
+  DeviceInfo dev;
+  const cudaError_t err = device_info(&dev);
+  if (err != cudaSuccess) return err;
   if (down_proj_uses_mma<T>(p)) {
     if (p.plan.splits < 1 || p.plan.steps_per_split < 1 || p.plan.row_tiles < 1 || p.plan.token_tiles < 1)
       return cudaErrorInvalidValue;
     if (p.plan.splits > 1 && (p.partials == nullptr || p.counters == nullptr)) return cudaErrorInvalidValue;
-    if constexpr (sizeof(T) == 2) return down_proj::launch_mma<T>(p, p.plan, stream);
+    if constexpr (sizeof(T) == 2) return down_proj::launch_mma<T>(p, p.plan, dev.pdl, stream);
   }
   constexpr int V = kVec16<T>;
   const bool vec = p.Hb % V == 0 && p.table_stride % V == 0 && p.hidden_stride % V == 0 &&
                    p.weight_stride % V == 0 && host_aligned16(p.embed_table) && host_aligned16(p.hidden) &&
                    host_aligned16(p.weight);
   const int rows = plan_rows_per_cta(p.Hd, device_sm_count());
-  return vec ? down_proj::launch_vec<T, V>(p, rows, stream) : down_proj::launch_vec<T, 1>(p, rows, stream);
+  return vec ? down_proj::launch_vec<T, V>(p, rows, dev.pdl, stream) : down_proj::launch_vec<T, 1>(p, rows, dev.pdl, stream);
 }
 
 }  // namespace gemma4_mtp

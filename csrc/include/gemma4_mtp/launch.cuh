@@ -39,6 +39,14 @@ inline cudaError_t device_info(DeviceInfo* out) {
   return cudaSuccess;
 }
 
+// The current device's SM count (1 when it cannot be read).
+inline int device_sm_count() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 1;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1) return 1;
+  return sms;
+}
+
 // Sets a kernel's dynamic shared memory opt-in once per device. The kernel is a template argument so
 // that each kernel has its own record: kernels of one signature share a type, and a record per type
 // would skip the opt-in of every such kernel after the first (its launch then fails).

@@ -8,6 +8,23 @@
 
 namespace gemma4_mtp {
 
+constexpr int kPrefetchLines = 4;  // 128-byte lines per thread before griddep_wait: 128 KiB per CTA
+
+// L2 prefetch of a CTA's 32 weight rows over elements [k_lo, k_hi) (thread: its row `row`, the
+// CTA's row tid % 32 or null past the weight; lines tid / 32 + 8 j), issued before griddep_wait:
+// weights are not the previous kernel's output, and a prefetch holds no register.
+template <class T>
+__device__ __forceinline__ void prefetch_weight_rows(const T* row, int k_lo, int k_hi) {
+  if (row == nullptr || k_hi <= k_lo) return;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(row + k_lo) & ~uintptr_t{127};
+  const uintptr_t hi = reinterpret_cast<uintptr_t>(row + k_hi);
+#pragma unroll
+  for (int j = 0; j < kPrefetchLines; ++j) {
+    const uintptr_t line = lo + 128 * (threadIdx.x / 32 + 8 * j);
+    if (line < hi) prefetch_l2(reinterpret_cast<const void*>(line));
+  }
+}
+
 // The lane's 16-byte B vectors of one k step: row g of each n8 tile (wrow[nt], null past the weight's
 // rows) at element k; zeros where !live.
 template <class T>

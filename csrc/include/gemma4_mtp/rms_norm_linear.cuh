@@ -50,7 +50,6 @@ namespace gemma4_mtp {
 namespace glue {
 
 constexpr int kThreads = kMmaWarps * 32;
-constexpr int kPrefetchLines = 4;  // 128-byte lines per thread before griddep_wait: 128 KiB per CTA
 
 template <class T>
 __device__ __forceinline__ float rnd(float v) {
@@ -259,21 +258,6 @@ __device__ __forceinline__ const T* weight_row(const GlueParams& p, int r) {
   return static_cast<const T*>(up ? p.up_weight : p.weight) + row * (up ? p.up_weight_stride : p.weight_stride);
 }
 
-// Step 1: L2 prefetch of the CTA's weight rows over its k range (thread: row tid % 32, lines
-// tid / 32 + 8 j), before griddep_wait: weights are not the previous kernel's output.
-template <class T, GlueKind KIND>
-__device__ __forceinline__ void prefetch_weights(const GlueParams& p, int k_lo, int k_hi) {
-  const T* base = weight_row<T, KIND>(p, threadIdx.x & 31);
-  if (base == nullptr || k_hi <= k_lo) return;
-  const uintptr_t lo = reinterpret_cast<uintptr_t>(base + k_lo) & ~uintptr_t{127};
-  const uintptr_t hi = reinterpret_cast<uintptr_t>(base + k_hi);
-#pragma unroll
-  for (int j = 0; j < kPrefetchLines; ++j) {
-    const uintptr_t line = lo + 128 * (threadIdx.x / 32 + 8 * j);
-    if (line < hi) prefetch_l2(reinterpret_cast<const void*>(line));
-  }
-}
-
 // q_norm and RoPE of one head for the live tokens of the tile, from the workspace (the rounded q_proj
 // output, written by the head's CTAs). A warp per token; lane holds elements lane + 32 i, so an
 // element's neox partner (j + D/2 mod D) sits in the same lane.
@@ -400,7 +384,7 @@ __global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) mma_kernel(GluePara
   split_range(p, s_lo, s_end);
   const int k_lo = s_lo * kMmaStepK, k_hi = s_end * kMmaStepK;
 
-  prefetch_weights<T, KIND>(p, k_lo, min(k_hi, p.H));
+  prefetch_weight_rows(weight_row<T, KIND>(p, threadIdx.x & 31), k_lo, min(k_hi, p.H));  // step 1
   griddep_wait();  // x, the residual and the norm weights may be the previous kernel's output
   griddep_launch_dependents();
 
@@ -466,7 +450,7 @@ __global__ void __launch_bounds__(kThreads, 1) scalar_kernel(GlueParams p) {
   split_range(p, s_lo, s_end);
   const int k_lo = s_lo * kMmaStepK, k_hi = min(s_end * kMmaStepK, p.H);
 
-  prefetch_weights<T, KIND>(p, k_lo, k_hi);
+  prefetch_weight_rows(weight_row<T, KIND>(p, threadIdx.x & 31), k_lo, k_hi);
   griddep_wait();
   griddep_launch_dependents();
 

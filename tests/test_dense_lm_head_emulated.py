@@ -1,0 +1,128 @@
+"""The CUDA dense_lm_head kernels run on the CPU: their own source (csrc/include/gemma4_mtp/dense_lm_head.cuh,
+launcher included) compiled with g++ against tests/cuda_emulator (threads as fibers, warp shuffles),
+under AddressSanitizer, against the fp64 oracle of cases_dense_lm_head, like the other backends.
+
+tests/cuda_emulator/dense_head_main.cpp copies the hidden states and the head into allocations of
+exactly their extent (a read past a row or a tensor is an AddressSanitizer error), poisons the outputs
+(NaN, -1) and the workspace (all-ones keys, which outrank every real key, so a list the rows kernel
+never published shows up as a wrong id), launches, checks the launches (the rows kernel, then the merge
+for top-k; programmatic dependent launch on sm_90 only) and writes the outputs back. Covered: the
+16-byte and the element-wise loads, bf16 / fp16 / fp32, one to three passes of 8 tokens, k 1-16 (lists
+of 1-16 keys), the 31B head's width on an H100's 264 CTAs, ties to the lower id, NaN ranking first,
+signed zeros, the dense output. Not covered: timing, the GPU's memory ordering:
+test_dense_lm_head_cuda.py verifies those on a GPU.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from cases_dense_lm_head import check_topk, exact_scores, make, ties_case
+from test_q_only_attention_emulated import EMU, ROOT, _compiler_flags, emulator_sources
+
+SOURCES = emulator_sources("dense_head_main.cpp")
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+
+
+@pytest.fixture(scope="module")
+def binary(request):
+    flags = _compiler_flags()
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(flags).encode()).hexdigest()[:16]
+    exe = Path(request.config.cache.mkdir("cuda_emulator")) / f"dense_head_{digest}"
+    if not exe.exists():
+        cmd = [*flags, f"-I{EMU}", f"-I{ROOT / 'csrc' / 'include'}", str(EMU / "dense_head_main.cpp"), "-o", str(exe)]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+        assert run.returncode == 0, run.stderr[-4000:]
+    return exe
+
+
+class Emulated:
+    """dense_lm_head(hidden, lm_head, k) (top-k) or .dense(hidden, lm_head) run by the emulator; row
+    strides and the hidden states' offset travel as they are."""
+
+    def __init__(self, binary, tmp_path, *, sms=8, major=9):
+        self.binary, self.dir, self.settings = binary, tmp_path, f"sms={sms} major={major}"
+
+    def _run(self, hidden, lm_head, k, dense):
+        d = self.dir
+        for name, t in (("hidden", hidden), ("lm_head", lm_head)):
+            (d / f"{name}.bin").write_bytes(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        (T, Hd), V = hidden.shape, lm_head.shape[0]
+        cmd = (f"dir={d} dtype={DTYPE_NAMES[hidden.dtype]} T={T} Hd={Hd} V={V} k={k} dense={int(dense)} "
+               f"hs={hidden.stride(0)} ws={lm_head.stride(0)} ho={hidden.storage_offset()} {self.settings}")
+        env = dict(os.environ, ASAN_OPTIONS="detect_stack_use_after_return=0:detect_leaks=0")
+        run = subprocess.run([str(self.binary), *cmd.split()], capture_output=True, text=True, env=env, timeout=1200)
+        lines = run.stdout.strip().splitlines()
+        last = lines[-1] if lines else ""
+        assert run.returncode == 0 and last.startswith("OK"), f"{cmd}\n{last}\n{run.stderr[-3000:]}"
+
+    def _read(self, name, dtype, shape):
+        raw = torch.frombuffer(bytearray((self.dir / f"{name}.bin").read_bytes()), dtype=torch.uint8)
+        return raw.view(dtype).reshape(shape)
+
+    def __call__(self, hidden, lm_head, k):
+        self._run(hidden, lm_head, k, dense=False)
+        T = hidden.shape[0]
+        return self._read("ids", torch.int64, (T, k)), self._read("logits", torch.float32, (T, k))
+
+    def dense(self, hidden, lm_head):
+        self._run(hidden, lm_head, 1, dense=True)
+        return self._read("dense", torch.float32, (hidden.shape[0], lm_head.shape[0]))
+
+
+@pytest.mark.parametrize("T,k", [(1, 1), (3, 2), (8, 5), (9, 16), (19, 4)])  # 19: three passes of 8 tokens
+def test_top_k_at_the_31b_width(binary, tmp_path, T, k):
+    """The 26B / 31B head's width (1024) over 3000 rows on an H100's 132 SMs (188 CTAs of 16 rows: one
+    row pair per warp), lists of 1 to 16 keys."""
+    hidden, lm_head = make(T, 1024, 3000, torch.bfloat16, torch.Generator().manual_seed(T * 31 + k))
+    check_topk(hidden, lm_head, k, "cuda (emulated)", what=f"T={T} k={k}", call=Emulated(binary, tmp_path, sms=132))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_dtypes_and_unaligned_rows(binary, tmp_path, dtype):
+    call = Emulated(binary, tmp_path)
+    hidden, lm_head = make(4, 100, 3000, dtype, torch.Generator().manual_seed(1))  # 100: no 16-byte vectors
+    check_topk(hidden, lm_head, 3, "cuda (emulated)", what=f"{dtype} Hd=100", call=call)
+    hidden, lm_head = make(4, 256, 3000, dtype, torch.Generator().manual_seed(2))
+    check_topk(hidden, lm_head, 3, "cuda (emulated)", what=f"{dtype} Hd=256", call=call)
+
+
+def test_strided_and_shifted_rows(binary, tmp_path):
+    """Row strides the op accepts (views into wider storage) and hidden states one element into their
+    storage: the element-wise loads, never a read past a row."""
+    hidden, lm_head = make(3, 64, 2000, torch.bfloat16, torch.Generator().manual_seed(3))
+    wide_head = torch.cat([lm_head, lm_head[:, :8]], dim=1)[:, :64]
+    shifted = torch.cat([hidden.new_zeros(1), hidden.reshape(-1)])[1:].view(3, 64)
+    check_topk(shifted, wide_head, 4, "cuda (emulated)", what="strided", call=Emulated(binary, tmp_path))
+
+
+def test_ties_nan_and_signed_zeros(binary, tmp_path):
+    call = Emulated(binary, tmp_path)
+    hidden, lm_head, order = ties_case(torch.bfloat16)
+    ids, _ = call(hidden, lm_head, 4)
+    assert ids[0].tolist() == order
+    lm_head = torch.zeros(3000, 8)
+    lm_head[2500] = float("nan")
+    lm_head[2] = -1.0
+    hidden = torch.tensor([[0.0] * 7 + [-0.0]])
+    ids, vals = call(hidden, lm_head, 3)
+    assert ids[0].tolist() == [2500, 0, 1] and torch.isnan(vals[0, 0]) and vals[0, 1:].tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("T", [1, 9])
+def test_dense_output(binary, tmp_path, T):
+    hidden, lm_head = make(T, 256, 3000, torch.bfloat16, torch.Generator().manual_seed(T))
+    got = Emulated(binary, tmp_path, sms=16).dense(hidden, lm_head)
+    exact, bound = exact_scores(hidden, lm_head)
+    assert not torch.isnan(got).any()
+    assert bool(((got.double() - exact).abs() <= bound).all())
+
+
+def test_a100_launches_without_programmatic_dependent_launch(binary, tmp_path):
+    hidden, lm_head = make(2, 128, 1000, torch.bfloat16, torch.Generator().manual_seed(4))
+    check_topk(hidden, lm_head, 2, "cuda (emulated)", what="sm80", call=Emulated(binary, tmp_path, major=8))
