@@ -34,7 +34,7 @@ EMU = ROOT / "tests" / "cuda_emulator"
 def emulator_sources(main: str) -> list[Path]:
     """What an emulator build of `main` compiles (the key of its cached binary): the emulation, the
     driver and every kernel header, so that no edit of an included header reuses a stale binary."""
-    return [EMU / "emu.h", EMU / "io.h", EMU / "gemma4_mtp" / "common.cuh", EMU / main,
+    return [EMU / "emu.h", EMU / "io.h", EMU / "gemma4_mtp" / "common.cuh", EMU / "cuda" / "atomic", EMU / main,
             *sorted((ROOT / "csrc" / "include" / "gemma4_mtp").iterdir())]
 
 

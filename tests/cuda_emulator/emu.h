@@ -368,6 +368,23 @@ V shfl_xor_impl(V v, int lane_mask, int width) {
   std::memcpy(&out, &buf[from][0], sizeof(V));
   return out;
 }
+// __shfl_up_sync: lane l reads lane l - delta of its width-lane segment, or keeps its own value below it.
+template <class V>
+V shfl_up_impl(V v, unsigned delta, int width) {
+  static_assert(sizeof(V) <= 8, "shuffled values are words");
+  uint64_t mine = 0;
+  std::memcpy(&mine, &v, sizeof(V));
+  const auto buf = emu::exchange(&mine, 1);
+  const int lane = emu::lane();
+  const int seg = lane / width * width;
+  const int from = lane - static_cast<int>(delta) >= seg ? lane - static_cast<int>(delta) : lane;
+  V out;
+  std::memcpy(&out, &buf[from][0], sizeof(V));
+  return out;
+}
+inline float __shfl_up_sync(unsigned, float v, unsigned delta, int width = 32) { return shfl_up_impl(v, delta, width); }
+inline int __shfl_up_sync(unsigned, int v, unsigned delta, int width = 32) { return shfl_up_impl(v, delta, width); }
+inline double __shfl_up_sync(unsigned, double v, unsigned delta, int width = 32) { return shfl_up_impl(v, delta, width); }
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask, int width = 32) { return shfl_xor_impl(v, lane_mask, width); }
 inline int __shfl_xor_sync(unsigned, int v, int lane_mask, int width = 32) { return shfl_xor_impl(v, lane_mask, width); }
 inline double __shfl_xor_sync(unsigned, double v, int lane_mask, int width = 32) { return shfl_xor_impl(v, lane_mask, width); }
@@ -384,6 +401,15 @@ inline int atomicAdd(int* p, int v) {
   return old;
 }
 inline void __threadfence() {}
+inline unsigned atomicInc(unsigned* p, unsigned limit) {
+  const unsigned old = *p;
+  *p = old >= limit ? 0u : old + 1u;
+  return old;
+}
+// A thread that sleeps in a spin loop waits for another block or thread to change a value, which can
+// never happen here (blocks run one after another, threads switch only in barriers and collectives):
+// on a GPU the same wait would be a wait for a block that has not started (or a deadlock).
+inline void __nanosleep(unsigned) { emu::fail("a thread spins on a value no block that ran before it will change"); }
 
 // ---- kernel launch ----
 inline cudaError_t cudaGetDevice(int* d) {

@@ -39,6 +39,7 @@
 #include <type_traits>
 
 #include "gemma4_mtp/common.cuh"
+#include "gemma4_mtp/launch.cuh"
 #include "gemma4_mtp/params.h"
 #include "gemma4_mtp/tree_logic.h"
 
@@ -746,24 +747,15 @@ cudaError_t tree_verify(const TreeVerifyParams& p, cudaStream_t stream) {
   const tree::Scratch s = tree::carve_scratch(p.workspace, rows, p.granules);
   const unsigned grid = static_cast<unsigned>(items);
   constexpr int kV = kVec16<T>;
-  auto launch = [&](auto q_tag) {
+  auto run = [&](auto q_tag) {
     using Q = typename decltype(q_tag)::type;
-    if (vec) {
-      tree::kernel<T, Q, kV><<<grid, tree::kThreads, 0, stream>>>(p, cnt, s);
-    } else {
-      tree::kernel<T, Q, 1><<<grid, tree::kThreads, 0, stream>>>(p, cnt, s);
-    }
+    return vec ? launch(tree::kernel<T, Q, kV>, dim3(grid), tree::kThreads, 0, false, stream, p, cnt, s)
+               : launch(tree::kernel<T, Q, 1>, dim3(grid), tree::kThreads, 0, false, stream, p, cnt, s);
   };
-  if (p.temperature == nullptr) {
-    launch(tree::Tag<tree::GreedyOnly>{});
-  } else if (p.draft_probs == nullptr) {
-    launch(tree::Tag<void>{});
-  } else if (p.draft_probs_fp32 || std::is_same_v<T, float>) {
-    launch(tree::Tag<float>{});
-  } else {
-    launch(tree::Tag<T>{});
-  }
-  return cudaGetLastError();
+  if (p.temperature == nullptr) return run(tree::Tag<tree::GreedyOnly>{});
+  if (p.draft_probs == nullptr) return run(tree::Tag<void>{});
+  if (p.draft_probs_fp32 || std::is_same_v<T, float>) return run(tree::Tag<float>{});
+  return run(tree::Tag<T>{});
 }
 
 }  // namespace gemma4_mtp

@@ -95,6 +95,11 @@ inline float warp_sum(float x) {
   return x;
 }
 
+inline double warp_sum(double x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
 template <int HALF>
 inline void transpose_sum_step(float* v, int lane) {
   const bool upper = lane & HALF;
