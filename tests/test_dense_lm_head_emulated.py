@@ -14,31 +14,16 @@ test_dense_lm_head_cuda.py verifies those on a GPU.
 """
 from __future__ import annotations
 
-import hashlib
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
 import torch
 
+import emulated
 from cases_dense_lm_head import check_topk, exact_scores, make, ties_case
-from test_q_only_attention_emulated import EMU, ROOT, _compiler_flags, emulator_sources
-
-SOURCES = emulator_sources("dense_head_main.cpp")
-DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
 
 @pytest.fixture(scope="module")
 def binary(request):
-    flags = _compiler_flags()
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(flags).encode()).hexdigest()[:16]
-    exe = Path(request.config.cache.mkdir("cuda_emulator")) / f"dense_head_{digest}"
-    if not exe.exists():
-        cmd = [*flags, f"-I{EMU}", f"-I{ROOT / 'csrc' / 'include'}", str(EMU / "dense_head_main.cpp"), "-o", str(exe)]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-        assert run.returncode == 0, run.stderr[-4000:]
-    return exe
+    return emulated.build(request, "dense_head_main.cpp", "dense_head")
 
 
 class Emulated:
@@ -50,20 +35,15 @@ class Emulated:
 
     def _run(self, hidden, lm_head, k, dense):
         d = self.dir
-        for name, t in (("hidden", hidden), ("lm_head", lm_head)):
-            (d / f"{name}.bin").write_bytes(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        emulated.write(d / "hidden.bin", hidden)
+        emulated.write(d / "lm_head.bin", lm_head)
         (T, Hd), V = hidden.shape, lm_head.shape[0]
-        cmd = (f"dir={d} dtype={DTYPE_NAMES[hidden.dtype]} T={T} Hd={Hd} V={V} k={k} dense={int(dense)} "
-               f"hs={hidden.stride(0)} ws={lm_head.stride(0)} ho={hidden.storage_offset()} {self.settings}")
-        env = dict(os.environ, ASAN_OPTIONS="detect_stack_use_after_return=0:detect_leaks=0")
-        run = subprocess.run([str(self.binary), *cmd.split()], capture_output=True, text=True, env=env, timeout=1200)
-        lines = run.stdout.strip().splitlines()
-        last = lines[-1] if lines else ""
-        assert run.returncode == 0 and last.startswith("OK"), f"{cmd}\n{last}\n{run.stderr[-3000:]}"
+        emulated.run(self.binary, f"dir={d} dtype={emulated.DTYPE_NAMES[hidden.dtype]} T={T} Hd={Hd} V={V} k={k} "
+                                  f"dense={int(dense)} hs={hidden.stride(0)} ws={lm_head.stride(0)} "
+                                  f"ho={hidden.storage_offset()} {self.settings}")
 
     def _read(self, name, dtype, shape):
-        raw = torch.frombuffer(bytearray((self.dir / f"{name}.bin").read_bytes()), dtype=torch.uint8)
-        return raw.view(dtype).reshape(shape)
+        return emulated.read(self.dir / f"{name}.bin", dtype, shape)
 
     def __call__(self, hidden, lm_head, k):
         self._run(hidden, lm_head, k, dense=False)

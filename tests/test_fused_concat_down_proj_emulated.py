@@ -16,37 +16,19 @@ verifies those on a GPU.
 """
 from __future__ import annotations
 
-import hashlib
 import math
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
+import emulated
 from cases_fused_concat_down_proj import check_backend, make_inputs
 from helpers import DRAFTERS
-from test_q_only_attention_emulated import EMU, ROOT, _compiler_flags, emulator_sources
-
-SOURCES = emulator_sources("down_proj_main.cpp")
-DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
 
 @pytest.fixture(scope="module")
 def binary(request):
-    flags = _compiler_flags()
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(flags).encode()).hexdigest()[:16]
-    exe = Path(request.config.cache.mkdir("cuda_emulator")) / f"down_proj_{digest}"
-    if not exe.exists():
-        cmd = [*flags, f"-I{EMU}", f"-I{ROOT / 'csrc' / 'include'}", str(EMU / "down_proj_main.cpp"), "-o", str(exe)]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-        assert run.returncode == 0, run.stderr[-4000:]
-    return exe
-
-
-def _write(path: Path, t: torch.Tensor) -> None:
-    path.write_bytes(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return emulated.build(request, "down_proj_main.cpp", "down_proj")
 
 
 class Emulated:
@@ -62,19 +44,13 @@ class Emulated:
     def __call__(self, token_ids, embed_table, hidden, weight, *, embed_scale, out):
         d = self.dir
         for name, t in dict(token_ids=token_ids, embed_table=embed_table, hidden=hidden, weight=weight).items():
-            _write(d / f"{name}.bin", t)
+            emulated.write(d / f"{name}.bin", t)
         (T, Hb), (Hd, V) = hidden.shape, (weight.shape[0], embed_table.shape[0])
-        cmd = (f"dir={d} dtype={DTYPE_NAMES[hidden.dtype]} T={T} Hb={Hb} Hd={Hd} V={V} "
+        cmd = (f"dir={d} dtype={emulated.DTYPE_NAMES[hidden.dtype]} T={T} Hb={Hb} Hd={Hd} V={V} "
                f"ids64={int(token_ids.dtype == torch.int64)} ts={embed_table.stride(0)} hs={hidden.stride(0)} "
                f"ho={hidden.storage_offset()} scale={embed_scale!r} {self.settings}")
-        env = dict(os.environ, ASAN_OPTIONS="detect_stack_use_after_return=0:detect_leaks=0")
-        run = subprocess.run([str(self.binary), *cmd.split()], capture_output=True, text=True, env=env, timeout=1200)
-        lines = run.stdout.strip().splitlines()
-        last = lines[-1] if lines else ""
-        assert run.returncode == 0 and last.startswith("OK"), f"{cmd}\n{last}\n{run.stderr[-3000:]}"
-        self.last = dict(kv.split("=", 1) for kv in last.split()[1:])
-        raw = torch.frombuffer(bytearray((d / "out.bin").read_bytes()), dtype=torch.uint8)
-        out.copy_(raw.view(out.dtype).reshape(out.shape))
+        self.last = emulated.run(self.binary, cmd)
+        out.copy_(emulated.read(d / "out.bin", out.dtype, out.shape))
         return out
 
 

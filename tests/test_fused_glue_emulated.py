@@ -16,42 +16,19 @@ kernel does): the GPU suite (test_fused_glue_cuda.py) verifies those.
 """
 from __future__ import annotations
 
-import hashlib
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
 import torch
 
+import emulated
 from cases_fused_glue import DTYPES, PROLOGUES, check_glue
 from helpers import DRAFTERS
-from test_q_only_attention_emulated import EMU, ROOT, _compiler_flags, emulator_sources
 
-SOURCES = emulator_sources("glue_main.cpp")
 OPS = {"rms_norm_linear": "linear", "rms_norm_gate_up": "gate_up", "rms_norm_q_rope": "q_rope"}
-DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
 
 @pytest.fixture(scope="module")
 def binary(request):
-    flags = _compiler_flags()
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(flags).encode()).hexdigest()[:16]
-    exe = Path(request.config.cache.mkdir("cuda_emulator")) / f"glue_{digest}"
-    if not exe.exists():
-        cmd = [*flags, f"-I{EMU}", f"-I{ROOT / 'csrc' / 'include'}", str(EMU / "glue_main.cpp"), "-o", str(exe)]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-        assert run.returncode == 0, run.stderr[-4000:]
-    return exe
-
-
-def _write(path: Path, t: torch.Tensor) -> None:
-    path.write_bytes(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-
-
-def _read(path: Path, like: torch.Tensor) -> torch.Tensor:
-    raw = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)
-    return raw.view(like.dtype).reshape(like.shape)
+    return emulated.build(request, "glue_main.cpp", "glue")
 
 
 class Emulated:
@@ -80,24 +57,19 @@ class Emulated:
                      f"pos64={int(positions.dtype == torch.int64)}")
         for name, t in tensors.items():
             if t is not None:
-                _write(d / f"{name}.bin", t)
+                emulated.write(d / f"{name}.bin", t)
         N = args[0].shape[0]
         flags = (f"res={int(residual is not None)} scale={int(layer_scalar is not None)} "
                  f"norm={int(norm_weight is not None)} rout={int(residual_out is not None)} "
                  f"nout={int(normed_out is not None)} xs={x.stride(0)} xo={x.storage_offset()} "
                  f"rs={residual.stride(0) if residual is not None else H}")
-        cmd = (f"dir={d} op={OPS[self.op]} dtype={DTYPE_NAMES[x.dtype]} T={T} H={H} N={N} eps={eps!r} "
+        cmd = (f"dir={d} op={OPS[self.op]} dtype={emulated.DTYPE_NAMES[x.dtype]} T={T} H={H} N={N} eps={eps!r} "
                f"{flags} {extra} {self.settings}")
-        env = dict(os.environ, ASAN_OPTIONS="detect_stack_use_after_return=0:detect_leaks=0")
-        run = subprocess.run([str(self.binary), *cmd.split()], capture_output=True, text=True, env=env, timeout=1200)
-        lines = run.stdout.strip().splitlines()
-        last = lines[-1] if lines else ""
-        assert run.returncode == 0 and last.startswith("OK"), f"{cmd}\n{last}\n{run.stderr[-3000:]}"
-        self.last = dict(kv.split("=", 1) for kv in last.split()[1:])
-        out.copy_(_read(d / "out.bin", out))
+        self.last = emulated.run(self.binary, cmd)
+        out.copy_(emulated.read(d / "out.bin", out.dtype, out.shape))
         for name, buf in (("residual_out", residual_out), ("normed_out", normed_out)):
             if buf is not None:
-                buf.copy_(_read(d / f"{name}.bin", buf))
+                buf.copy_(emulated.read(d / f"{name}.bin", buf.dtype, buf.shape))
         return out
 
 

@@ -17,71 +17,25 @@ is what verifies the kernel.
 """
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
-import subprocess
-from pathlib import Path
-
 import pytest
 
+import emulated
 from helpers import DRAFTERS
 
-ROOT = Path(__file__).resolve().parents[1]
-EMU = ROOT / "tests" / "cuda_emulator"
-
-
-def emulator_sources(main: str) -> list[Path]:
-    """What an emulator build of `main` compiles (the key of its cached binary): the emulation, the
-    driver and every kernel header, so that no edit of an included header reuses a stale binary."""
-    return [EMU / "emu.h", EMU / "io.h", EMU / "gemma4_mtp" / "common.cuh", EMU / "cuda" / "atomic", EMU / main,
-            *sorted((ROOT / "csrc" / "include" / "gemma4_mtp").iterdir())]
-
-
-SOURCES = emulator_sources("attention_main.cpp")
 H100 = "smem=232448 major=9"  # opt-in shared memory per block of an H100 / H200: 5-6 stages
 A100 = "smem=166912 major=8"  # an A100: 3-4 stages, no programmatic dependent launch
 TIGHT = "smem=122000 major=9"  # room for 3 stages only at 16 rows, any D (the least the kernel runs with)
 
 
-def _compiler_flags() -> list[str]:
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("g++ not found")
-    probe = subprocess.run([gxx, "-fsanitize=address", "-x", "c++", "-", "-o", os.devnull],
-                           input="int main() { return 0; }", capture_output=True, text=True)
-    asan = ["-fsanitize=address", "-fno-omit-frame-pointer"] if probe.returncode == 0 else []
-    # the kernels' source as host C++: an implicit float -> integer conversion is an error (a float score
-    # passed where order bits were expected once ranked every token of the dense head by its integer part)
-    return [gxx, "-std=c++20", "-O1", "-Werror=float-conversion", *asan]
-
-
 @pytest.fixture(scope="module")
 def binaries(request):
-    """Emulator builds of the sm_90 (bulk copy) and sm_80 (cp.async) paths, cached by source hash."""
-    flags = _compiler_flags()
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(flags).encode()).hexdigest()[:16]
-    cache = Path(request.config.cache.mkdir("cuda_emulator"))
-    out = {}
-    for path, bulk in (("sm90", 1), ("sm80", 0)):
-        exe = cache / f"attention_{path}_{digest}"
-        if not exe.exists():
-            cmd = [*flags, f"-DEMU_BULK={bulk}", f"-I{EMU}", f"-I{ROOT / 'csrc' / 'include'}",
-                   str(EMU / "attention_main.cpp"), "-o", str(exe)]
-            run = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-            assert run.returncode == 0, run.stderr[-4000:]
-        out[path] = exe
-    return out
+    """Emulator builds of the sm_90 (bulk copy) and sm_80 (cp.async) paths."""
+    return {path: emulated.build(request, "attention_main.cpp", f"attention_{path}", (f"-DEMU_BULK={bulk}",))
+            for path, bulk in (("sm90", 1), ("sm80", 0))}
 
 
 def emulate(binaries, path: str, case: str) -> dict:
-    env = dict(os.environ, ASAN_OPTIONS="detect_stack_use_after_return=0:detect_leaks=0")
-    run = subprocess.run([str(binaries[path]), *case.split()], capture_output=True, text=True, env=env, timeout=1200)
-    lines = run.stdout.strip().splitlines()
-    last = lines[-1] if lines else ""
-    assert run.returncode == 0 and last.startswith("OK"), (
-        f"{path} {case}\n{last}\n{run.stderr[-3000:]}")
-    return dict(kv.split("=", 1) for kv in last.split()[1:] if "=" in kv)
+    return emulated.run(binaries[path], case)
 
 
 PATHS = [("sm90", H100), ("sm80", A100)]

@@ -17,73 +17,46 @@ verifies those on a GPU.
 """
 from __future__ import annotations
 
-import hashlib
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
+import emulated
 from cases_tree_verify import (assert_matches_reference, bench_like_chains, cdf_boundary_case, draft_probs_chains_case,
                                drafts_following, logits_for, random_tree, sampling_trees_case)
 from gemma4_mtp_kernels import tree_verify
 from gemma4_mtp_kernels._types import VerifyResult
-from test_q_only_attention_emulated import EMU, ROOT, _compiler_flags, emulator_sources
-
-SOURCES = emulator_sources("tree_main.cpp")
-DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
 
 @pytest.fixture(scope="module")
 def binary(request):
-    flags = _compiler_flags()
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(flags).encode()).hexdigest()[:16]
-    exe = Path(request.config.cache.mkdir("cuda_emulator")) / f"tree_{digest}"
-    if not exe.exists():
-        cmd = [*flags, f"-I{EMU}", f"-I{ROOT / 'csrc' / 'include'}", str(EMU / "tree_main.cpp"), "-o", str(exe)]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-        assert run.returncode == 0, run.stderr[-4000:]
-    return exe
+    return emulated.build(request, "tree_main.cpp", "tree")
 
 
-def _write(path: Path, t: torch.Tensor) -> None:
-    path.write_bytes(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-
-
-def _read(path: Path, dtype, shape) -> torch.Tensor:
-    return torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8).view(dtype).reshape(shape)
-
-
-def emulated(binary, d: Path, draft_tokens, parents, logits, *, temperature=None, uniforms=None, draft_probs=None,
+def run_emulated(binary, d: Path, draft_tokens, parents, logits, *, temperature=None, uniforms=None, draft_probs=None,
              sms=8, pad=0) -> tuple[VerifyResult, dict]:
     """tree_verify on the emulator; `pad`: the logits' rows sit `pad` NaN elements apart (a strided
     [B, N, V] view whose gaps a kernel must never read)."""
     B, N, V = logits.shape
-    _write(d / "draft_tokens.bin", draft_tokens)
-    _write(d / "parents.bin", parents)
-    _write(d / "logits.bin", logits)
+    for name, t in (("draft_tokens", draft_tokens), ("parents", parents), ("logits", logits)):
+        emulated.write(d / f"{name}.bin", t)
     flags = f"ls={V + pad} sample={int(temperature is not None)} draft={int(draft_probs is not None)}"
     if temperature is not None:
-        _write(d / "temperature.bin", temperature.float())
-        _write(d / "uniforms.bin", uniforms.float())
+        emulated.write(d / "temperature.bin", temperature.float())
+        emulated.write(d / "uniforms.bin", uniforms.float())
     if draft_probs is not None:
-        _write(d / "draft_probs.bin", draft_probs)
+        emulated.write(d / "draft_probs.bin", draft_probs)
         flags += f" qf32={int(draft_probs.dtype == torch.float32)}"
-    cmd = (f"dir={d} dtype={DTYPE_NAMES[logits.dtype]} B={B} N={N} V={V} "
-           f"ids64={int(draft_tokens.dtype == torch.int64)} {flags} sms={sms}")
-    env = dict(os.environ, ASAN_OPTIONS="detect_stack_use_after_return=0:detect_leaks=0")
-    run = subprocess.run([str(binary), *cmd.split()], capture_output=True, text=True, env=env, timeout=1200)
-    lines = run.stdout.strip().splitlines()
-    last = lines[-1] if lines else ""
-    assert run.returncode == 0 and last.startswith("OK"), f"{cmd}\n{last}\n{run.stderr[-3000:]}"
-    got = VerifyResult(_read(d / "accept_len.bin", torch.int32, (B,)), _read(d / "accepted_nodes.bin", torch.int32, (B, N)),
-                       _read(d / "output_tokens.bin", torch.int64, (B, N)), _read(d / "last_node.bin", torch.int32, (B,)))
-    return got, dict(kv.split("=", 1) for kv in last.split()[1:])
-
+    plan = emulated.run(binary, f"dir={d} dtype={emulated.DTYPE_NAMES[logits.dtype]} B={B} N={N} V={V} "
+                                f"ids64={int(draft_tokens.dtype == torch.int64)} {flags} sms={sms}")
+    read = emulated.read
+    got = VerifyResult(read(d / "accept_len.bin", torch.int32, (B,)), read(d / "accepted_nodes.bin", torch.int32, (B, N)),
+                       read(d / "output_tokens.bin", torch.int64, (B, N)), read(d / "last_node.bin", torch.int32, (B,)))
+    return got, plan
 
 def check(binary, tmp_path, draft_tokens, parents, logits, *, sms=8, pad=0, **kw):
-    got, plan = emulated(binary, tmp_path, draft_tokens, parents, logits, sms=sms, pad=pad, **kw)
+    got, plan = run_emulated(binary, tmp_path, draft_tokens, parents, logits, sms=sms, pad=pad, **kw)
     ref = tree_verify(draft_tokens, parents, logits, backend="torch", **kw)
     assert_matches_reference(got, ref, draft_tokens, parents, logits, **kw)
     return got, ref, plan

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "emu.h"
+#include "io.h"
 #include "gemma4_mtp/q_only_attention.cuh"
 
 using namespace gemma4_mtp;
@@ -186,12 +187,8 @@ int run(const Args& a) {
   std::vector<float> ws(attention::workspace_floats(B, a.Q, a.Hq, D, p.num_splits), NAN);
   p.workspace = ws.empty() ? nullptr : ws.data();
 
-  emu::devices().push_back({a.smem, a.major});
-  emu::current_device() = 0;
+  emu_io::use_device(a.smem, a.major, a.sms, a.schedule);
   emu::late_copies() = a.copies == "late";
-  emu::schedule() = a.schedule == "ahead" ? emu::Schedule::kWarpAhead
-                    : a.schedule == "behind" ? emu::Schedule::kWarpBehind
-                                             : emu::Schedule::kRoundRobin;
   const cudaError_t err = q_only_paged_attention<T>(p, nullptr);
   if (a.expect == "refused") {
     const bool ok = err == cudaErrorInvalidConfiguration && emu::launch_log().empty();
@@ -292,8 +289,5 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  if (a.dtype == "bf16") return run<__nv_bfloat16>(a);
-  if (a.dtype == "f16") return run<__half>(a);
-  if (a.dtype == "f32") return run<float>(a);
-  emu::fail("dtype must be bf16, f16 or f32");
+  return emu_io::with_dtype(a.dtype, [&](auto tag) { return run<decltype(tag)>(a); });
 }

@@ -25,16 +25,15 @@ using namespace emu_io;
 namespace {
 
 template <class T>
-int run(std::map<std::string, std::string>& a) {
+int run(Args& a) {
   const int64_t E = sizeof(T);
-  auto num = [&](const char* k, int64_t dflt) { return a.count(k) ? std::stoll(a[k]) : dflt; };
   const std::string dir = a["dir"];
-  const int T_ = static_cast<int>(num("T", 1)), Hd = static_cast<int>(num("Hd", 0)), V = static_cast<int>(num("V", 1));
-  const int k = static_cast<int>(num("k", 1));
-  const bool dense = num("dense", 0);
-  const int64_t hs = num("hs", Hd), ws = num("ws", Hd);
+  const int T_ = static_cast<int>(a.num("T", 1)), Hd = static_cast<int>(a.num("Hd", 0)), V = static_cast<int>(a.num("V", 1));
+  const int k = static_cast<int>(a.num("k", 1));
+  const bool dense = a.num("dense", 0);
+  const int64_t hs = a.num("hs", Hd), ws = a.num("ws", Hd);
 
-  Buffer hidden = load(dir, "hidden", T_, Hd, hs, E, num("ho", 0));
+  Buffer hidden = load(dir, "hidden", T_, Hd, hs, E, a.num("ho", 0));
   Buffer head = load(dir, "lm_head", V, Hd, ws, E);
   Buffer ids = strided(T_, dense ? 0 : k, dense ? 0 : k, 8), logits = strided(T_, dense ? 0 : k, dense ? 0 : k, 4);
   Buffer full = strided(dense ? T_ : 0, V, V, 4);
@@ -52,29 +51,14 @@ int run(std::map<std::string, std::string>& a) {
   p.dense_stride = V;
   p.out_ids = dense ? nullptr : static_cast<int64_t*>(ids.data());
   p.out_logits = dense ? nullptr : static_cast<float*>(logits.data());
-  const int sms = static_cast<int>(num("sms", 8)), major = static_cast<int>(num("major", 9));
+  const int sms = static_cast<int>(a.num("sms", 8)), major = static_cast<int>(a.num("major", 9));
   p.num_ctas = dense_head_ctas(V, sms);
   std::vector<unsigned char> partial(static_cast<size_t>(dense_head_workspace_bytes(p)), 0xFF);
   p.partial = partial.empty() ? nullptr : reinterpret_cast<uint64_t*>(partial.data());
 
-  emu::devices().push_back({232448, major, sms});
-  emu::current_device() = 0;
-  const cudaError_t err = dense_lm_head<T>(p, nullptr);
-  if (err != cudaSuccess) {
-    std::printf("FAIL launcher returned %d\n", err);
-    return 1;
-  }
+  use_device(232448, major, sms, "rr");
+  if (!launched_as_expected(dense_lm_head<T>(p, nullptr), dense ? 1 : 2, major >= 9, {})) return 1;
   const auto& log = emu::launch_log();
-  const size_t launches = dense ? 1 : 2;
-  if (log.size() != launches) {
-    std::printf("FAIL %zu launches, expected %zu\n", log.size(), launches);
-    return 1;
-  }
-  for (const auto& l : log)
-    if (l.pdl != (major >= 9)) {
-      std::printf("FAIL programmatic dependent launch %d on a major-%d device\n", l.pdl, major);
-      return 1;
-    }
   if (dense) {
     store(dir, "dense", full);
   } else {
@@ -89,8 +73,5 @@ int run(std::map<std::string, std::string>& a) {
 
 int main(int argc, char** argv) {
   auto a = parse(argc, argv);
-  if (a["dtype"] == "bf16") return run<__nv_bfloat16>(a);
-  if (a["dtype"] == "f16") return run<__half>(a);
-  if (a["dtype"] == "f32") return run<float>(a);
-  emu::fail("dtype must be bf16, f16 or f32");
+  return with_dtype(a["dtype"], [&](auto tag) { return run<decltype(tag)>(a); });
 }

@@ -23,17 +23,17 @@ using namespace emu_io;
 namespace {
 
 template <class T>
-int run(std::map<std::string, std::string>& a) {
+int run(Args& a) {
   const int64_t E = sizeof(T);
-  auto num = [&](const char* k, int64_t dflt) { return a.count(k) ? std::stoll(a[k]) : dflt; };
   const std::string dir = a["dir"];
-  const int T_ = static_cast<int>(num("T", 1)), Hb = static_cast<int>(num("Hb", 0)), Hd = static_cast<int>(num("Hd", 0));
-  const int64_t V = num("V", 1), ts = num("ts", Hb), hs = num("hs", Hb);
-  const bool ids64 = num("ids64", 1);
+  const int T_ = static_cast<int>(a.num("T", 1)), Hb = static_cast<int>(a.num("Hb", 0));
+  const int Hd = static_cast<int>(a.num("Hd", 0));
+  const int64_t V = a.num("V", 1), ts = a.num("ts", Hb), hs = a.num("hs", Hb);
+  const bool ids64 = a.num("ids64", 1);
 
   Buffer ids = load(dir, "token_ids", 1, T_, T_, ids64 ? 8 : 4);
   Buffer table = load(dir, "embed_table", V, Hb, ts, E);
-  Buffer hidden = load(dir, "hidden", T_, Hb, hs, E, num("ho", 0));
+  Buffer hidden = load(dir, "hidden", T_, Hb, hs, E, a.num("ho", 0));
   Buffer weight = load(dir, "weight", Hd, 2 * Hb, 2 * Hb, E);
   Buffer out = strided(T_, Hd, Hd, E);
 
@@ -54,12 +54,8 @@ int run(std::map<std::string, std::string>& a) {
   p.Hd = Hd;
   p.embed_scale = std::stof(a["scale"]);
 
-  const int sms = static_cast<int>(num("sms", 8)), major = static_cast<int>(num("major", 9));
-  emu::devices().push_back({232448, major, sms});
-  emu::current_device() = 0;
-  emu::schedule() = a["schedule"] == "ahead" ? emu::Schedule::kWarpAhead
-                    : a["schedule"] == "behind" ? emu::Schedule::kWarpBehind
-                                                : emu::Schedule::kRoundRobin;
+  const int sms = static_cast<int>(a.num("sms", 8)), major = static_cast<int>(a.num("major", 9));
+  use_device(232448, major, sms, a["schedule"]);
   int64_t n_counters = 0;
   const int64_t part_bytes = down_proj_prepare<T>(p, sms, &n_counters);
   std::vector<float> partials(static_cast<size_t>(part_bytes / 4), NAN);
@@ -67,25 +63,8 @@ int run(std::map<std::string, std::string>& a) {
   p.partials = partials.empty() ? nullptr : partials.data();
   p.counters = counters.empty() ? nullptr : counters.data();
 
-  const cudaError_t err = fused_concat_down_proj<T>(p, nullptr);
-  if (err != cudaSuccess) {
-    std::printf("FAIL launcher returned %d\n", err);
-    return 1;
-  }
+  if (!launched_as_expected(fused_concat_down_proj<T>(p, nullptr), 1, major >= 9, counters)) return 1;
   const auto& log = emu::launch_log();
-  if (log.size() != 1) {
-    std::printf("FAIL %zu launches, expected 1\n", log.size());
-    return 1;
-  }
-  if (log[0].pdl != (major >= 9)) {
-    std::printf("FAIL programmatic dependent launch %d on a major-%d device\n", log[0].pdl, major);
-    return 1;
-  }
-  for (int32_t c : counters)
-    if (c != 0) {
-      std::printf("FAIL a counter was left at %d\n", c);
-      return 1;
-    }
   store(dir, "out", out);
   std::printf("OK path=%s splits=%d steps=%d m16=%d grid=%ux%ux%u\n", down_proj_uses_mma<T>(p) ? "mma" : "scalar",
               p.plan.splits, p.plan.steps_per_split, p.plan.token_tiles_m16, log[0].grid.x, log[0].grid.y,
@@ -97,8 +76,5 @@ int run(std::map<std::string, std::string>& a) {
 
 int main(int argc, char** argv) {
   auto a = parse(argc, argv);
-  if (a["dtype"] == "bf16") return run<__nv_bfloat16>(a);
-  if (a["dtype"] == "f16") return run<__half>(a);
-  if (a["dtype"] == "f32") return run<float>(a);
-  emu::fail("dtype must be bf16, f16 or f32");
+  return with_dtype(a["dtype"], [&](auto tag) { return run<decltype(tag)>(a); });
 }

@@ -354,33 +354,33 @@ inline void run_block(dim3 idx, dim3 grid, int threads, unsigned char* smem, siz
 inline void __syncthreads() { emu::wait(emu::block()->cta); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::wait(emu::block()->warp_bar[emu::warp()]); }
 
-template <class V>
-V shfl_xor_impl(V v, int lane_mask, int width) {
+// A warp shuffle: lane l reads the value of lane source(l, first lane of its width-lane segment); the
+// lanes exchange their values in one collective.
+template <class V, class F>
+V shfl_impl(V v, int width, F source) {
   static_assert(sizeof(V) <= 8, "shuffled values are words");
   uint64_t mine = 0;
   std::memcpy(&mine, &v, sizeof(V));
   const auto buf = emu::exchange(&mine, 1);
   const int lane = emu::lane();
-  const int src = lane ^ lane_mask;
-  const int seg = lane / width * width;
-  const int from = (src >= seg && src < seg + width) ? src : lane;
   V out;
-  std::memcpy(&out, &buf[from][0], sizeof(V));
+  std::memcpy(&out, &buf[source(lane, lane / width * width)][0], sizeof(V));
   return out;
 }
-// __shfl_up_sync: lane l reads lane l - delta of its width-lane segment, or keeps its own value below it.
+template <class V>
+V shfl_xor_impl(V v, int lane_mask, int width) {
+  return shfl_impl(v, width, [&](int lane, int seg) {
+    const int src = lane ^ lane_mask;
+    return src >= seg && src < seg + width ? src : lane;
+  });
+}
+// lane l reads lane l - delta of its segment, or keeps its own value below the segment's first lane
 template <class V>
 V shfl_up_impl(V v, unsigned delta, int width) {
-  static_assert(sizeof(V) <= 8, "shuffled values are words");
-  uint64_t mine = 0;
-  std::memcpy(&mine, &v, sizeof(V));
-  const auto buf = emu::exchange(&mine, 1);
-  const int lane = emu::lane();
-  const int seg = lane / width * width;
-  const int from = lane - static_cast<int>(delta) >= seg ? lane - static_cast<int>(delta) : lane;
-  V out;
-  std::memcpy(&out, &buf[from][0], sizeof(V));
-  return out;
+  return shfl_impl(v, width, [&](int lane, int seg) {
+    const int src = lane - static_cast<int>(delta);
+    return src >= seg ? src : lane;
+  });
 }
 inline float __shfl_up_sync(unsigned, float v, unsigned delta, int width = 32) { return shfl_up_impl(v, delta, width); }
 inline int __shfl_up_sync(unsigned, int v, unsigned delta, int width = 32) { return shfl_up_impl(v, delta, width); }

@@ -26,18 +26,17 @@ using namespace emu_io;
 namespace {
 
 template <class T>
-int run(std::map<std::string, std::string>& a) {
+int run(Args& a) {
   const int64_t E = sizeof(T);
-  auto num = [&](const char* k, int64_t dflt) { return a.count(k) ? std::stoll(a[k]) : dflt; };
   const std::string dir = a["dir"], op = a["op"];
-  const int T_ = static_cast<int>(num("T", 1)), H = static_cast<int>(num("H", 0)), N = static_cast<int>(num("N", 0));
-  const bool res = num("res", 0), scale = num("scale", 0), norm = num("norm", 0);
-  const bool rout = num("rout", 0), nout = num("nout", 0);
-  const int64_t xs = num("xs", H), rs = num("rs", H);
+  const int T_ = static_cast<int>(a.num("T", 1)), H = static_cast<int>(a.num("H", 0)), N = static_cast<int>(a.num("N", 0));
+  const bool res = a.num("res", 0), scale = a.num("scale", 0), norm = a.num("norm", 0);
+  const bool rout = a.num("rout", 0), nout = a.num("nout", 0);
+  const int64_t xs = a.num("xs", H), rs = a.num("rs", H);
 
   GlueParams p{};
   p.kind = op == "linear" ? GlueKind::kLinear : op == "gate_up" ? GlueKind::kGateUp : GlueKind::kQRope;
-  Buffer x = load(dir, "x", T_, H, xs, E, num("xo", 0)), residual, rw, sc, nw, up, qnw, pos, freq;
+  Buffer x = load(dir, "x", T_, H, xs, E, a.num("xo", 0)), residual, rw, sc, nw, up, qnw, pos, freq;
   Buffer weight = load(dir, "weight", N, H, H, E);
   p.x = x.data();
   p.x_stride = T_ == 1 ? 0 : xs;  // as the binding passes a size-1 dimension's stride
@@ -78,9 +77,9 @@ int run(std::map<std::string, std::string>& a) {
     p.normed_out_stride = H;
   }
   if (p.kind == GlueKind::kQRope) {
-    p.D = static_cast<int>(num("D", 64));
-    const int P = static_cast<int>(num("P", T_));
-    const bool pos64 = num("pos64", 1);
+    p.D = static_cast<int>(a.num("D", 64));
+    const int P = static_cast<int>(a.num("P", T_));
+    const bool pos64 = a.num("pos64", 1);
     qnw = load(dir, "q_norm_weight", 1, p.D, p.D, E);
     pos = load(dir, "positions", 1, P, P, pos64 ? 8 : 4);
     freq = load(dir, "inv_freq", 1, p.D / 2, p.D / 2, 4);
@@ -95,7 +94,7 @@ int run(std::map<std::string, std::string>& a) {
   p.N = N;
 
   int64_t ws_bytes = 0, n_counters = 0;
-  const int64_t part_bytes = glue_prepare<T>(p, static_cast<int>(num("sms", 8)), &ws_bytes, &n_counters);
+  const int64_t part_bytes = glue_prepare<T>(p, static_cast<int>(a.num("sms", 8)), &ws_bytes, &n_counters);
   std::vector<float> partials(static_cast<size_t>(part_bytes / 4), NAN);
   std::vector<unsigned char> ws(static_cast<size_t>(ws_bytes), 0xFF);
   std::vector<int32_t> counters(static_cast<size_t>(n_counters), 0);
@@ -103,36 +102,16 @@ int run(std::map<std::string, std::string>& a) {
   p.workspace = ws.empty() ? nullptr : ws.data();
   p.counters = counters.empty() ? nullptr : counters.data();
 
-  const int major = static_cast<int>(num("major", 9));
-  emu::devices().push_back({232448, major});
-  emu::current_device() = 0;
-  emu::schedule() = a["schedule"] == "ahead" ? emu::Schedule::kWarpAhead
-                    : a["schedule"] == "behind" ? emu::Schedule::kWarpBehind
-                                                : emu::Schedule::kRoundRobin;
+  const int major = static_cast<int>(a.num("major", 9));
+  use_device(232448, major, static_cast<int>(a.num("sms", 8)), a["schedule"]);
   const cudaError_t err = p.kind == GlueKind::kLinear   ? rms_norm_linear<T>(p, nullptr)
                           : p.kind == GlueKind::kGateUp ? rms_norm_gate_up<T>(p, nullptr)
                                                         : rms_norm_q_rope<T>(p, nullptr);
-  if (err != cudaSuccess) {
-    std::printf("FAIL launcher returned %d\n", err);
-    return 1;
-  }
+  if (!launched_as_expected(err, 1, major >= 9, counters)) return 1;
   const auto& log = emu::launch_log();
-  if (log.size() != 1) {
-    std::printf("FAIL %zu launches, expected 1\n", log.size());
-    return 1;
-  }
-  if (log[0].pdl != (major >= 9)) {
-    std::printf("FAIL programmatic dependent launch %d on a major-%d device\n", log[0].pdl, major);
-    return 1;
-  }
-  for (int32_t c : counters)
-    if (c != 0) {
-      std::printf("FAIL a counter was left at %d\n", c);
-      return 1;
-    }
   if (a.count("again_T")) {  // a second launch in this process: another kernel of the same signature
     GlueParams q = p;
-    q.T = static_cast<int>(num("again_T", 1));
+    q.T = static_cast<int>(a.num("again_T", 1));
     q.residual = q.residual_norm_weight = q.layer_scalar = q.norm_weight = nullptr;
     q.residual_out = q.normed_out = nullptr;
     q.kind = GlueKind::kLinear;
@@ -142,7 +121,7 @@ int run(std::map<std::string, std::string>& a) {
     q.x_stride = H;
     q.out = out2.data();
     int64_t ws2 = 0, n2 = 0;
-    std::vector<float> part2(static_cast<size_t>(glue_prepare<T>(q, static_cast<int>(num("sms", 8)), &ws2, &n2) / 4));
+    std::vector<float> part2(static_cast<size_t>(glue_prepare<T>(q, static_cast<int>(a.num("sms", 8)), &ws2, &n2) / 4));
     std::vector<int32_t> cnt2(static_cast<size_t>(n2), 0);
     q.partials = part2.empty() ? nullptr : part2.data();
     q.counters = cnt2.empty() ? nullptr : cnt2.data();
@@ -165,8 +144,5 @@ int run(std::map<std::string, std::string>& a) {
 
 int main(int argc, char** argv) {
   auto a = parse(argc, argv);
-  if (a["dtype"] == "bf16") return run<__nv_bfloat16>(a);
-  if (a["dtype"] == "f16") return run<__half>(a);
-  if (a["dtype"] == "f32") return run<float>(a);
-  emu::fail("dtype must be bf16, f16 or f32");
+  return with_dtype(a["dtype"], [&](auto tag) { return run<decltype(tag)>(a); });
 }

@@ -1,9 +1,10 @@
-// File and argument helpers of the emulator drivers (glue_main.cpp, down_proj_main.cpp): key=value
-// arguments, and tensors exchanged with the Python tests as packed rows, held here at a row stride and
-// element offset in allocations of exactly their extent (a read past a row's end or the last row is an
-// AddressSanitizer error), poisoned with NaN bits until written.
+// What the emulator drivers (*_main.cpp) share: key=value arguments; tensors exchanged with the Python
+// tests as packed rows, held here at a row stride and element offset in allocations of exactly their
+// extent (a read past a row's end or the last row is an AddressSanitizer error), poisoned with NaN bits
+// until written; the emulated device; the checks of a launcher's launches; the dtype dispatch.
 #pragma once
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -15,8 +16,16 @@
 
 namespace emu_io {
 
-inline std::map<std::string, std::string> parse(int argc, char** argv) {
-  std::map<std::string, std::string> a;
+// key=value arguments; num(key, default) reads an integer.
+struct Args : std::map<std::string, std::string> {
+  int64_t num(const char* key, int64_t dflt) const {
+    const auto it = find(key);
+    return it == end() ? dflt : std::stoll(it->second);
+  }
+};
+
+inline Args parse(int argc, char** argv) {
+  Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     const auto eq = s.find('=');
@@ -75,6 +84,50 @@ inline void store(const std::string& dir, const std::string& name, const Buffer&
     std::memcpy(packed.data() + r * b.cols * b.elem, b.base() + r * b.stride * b.elem,
                 static_cast<size_t>(b.cols * b.elem));
   write_file(dir + "/" + name + ".bin", packed.data(), packed.size());
+}
+
+// The device the call runs on (smem_optin bytes of opt-in shared memory, compute capability major, sms
+// SMs) and the warps' schedule: "rr" (round robin), "ahead" or "behind" (one warp as far as it goes).
+inline void use_device(int smem_optin, int major, int sms, const std::string& schedule) {
+  emu::devices().push_back({smem_optin, major, sms});
+  emu::current_device() = 0;
+  emu::schedule() = schedule == "ahead"    ? emu::Schedule::kWarpAhead
+                    : schedule == "behind" ? emu::Schedule::kWarpBehind
+                                           : emu::Schedule::kRoundRobin;
+}
+
+// Whether the launcher returned success after exactly `expected` launches, each with programmatic
+// dependent launch exactly when `pdl`, and left every counter zero; prints "FAIL ..." when not.
+inline bool launched_as_expected(cudaError_t err, size_t expected, bool pdl, const std::vector<int32_t>& counters) {
+  const auto& log = emu::launch_log();
+  if (err != cudaSuccess) {
+    std::printf("FAIL launcher returned %d\n", err);
+    return false;
+  }
+  if (log.size() != expected) {
+    std::printf("FAIL %zu launches, expected %zu\n", log.size(), expected);
+    return false;
+  }
+  for (const auto& l : log)
+    if (l.pdl != pdl) {
+      std::printf("FAIL programmatic dependent launch %d, expected %d\n", l.pdl, pdl);
+      return false;
+    }
+  for (int32_t c : counters)
+    if (c != 0) {
+      std::printf("FAIL a counter was left at %d\n", c);
+      return false;
+    }
+  return true;
+}
+
+// run(tag) with a value of the element type named by dtype (bf16, f16, f32).
+template <class F>
+int with_dtype(const std::string& dtype, F&& run) {
+  if (dtype == "bf16") return run(__nv_bfloat16{});
+  if (dtype == "f16") return run(__half{});
+  if (dtype == "f32") return run(float{});
+  emu::fail("dtype must be bf16, f16 or f32");
 }
 
 }  // namespace emu_io

@@ -25,13 +25,12 @@ using namespace emu_io;
 namespace {
 
 template <class T>
-int run(std::map<std::string, std::string>& a) {
+int run(Args& a) {
   const int64_t E = sizeof(T);
-  auto num = [&](const char* k, int64_t dflt) { return a.count(k) ? std::stoll(a[k]) : dflt; };
   const std::string dir = a["dir"];
-  const int B = static_cast<int>(num("B", 1)), N = static_cast<int>(num("N", 1));
-  const int64_t V = num("V", 1), ls = num("ls", V);
-  const bool ids64 = num("ids64", 1), sample = num("sample", 0), draft = num("draft", 0), qf32 = num("qf32", 1);
+  const int B = static_cast<int>(a.num("B", 1)), N = static_cast<int>(a.num("N", 1));
+  const int64_t V = a.num("V", 1), ls = a.num("ls", V);
+  const bool ids64 = a.num("ids64", 1), sample = a.num("sample", 0), draft = a.num("draft", 0), qf32 = a.num("qf32", 1);
 
   Buffer tokens = load(dir, "draft_tokens", B, N, N, ids64 ? 8 : 4);
   Buffer parents = load(dir, "parents", B, N, N, 4);
@@ -67,30 +66,15 @@ int run(std::map<std::string, std::string>& a) {
   p.output_tokens = static_cast<int64_t*>(out_tokens.data());
   p.last_node = static_cast<int32_t*>(last.data());
 
-  const int sms = static_cast<int>(num("sms", 8));
-  emu::devices().push_back({232448, 9, sms});
-  emu::current_device() = 0;
+  const int sms = static_cast<int>(a.num("sms", 8));
+  use_device(232448, 9, sms, "rr");
   std::vector<unsigned char> ws(static_cast<size_t>(tree_verify_prepare<T>(p, sms)), 0xFF);
   std::vector<int32_t> counters(static_cast<size_t>(tree_verify_counter_ints(B, N)), 0);
   p.workspace = ws.data();
   p.counters = counters.data();
 
-  const cudaError_t err = tree_verify<T>(p, nullptr);
-  if (err != cudaSuccess) {
-    std::printf("FAIL launcher returned %d\n", err);
-    return 1;
-  }
+  if (!launched_as_expected(tree_verify<T>(p, nullptr), 1, false, counters)) return 1;
   const auto& log = emu::launch_log();
-  if (log.size() != 1 || log[0].pdl) {
-    std::printf("FAIL %zu launches (pdl %d), expected 1 without programmatic dependent launch\n", log.size(),
-                log.empty() ? 0 : static_cast<int>(log[0].pdl));
-    return 1;
-  }
-  for (int32_t c : counters)
-    if (c != 0) {
-      std::printf("FAIL a counter was left at %d\n", c);
-      return 1;
-    }
   store(dir, "accept_len", accept_len);
   store(dir, "accepted_nodes", accepted);
   store(dir, "output_tokens", out_tokens);
@@ -104,8 +88,5 @@ int run(std::map<std::string, std::string>& a) {
 
 int main(int argc, char** argv) {
   auto a = parse(argc, argv);
-  if (a["dtype"] == "bf16") return run<__nv_bfloat16>(a);
-  if (a["dtype"] == "f16") return run<__half>(a);
-  if (a["dtype"] == "f32") return run<float>(a);
-  emu::fail("dtype must be bf16, f16 or f32");
+  return with_dtype(a["dtype"], [&](auto tag) { return run<decltype(tag)>(a); });
 }
