@@ -70,10 +70,12 @@ def one_hot_head(scores, logits, M):
     return hidden, centroids, lm_head
 
 
-def check_all_outputs(args, top_k, what, *, backend="torch", device="cpu", fill_value=-7.5):
+def check_all_outputs(args, top_k, what, *, backend="torch", device="cpu", fill_value=-7.5, call=None):
     """Every output mode of `backend` on `device` against fp64: cluster choice (exact up to near ties),
     logits within the fp32 accumulation bound, dense fill, argmax token. Returns the sparse
-    (ids, logits) and the dense row block, on the CPU."""
+    (ids, logits) and the dense row block, on the CPU. `call`: what runs the op instead of the public
+    op (the same arguments without backend=): the CUDA kernel on the CPU emulator."""
+    op = call if call is not None else lambda *a, **kw: g.centroid_logits(*a, **kw, backend=backend)
     hidden, centroids, ordering, lm_head = args
     T, C, V = hidden.shape[0], centroids.shape[0], lm_head.shape[0]
     M = V // C
@@ -81,23 +83,23 @@ def check_all_outputs(args, top_k, what, *, backend="torch", device="cpu", fill_
     dargs = [t.to(device) for t in args]
     eps = tol(hidden, lm_head)
 
-    ids, logits = (t.cpu() for t in g.centroid_logits(*dargs, top_k=top_k, output="sparse", backend=backend))
+    ids, logits = (t.cpu() for t in op(*dargs, top_k=top_k, output="sparse"))
     assert ids.dtype == torch.int64 and logits.dtype == torch.float32
     assert ids.shape == (T, top_k * M) and logits.shape == (T, top_k * M)
     check_clusters(clusters_of(ids, ordering, C, top_k), scores, order, tol(hidden, centroids))
     want = torch.einsum("td,tkd->tk", hidden.double(), lm_head[ids].double())
     assert (logits.double() - want).abs().max() <= eps, what
 
-    dense = g.centroid_logits(*dargs, top_k=top_k, output="dense", backend=backend).cpu()
+    dense = op(*dargs, top_k=top_k, output="dense").cpu()
     assert dense.dtype == torch.float32 and dense.shape == (T, V)
     cand = torch.zeros(T, V, dtype=torch.bool)
     cand.scatter_(1, ids, True)
     assert (dense.gather(1, ids).double() - want).abs().max() <= eps, what
     assert (dense[~cand] == float("-inf")).all()
-    filled = g.centroid_logits(*dargs, top_k=top_k, output="dense", fill_value=fill_value, backend=backend).cpu()
+    filled = op(*dargs, top_k=top_k, output="dense", fill_value=fill_value).cpu()
     assert (filled[~cand] == fill_value).all() and torch.equal(filled[cand], dense[cand])
 
-    token, best = (t.cpu() for t in g.centroid_logits(*dargs, top_k=top_k, output="argmax", backend=backend))
+    token, best = (t.cpu() for t in op(*dargs, top_k=top_k, output="argmax"))
     assert token.dtype == torch.int64 and best.dtype == torch.float32
     assert token.shape == (T,) and best.shape == (T,)
     for t in range(T):

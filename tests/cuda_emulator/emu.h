@@ -42,7 +42,7 @@ struct dim3 {
   unsigned x, y, z;
   dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
-// The running block's launch shape (threads along x only); blocks run one at a time (run_block sets them).
+// The running launch's shape (threads along x only), set by cudaLaunchKernelEx.
 inline dim3 gridDim, blockDim;
 
 struct float2 {
@@ -50,6 +50,9 @@ struct float2 {
 };
 struct float4 {
   float x, y, z, w;
+};
+struct uint2 {
+  unsigned x, y;
 };
 struct uint4 {
   unsigned x, y, z, w;
@@ -73,6 +76,8 @@ typedef int cudaError_t;
 constexpr cudaError_t cudaSuccess = 0;
 constexpr cudaError_t cudaErrorInvalidValue = 1;
 constexpr cudaError_t cudaErrorInvalidConfiguration = 9;
+constexpr cudaError_t cudaErrorMisalignedAddress = 716;
+constexpr cudaError_t cudaErrorCooperativeLaunchTooLarge = 720;
 typedef void* cudaStream_t;
 enum cudaDeviceAttr {
   cudaDevAttrMaxSharedMemoryPerBlockOptin,
@@ -80,9 +85,10 @@ enum cudaDeviceAttr {
   cudaDevAttrMultiProcessorCount
 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
-enum cudaLaunchAttributeID { cudaLaunchAttributeProgrammaticStreamSerialization };
+enum cudaLaunchAttributeID { cudaLaunchAttributeProgrammaticStreamSerialization, cudaLaunchAttributeCooperative };
 struct cudaLaunchAttributeValue {
   int programmaticStreamSerializationAllowed;
+  int cooperative;
 };
 struct cudaLaunchAttribute {
   cudaLaunchAttributeID id;
@@ -201,8 +207,7 @@ struct Block {
   jmp_buf scheduler_jb;
   const void* scheduler_stack = nullptr;  // AddressSanitizer's view of the scheduler's stack
   size_t scheduler_stack_size = 0;
-  std::vector<char>* stacks = nullptr;
-  size_t stack_size = 0;
+  size_t stack0 = 0;  // thread t runs on fiber_stack(stack0 + t)
 };
 
 inline Block*& block() {
@@ -267,16 +272,19 @@ inline void fiber_main() {
   _longjmp(b->scheduler_jb, 1);
 }
 
-// Runs one block of `threads` fibers to completion.
-inline void run_block(dim3 idx, dim3 grid, int threads, unsigned char* smem, size_t smem_bytes,
-                      const std::function<void()>& body) {
-  static std::vector<std::vector<char>> stacks;
-  constexpr size_t kStack = 512 * 1024;
-  while (static_cast<int>(stacks.size()) < threads) stacks.emplace_back(kStack);
-  Block b;
+constexpr size_t kStack = 512 * 1024;
+
+// A fiber stack: allocated, not touched (pages are committed only as a thread uses them).
+inline char* fiber_stack(size_t i) {
+  static std::vector<std::unique_ptr<char[]>> stacks;
+  while (stacks.size() <= i) stacks.emplace_back(new char[kStack]);
+  return stacks[i].get();
+}
+
+// Makes `b` a block of `threads` fibers, whose thread t runs on fiber_stack(stack0 + t).
+inline void init_block(Block& b, dim3 idx, int threads, unsigned char* smem, size_t smem_bytes,
+                       const std::function<void()>& body, size_t stack0) {
   b.idx = idx;
-  ::gridDim = grid;  // blocks run one at a time
-  ::blockDim = dim3(static_cast<unsigned>(threads));
   b.fibers.resize(threads);
   b.cta.expected = threads;
   const int nwarps = (threads + 31) / 32;
@@ -286,16 +294,22 @@ inline void run_block(dim3 idx, dim3 grid, int threads, unsigned char* smem, siz
   b.smem = smem;
   b.smem_bytes = smem_bytes;
   b.body = body;
-  block() = &b;
+  b.stack0 = stack0;
   for (int t = 0; t < threads; ++t) {
     Fiber& f = b.fibers[t];
     f.tid = dim3(t);
     getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = stacks[t].data();
+    f.ctx.uc_stack.ss_sp = fiber_stack(stack0 + t);
     f.ctx.uc_stack.ss_size = kStack;
     f.ctx.uc_link = nullptr;
     makecontext(&f.ctx, fiber_main, 0);
   }
+}
+
+// One scheduling round of block b (see Schedule); returns whether a thread is not finished.
+inline bool run_round(Block& b) {
+  block() = &b;
+  const int threads = static_cast<int>(b.fibers.size()), nwarps = (threads + 31) / 32;
   // Resumes threads [lo, hi) once each; returns whether any is not finished.
   auto pass = [&](int lo, int hi) {
     bool any = false;
@@ -304,7 +318,7 @@ inline void run_block(dim3 idx, dim3 grid, int threads, unsigned char* smem, siz
       if (f.done) continue;
       any = true;
       b.current = t;
-      asan_leave(stacks[t].data(), kStack, false);
+      asan_leave(fiber_stack(b.stack0 + t), kStack, false);
       if (!_setjmp(b.scheduler_jb)) {
         if (!f.started) {
           f.started = true;
@@ -317,25 +331,23 @@ inline void run_block(dim3 idx, dim3 grid, int threads, unsigned char* smem, siz
     }
     return any;
   };
-  for (bool any = true; any;) {
-    const uint64_t before = progress();
-    if (schedule() == Schedule::kRoundRobin) {
-      any = pass(0, threads);
-    } else {
-      any = false;
-      for (int i = 0; i < nwarps; ++i) {
-        const int w = schedule() == Schedule::kWarpAhead ? i : nwarps - 1 - i;
-        const int lo = 32 * w, hi = std::min(threads, lo + 32);
-        for (;;) {  // this warp alone, until it waits for something outside it
-          const uint64_t mark = progress();
-          const bool alive = pass(lo, hi);
-          any |= alive;
-          if (!alive || progress() == mark) break;
-        }
-      }
+  if (schedule() == Schedule::kRoundRobin) return pass(0, threads);
+  bool any = false;
+  for (int i = 0; i < nwarps; ++i) {
+    const int w = schedule() == Schedule::kWarpAhead ? i : nwarps - 1 - i;
+    const int lo = 32 * w, hi = std::min(threads, lo + 32);
+    for (;;) {  // this warp alone, until it waits for something outside it
+      const uint64_t mark = progress();
+      const bool alive = pass(lo, hi);
+      any |= alive;
+      if (!alive || progress() == mark) break;
     }
-    if (any && progress() == before) fail("deadlock: every thread waits and none can proceed");
   }
+  return any;
+}
+
+// What a finished block must not leave behind.
+inline void finish_block(const Block& b) {
   for (const Fiber& f : b.fibers) {
     for (const auto& g : f.groups)
       if (!g.empty()) fail("a thread exited with cp.async copies it never waited for");
@@ -343,6 +355,18 @@ inline void run_block(dim3 idx, dim3 grid, int threads, unsigned char* smem, siz
   }
   for (const auto& [addr, m] : b.mbarriers)
     if (!m.copies.empty() || m.tx != 0) fail("a block exited with bulk copies nobody waited for");
+}
+
+// Runs blocks to completion, a round of each in turn, until none has a thread left: one block after
+// another (a plain launch: blocks.size() == 1 at a time), or every block of a cooperative launch at once.
+inline void run_blocks(std::vector<Block>& blocks) {
+  for (bool any = true; any;) {
+    const uint64_t before = progress();
+    any = false;
+    for (Block& b : blocks) any |= run_round(b);
+    if (any && progress() == before) fail("deadlock: every thread waits and none can proceed");
+  }
+  for (const Block& b : blocks) finish_block(b);
   block() = nullptr;
 }
 
@@ -383,6 +407,34 @@ V shfl_up_impl(V v, unsigned delta, int width) {
   });
 }
 inline float __shfl_up_sync(unsigned, float v, unsigned delta, int width = 32) { return shfl_up_impl(v, delta, width); }
+inline unsigned __shfl_up_sync(unsigned, unsigned v, unsigned delta, int width = 32) { return shfl_up_impl(v, delta, width); }
+template <class V>
+V __shfl_sync(unsigned, V v, int src_lane, int width = 32) {
+  return shfl_impl(v, width, [&](int, int seg) { return seg + (src_lane % width); });
+}
+// The lanes holding the same value as this one (every lane takes part).
+inline unsigned __match_any_sync(unsigned, unsigned v) {
+  uint64_t mine = v;
+  const auto buf = emu::exchange(&mine, 1);
+  unsigned peers = 0;
+  for (int l = 0; l < 32; ++l)
+    if (buf[l][0] == mine) peers |= 1u << l;
+  return peers;
+}
+inline unsigned __reduce_add_sync(unsigned, unsigned v) {
+  uint64_t mine = v;
+  const auto buf = emu::exchange(&mine, 1);
+  unsigned sum = 0;
+  for (int l = 0; l < 32; ++l) sum += static_cast<unsigned>(buf[l][0]);
+  return sum;
+}
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline int __ffs(unsigned v) { return __builtin_ffs(static_cast<int>(v)); }
+inline float __uint_as_float(unsigned v) {
+  float f;
+  std::memcpy(&f, &v, 4);
+  return f;
+}
 inline int __shfl_up_sync(unsigned, int v, unsigned delta, int width = 32) { return shfl_up_impl(v, delta, width); }
 inline double __shfl_up_sync(unsigned, double v, unsigned delta, int width = 32) { return shfl_up_impl(v, delta, width); }
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask, int width = 32) { return shfl_xor_impl(v, lane_mask, width); }
@@ -395,8 +447,9 @@ inline int atomicOr(int* p, int v) {
   return old;
 }
 // Blocks run one after another, so atomics are plain read-modify-writes and fences have nothing to order.
-inline int atomicAdd(int* p, int v) {
-  const int old = *p;
+template <class I>
+I atomicAdd(I* p, I v) {
+  const I old = *p;
   *p += v;
   return old;
 }
@@ -446,20 +499,45 @@ cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* cfg, void (*kernel)(P..
     if (it == emu::smem_opt_ins().end() || static_cast<size_t>(it->second) < cfg->dynamicSmemBytes)
       return cudaErrorInvalidValue;  // a real launch fails the same way
   }
-  bool pdl = false;
-  for (unsigned i = 0; i < cfg->numAttrs; ++i)
+  bool pdl = false, cooperative = false;
+  for (unsigned i = 0; i < cfg->numAttrs; ++i) {
     pdl |= cfg->attrs[i].id == cudaLaunchAttributeProgrammaticStreamSerialization &&
            cfg->attrs[i].val.programmaticStreamSerializationAllowed;
+    cooperative |= cfg->attrs[i].id == cudaLaunchAttributeCooperative && cfg->attrs[i].val.cooperative;
+  }
   if (pdl && dev.major < 9) return cudaErrorInvalidValue;
   emu::launch_log().push_back({cfg->gridDim, cfg->blockDim, cfg->dynamicSmemBytes, pdl});
   const std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
-  for (unsigned z = 0; z < cfg->gridDim.z; ++z)
-    for (unsigned y = 0; y < cfg->gridDim.y; ++y)
-      for (unsigned x = 0; x < cfg->gridDim.x; ++x) {
-        // fresh shared memory of exactly the launch's size (AddressSanitizer sees an overrun), NaN bits
-        std::unique_ptr<unsigned char[]> smem(new unsigned char[cfg->dynamicSmemBytes]);
-        std::memset(smem.get(), 0xFF, cfg->dynamicSmemBytes);
-        emu::run_block(dim3(x, y, z), cfg->gridDim, threads, smem.get(), cfg->dynamicSmemBytes, [&] { std::apply(kernel, params); });
-      }
+  const std::function<void()> body = [&] { std::apply(kernel, params); };
+  ::gridDim = cfg->gridDim;
+  ::blockDim = dim3(static_cast<unsigned>(threads));
+  const size_t n = static_cast<size_t>(cfg->gridDim.x) * cfg->gridDim.y * cfg->gridDim.z;
+  auto index = [&](size_t i) {
+    return dim3(static_cast<unsigned>(i % cfg->gridDim.x), static_cast<unsigned>(i / cfg->gridDim.x % cfg->gridDim.y),
+                static_cast<unsigned>(i / (static_cast<size_t>(cfg->gridDim.x) * cfg->gridDim.y)));
+  };
+  // fresh shared memory of exactly the launch's size per block (AddressSanitizer sees an overrun), NaN bits
+  auto shared_memory = [&] {
+    std::unique_ptr<unsigned char[]> smem(new unsigned char[cfg->dynamicSmemBytes]);
+    std::memset(smem.get(), 0xFF, cfg->dynamicSmemBytes);
+    return smem;
+  };
+  if (cooperative) {  // every block resident at once (a spinning thread lets the others run)
+    if (n > static_cast<size_t>(dev.sms)) return cudaErrorCooperativeLaunchTooLarge;  // one block per SM here
+    std::vector<std::unique_ptr<unsigned char[]>> smem(n);
+    std::vector<emu::Block> blocks(n);
+    for (size_t i = 0; i < n; ++i) {
+      smem[i] = shared_memory();
+      emu::init_block(blocks[i], index(i), threads, smem[i].get(), cfg->dynamicSmemBytes, body, i * threads);
+    }
+    emu::run_blocks(blocks);
+    return cudaSuccess;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const auto smem = shared_memory();
+    std::vector<emu::Block> one(1);
+    emu::init_block(one[0], index(i), threads, smem.get(), cfg->dynamicSmemBytes, body, 0);
+    emu::run_blocks(one);
+  }
   return cudaSuccess;
 }

@@ -49,7 +49,7 @@ inline Workspace carve(const CentroidParams& p) {
   return Workspace{reinterpret_cast<float*>(base), reinterpret_cast<ArgMax*>(base + round_up(int64_t{4} * p.T * p.C, 16))};
 }
 
-struct Shared {
+struct Shared {  // 41 KiB: within the 48 KiB a launch may use without an opt-in
   uint64_t cand[kMaxCentroids];  // the selected clusters' keys, in index order
   int16_t sel[kMaxCentroids];    // rank -> cluster of the current token
   uint32_t hist[kRadixBins];     // zero outside a radix pass
@@ -58,6 +58,7 @@ struct Shared {
   ArgMax best[kWarps];
   int last;
 };
+static_assert(sizeof(Shared) <= 48 * 1024, "Shared must fit a launch without a shared-memory opt-in");
 
 // Every program arrives once; program 0 adds 2^31 - (grid - 1), the others 1, so the top bit of the
 // counter flips exactly when all have arrived, whatever it was (cooperative groups' grid sync).
@@ -298,7 +299,9 @@ __device__ __forceinline__ ArgMax load_partial(const ArgMax* a) {
 
 template <class T, int VEC, int E>
 __global__ void __launch_bounds__(kThreads, 1) head_kernel(CentroidParams p, Workspace w) {
-  __shared__ Shared sh;
+  // dynamic shared memory (41 KiB, no opt-in): the CPU emulation, which runs a cooperative launch's
+  // programs at once, gives each its own block of it (a static __shared__ is one object there)
+  Shared& sh = *reinterpret_cast<Shared*>(dynamic_smem());
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int i = threadIdx.x; i < kRadixBins; i += kThreads) sh.hist[i] = 0;
 
@@ -375,7 +378,7 @@ cudaError_t launch(const CentroidParams& p, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(p.grid));
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = sizeof(Shared);
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;

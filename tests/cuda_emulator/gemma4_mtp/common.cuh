@@ -72,6 +72,27 @@ inline void load_packed(const T* p, Packed<N, T>& out) {
   }
 }
 
+template <int N, class T>
+inline void zero_packed(Packed<N, T>& out) {
+  if constexpr (N == 1) {
+    out.e[0] = from_float<T>(0.f);
+  } else {
+    out.raw = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+template <class V>
+inline V __ldg(const V* p) {
+  return *p;
+}
+
+// A spin on a value another block writes (the grid barrier): the other blocks of a cooperative launch
+// run while this thread waits.
+inline uint32_t load_acquire(const uint32_t* p) {
+  emu::yield();
+  return *p;
+}
+
 inline uint4 __ldg(const uint4* p) {
   check_aligned(p, 16, "misaligned 16-byte load");
   uint4 v;

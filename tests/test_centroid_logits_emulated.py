@@ -1,0 +1,97 @@
+"""The CUDA centroid_logits kernel runs on the CPU: its own source (csrc/include/gemma4_mtp/centroid_logits.cuh,
+prepare and launcher included) compiled with g++ against tests/cuda_emulator, under AddressSanitizer,
+against the fp64 oracle of cases_centroid_logits (every output mode), like the other backends.
+
+The kernel is one cooperative launch whose programs meet at a grid-wide barrier: the emulation runs
+all of them at once (a round of each program's threads in turn; the thread spinning at the barrier lets
+the others run), each with its own shared memory. tests/cuda_emulator/centroid_main.cpp copies the
+inputs into allocations of exactly their extent, poisons the outputs and the workspace, launches once
+and checks that both counters were left zero. Covered: the E2B / E4B head's width and top-k on a
+reduced vocabulary, programs owning several tokens and tokens split over programs (the argmax merges
+partials), the 16-byte and the element-wise loads, int32 / int64 orderings, strided rows, cluster and
+argmax ties. Not covered: timing, the GPU's memory ordering and co-residency:
+test_centroid_logits_cuda.py verifies those on a GPU.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import emulated
+from cases_centroid_logits import DTYPES, TIED_TOP_K, argmax_ties_case, check_all_outputs, cluster_ties_case, make
+from helpers import DRAFTERS
+
+E2B = DRAFTERS["E2B"]
+
+
+@pytest.fixture(scope="module")
+def binary(request):
+    return emulated.build(request, "centroid_main.cpp", "centroid")
+
+
+class Emulated:
+    """centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k, output, fill_value) run by
+    the emulator, on `sms` SMs (the launch's programs)."""
+
+    def __init__(self, binary, tmp_path, *, sms=4):
+        self.binary, self.dir, self.sms = binary, tmp_path, sms
+        self.last = {}
+
+    def __call__(self, hidden, centroids, ordering, lm_head, *, top_k=32, output="argmax", fill_value=None):
+        d = self.dir
+        for name, t in (("hidden", hidden), ("centroids", centroids), ("token_ordering", ordering),
+                        ("lm_head", lm_head)):
+            emulated.write(d / f"{name}.bin", t)
+        (T, Hd), C, V = hidden.shape, centroids.shape[0], lm_head.shape[0]
+        fill = float("-inf") if fill_value is None else float(fill_value)
+        self.last = emulated.run(self.binary, (
+            f"dir={d} dtype={emulated.DTYPE_NAMES[hidden.dtype]} T={T} Hd={Hd} C={C} V={V} top_k={top_k} "
+            f"output={output} fill={fill!r} ord64={int(ordering.dtype == torch.int64)} hs={hidden.stride(0)} "
+            f"cs={centroids.stride(0)} ls={lm_head.stride(0)} ho={hidden.storage_offset()} sms={self.sms}"))
+        K = {"argmax": None, "sparse": top_k * (V // C), "dense": V}[output]
+        shape = (T,) if K is None else (T, K)
+        logits = emulated.read(d / "logits.bin", torch.float32, shape)
+        if output == "dense":
+            return logits
+        return emulated.read(d / "ids.bin", torch.int64, shape), logits
+
+
+@pytest.mark.parametrize("T,dtype", [(1, torch.float32), (1, torch.float16), (1, torch.bfloat16), (9, torch.bfloat16)],
+                         ids=str)
+def test_e2b_width_and_top_k(binary, tmp_path, T, dtype):
+    """The E2B / E4B head's width (256) and top 32 clusters, 512 clusters of 16 tokens on 4 SMs: at
+    T = 1 a cluster's rows split into chunks over programs, at T = 9 programs own several tokens."""
+    args = make(T, E2B["Hd"], 512, 512 * 16, dtype, gen=torch.Generator().manual_seed(T))
+    check_all_outputs(args, E2B["top_k"], f"T={T} {dtype}", call=Emulated(binary, tmp_path))
+
+
+@pytest.mark.parametrize("top_k", [1, 3, 8])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
+def test_small_heads(binary, tmp_path, top_k, index_dtype):
+    hidden, centroids, ordering, lm_head = make(7, 16, 8, 40, torch.float32, gen=torch.Generator().manual_seed(2))
+    check_all_outputs((hidden, centroids, ordering.to(index_dtype), lm_head), top_k, f"top_k={top_k}",
+                      call=Emulated(binary, tmp_path, sms=3))
+
+
+def test_non_power_of_two_centroids_and_unaligned_rows(binary, tmp_path):
+    args = make(2, 40, 100, 300, torch.bfloat16, gen=torch.Generator().manual_seed(3))  # Hd 40: element-wise loads
+    check_all_outputs(args, 32, "C=100", call=Emulated(binary, tmp_path))
+
+
+def test_strided_inputs(binary, tmp_path):
+    hidden, centroids, ordering, lm_head = make(4, 32, 8, 32, torch.bfloat16, gen=torch.Generator().manual_seed(4))
+    wide = lambda t: torch.cat([t, torch.full_like(t, float("nan"))], dim=1)[:, : t.shape[1]]  # noqa: E731
+    check_all_outputs((wide(hidden), wide(centroids), ordering, wide(lm_head)), 3, "strided",
+                      call=Emulated(binary, tmp_path))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cluster_and_argmax_ties(binary, tmp_path, dtype):
+    M = 2
+    call = Emulated(binary, tmp_path)
+    args, ordering = cluster_ties_case(dtype, M)
+    for top_k, want in TIED_TOP_K:
+        ids, _ = call(*args, top_k=top_k, output="sparse")
+        assert torch.equal(ids[0], torch.cat([ordering[c * M:(c + 1) * M] for c in want])), top_k
+    token, best = call(*argmax_ties_case(dtype), top_k=2)
+    assert token.tolist() == [3] and best.tolist() == [6.0]
