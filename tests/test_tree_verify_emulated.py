@@ -8,7 +8,7 @@ tests/cuda_emulator/tree_main.cpp copies the inputs into allocations of exactly 
 past a row or a tensor is an AddressSanitizer error), poisons the outputs and the workspace, launches
 once and checks that every counter was left zero. Blocks run one after another in launch order, which
 is also the ticket order of a draft-probability launch, so phase B's waits find their rows decided (a
-wait that would spin fails the run). Covered: the 16-byte and the element-wise loads, rows of one to
+wait that could never end fails the run as a deadlock). Covered: the 16-byte and the element-wise loads, rows of one to
 many chunks, greedy trees with padding and duplicate children, chains accepting fully, ties spanning
 chunks, sampling rows mixed with greedy ones, uniforms on CDF boundaries, draft probabilities in fp32
 and in the logits' type (phase A and phase B, the residual, an empty residual). Not covered: timing, the

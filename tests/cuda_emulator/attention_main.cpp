@@ -22,7 +22,7 @@ namespace {
 
 struct Args {
   std::string dtype = "bf16", layout = "nhd", copies = "late", schedule = "rr", expect = "ok";
-  int D = 256, Q = 1, Hq = 4, Hkv = 1, bs = 16, sms = 8, smem = 232448, major = 9, seed = 1, wide = 0;
+  int D = 256, Q = 1, Hq = 4, Hkv = 1, bs = 16, sms = 8, smem = emu_io::kH100SmemOptin, major = 9, seed = 1, wide = 0;
   int bad_block = -1, bad_len = -1, out_offset = 0;
   int64_t window = 0;
   double softcap = 0, scale = -1;

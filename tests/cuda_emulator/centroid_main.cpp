@@ -63,7 +63,7 @@ int run(Args& a) {
   p.logits = static_cast<float*>(logits.data());
 
   const int sms = static_cast<int>(a.num("sms", 4));
-  use_device(232448, 9, sms, "rr");
+  use_device(kH100SmemOptin, 9, sms, "rr");
   std::vector<float> ws(static_cast<size_t>((centroid_prepare(p, sms) + 3) / 4), NAN);
   std::vector<int32_t> counters(2, 0);
   p.workspace = ws.data();

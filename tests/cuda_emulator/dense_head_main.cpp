@@ -56,7 +56,7 @@ int run(Args& a) {
   std::vector<unsigned char> partial(static_cast<size_t>(dense_head_workspace_bytes(p)), 0xFF);
   p.partial = partial.empty() ? nullptr : reinterpret_cast<uint64_t*>(partial.data());
 
-  use_device(232448, major, sms, "rr");
+  use_device(kH100SmemOptin, major, sms, "rr");
   if (!launched_as_expected(dense_lm_head<T>(p, nullptr), dense ? 1 : 2, major >= 9, {})) return 1;
   const auto& log = emu::launch_log();
   if (dense) {

@@ -55,7 +55,7 @@ int run(Args& a) {
   p.embed_scale = std::stof(a["scale"]);
 
   const int sms = static_cast<int>(a.num("sms", 8)), major = static_cast<int>(a.num("major", 9));
-  use_device(232448, major, sms, a["schedule"]);
+  use_device(kH100SmemOptin, major, sms, a["schedule"]);
   int64_t n_counters = 0;
   const int64_t part_bytes = down_proj_prepare<T>(p, sms, &n_counters);
   std::vector<float> partials(static_cast<size_t>(part_bytes / 4), NAN);

@@ -406,8 +406,14 @@ V shfl_up_impl(V v, unsigned delta, int width) {
     return src >= seg ? src : lane;
   });
 }
-inline float __shfl_up_sync(unsigned, float v, unsigned delta, int width = 32) { return shfl_up_impl(v, delta, width); }
-inline unsigned __shfl_up_sync(unsigned, unsigned v, unsigned delta, int width = 32) { return shfl_up_impl(v, delta, width); }
+template <class V>
+V __shfl_xor_sync(unsigned, V v, int lane_mask, int width = 32) {
+  return shfl_xor_impl(v, lane_mask, width);
+}
+template <class V>
+V __shfl_up_sync(unsigned, V v, unsigned delta, int width = 32) {
+  return shfl_up_impl(v, delta, width);
+}
 template <class V>
 V __shfl_sync(unsigned, V v, int src_lane, int width = 32) {
   return shfl_impl(v, width, [&](int, int seg) { return seg + (src_lane % width); });
@@ -435,18 +441,14 @@ inline float __uint_as_float(unsigned v) {
   std::memcpy(&f, &v, 4);
   return f;
 }
-inline int __shfl_up_sync(unsigned, int v, unsigned delta, int width = 32) { return shfl_up_impl(v, delta, width); }
-inline double __shfl_up_sync(unsigned, double v, unsigned delta, int width = 32) { return shfl_up_impl(v, delta, width); }
-inline float __shfl_xor_sync(unsigned, float v, int lane_mask, int width = 32) { return shfl_xor_impl(v, lane_mask, width); }
-inline int __shfl_xor_sync(unsigned, int v, int lane_mask, int width = 32) { return shfl_xor_impl(v, lane_mask, width); }
-inline double __shfl_xor_sync(unsigned, double v, int lane_mask, int width = 32) { return shfl_xor_impl(v, lane_mask, width); }
 
 inline int atomicOr(int* p, int v) {
   const int old = *p;
   *p |= v;
   return old;
 }
-// Blocks run one after another, so atomics are plain read-modify-writes and fences have nothing to order.
+// Threads switch only in barriers, collectives and spins (where a cooperative launch's blocks also
+// interleave), so atomics are plain read-modify-writes and fences have nothing to order.
 template <class I>
 I atomicAdd(I* p, I v) {
   const I old = *p;
@@ -459,10 +461,10 @@ inline unsigned atomicInc(unsigned* p, unsigned limit) {
   *p = old >= limit ? 0u : old + 1u;
   return old;
 }
-// A thread that sleeps in a spin loop waits for another block or thread to change a value, which can
-// never happen here (blocks run one after another, threads switch only in barriers and collectives):
-// on a GPU the same wait would be a wait for a block that has not started (or a deadlock).
-inline void __nanosleep(unsigned) { emu::fail("a thread spins on a value no block that ran before it will change"); }
+// A spin (a sleep in a wait loop, or an acquire load polled by one): the other threads, and the other
+// blocks of a cooperative launch, run. A spin that can never end (a wait for a block that runs after
+// this one, or a deadlock) makes a scheduling round without progress, which fails the run.
+inline void __nanosleep(unsigned) { emu::yield(); }
 
 // ---- kernel launch ----
 inline cudaError_t cudaGetDevice(int* d) {

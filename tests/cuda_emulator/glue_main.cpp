@@ -103,7 +103,7 @@ int run(Args& a) {
   p.counters = counters.empty() ? nullptr : counters.data();
 
   const int major = static_cast<int>(a.num("major", 9));
-  use_device(232448, major, static_cast<int>(a.num("sms", 8)), a["schedule"]);
+  use_device(kH100SmemOptin, major, static_cast<int>(a.num("sms", 8)), a["schedule"]);
   const cudaError_t err = p.kind == GlueKind::kLinear   ? rms_norm_linear<T>(p, nullptr)
                           : p.kind == GlueKind::kGateUp ? rms_norm_gate_up<T>(p, nullptr)
                                                         : rms_norm_q_rope<T>(p, nullptr);

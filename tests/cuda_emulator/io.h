@@ -86,6 +86,8 @@ inline void store(const std::string& dir, const std::string& name, const Buffer&
   write_file(dir + "/" + name + ".bin", packed.data(), packed.size());
 }
 
+constexpr int kH100SmemOptin = 232448;  // opt-in shared memory per block of an H100 / H200
+
 // The device the call runs on (smem_optin bytes of opt-in shared memory, compute capability major, sms
 // SMs) and the warps' schedule: "rr" (round robin), "ahead" or "behind" (one warp as far as it goes).
 inline void use_device(int smem_optin, int major, int sms, const std::string& schedule) {

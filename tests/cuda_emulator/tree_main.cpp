@@ -67,7 +67,7 @@ int run(Args& a) {
   p.last_node = static_cast<int32_t*>(last.data());
 
   const int sms = static_cast<int>(a.num("sms", 8));
-  use_device(232448, 9, sms, "rr");
+  use_device(kH100SmemOptin, 9, sms, "rr");
   std::vector<unsigned char> ws(static_cast<size_t>(tree_verify_prepare<T>(p, sms)), 0xFF);
   std::vector<int32_t> counters(static_cast<size_t>(tree_verify_counter_ints(B, N)), 0);
   p.workspace = ws.data();

@@ -218,17 +218,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) mma_kernel(DownProjParams p
   const T* weight = static_cast<const T*>(p.weight);
   const int K = 2 * p.Hb;
   const int s_end = min(static_cast<int>(ceil_div(K, kMmaStepK)), (blockIdx.z + 1) * plan.steps_per_split);
+  auto weight_row = [&](int n) { return n < p.Hd ? weight + static_cast<int64_t>(n) * p.weight_stride : nullptr; };
   const T* wrow[kMmaRowTiles];
 #pragma unroll
-  for (int nt = 0; nt < kMmaRowTiles; ++nt) {
-    const int n = n0 + nt * 8 + mma_b_row(lane);
-    wrow[nt] = n < p.Hd ? weight + static_cast<int64_t>(n) * p.weight_stride : nullptr;
-  }
-  {
-    const int n = n0 + (threadIdx.x & 31);
-    prefetch_weight_rows(n < p.Hd ? weight + static_cast<int64_t>(n) * p.weight_stride : nullptr,
-                         static_cast<int>(blockIdx.z) * plan.steps_per_split * kMmaStepK, min(s_end * kMmaStepK, K));
-  }
+  for (int nt = 0; nt < kMmaRowTiles; ++nt) wrow[nt] = weight_row(n0 + nt * 8 + mma_b_row(lane));
+  prefetch_weight_rows(weight_row(n0 + (threadIdx.x & 31)),
+                       static_cast<int>(blockIdx.z) * plan.steps_per_split * kMmaStepK, min(s_end * kMmaStepK, K));
   griddep_wait();  // the token ids and hidden states may be the previous kernel's output
   griddep_launch_dependents();
   if (threadIdx.x < kTok) {
@@ -328,14 +323,18 @@ cudaError_t launch_mma(const DownProjParams& p, const DownProjPlan& plan, bool p
 
 }  // namespace down_proj
 
-// Whether the launch takes the tensor-core path: bf16 / fp16, and every row the kernel reads with
-// 16-byte loads starts 16-byte aligned (pointers, row strides, Hb).
+// Whether every row the kernels read with 16-byte loads starts 16-byte aligned (pointers, row strides, Hb).
+template <class T>
+bool down_proj_rows_aligned(const DownProjParams& p) {
+  constexpr int V = kVec16<T>;
+  return p.Hb % V == 0 && p.table_stride % V == 0 && p.hidden_stride % V == 0 && p.weight_stride % V == 0 &&
+         host_aligned16(p.embed_table) && host_aligned16(p.hidden) && host_aligned16(p.weight);
+}
+
+// Whether the launch takes the tensor-core path: bf16 / fp16 with aligned rows.
 template <class T>
 bool down_proj_uses_mma(const DownProjParams& p) {
-  constexpr int V = kVec16<T>;
-  return sizeof(T) == 2 && p.Hb % V == 0 && p.table_stride % V == 0 && p.hidden_stride % V == 0 &&
-         p.weight_stride % V == 0 && host_aligned16(p.embed_table) && host_aligned16(p.hidden) &&
-         host_aligned16(p.weight);
+  return sizeof(T) == 2 && down_proj_rows_aligned<T>(p);
 }
 
 // Fills p.plan (the tensor-core path's grid) for a device with num_sms SMs; returns the bytes of fp32
@@ -364,12 +363,9 @@ cudaError_t fused_concat_down_proj(const DownProjParams& p, cudaStream_t stream)
     if (p.plan.splits > 1 && (p.partials == nullptr || p.counters == nullptr)) return cudaErrorInvalidValue;
     if constexpr (sizeof(T) == 2) return down_proj::launch_mma<T>(p, p.plan, dev.pdl, stream);
   }
-  constexpr int V = kVec16<T>;
-  const bool vec = p.Hb % V == 0 && p.table_stride % V == 0 && p.hidden_stride % V == 0 &&
-                   p.weight_stride % V == 0 && host_aligned16(p.embed_table) && host_aligned16(p.hidden) &&
-                   host_aligned16(p.weight);
   const int rows = plan_rows_per_cta(p.Hd, device_sm_count());
-  return vec ? down_proj::launch_vec<T, V>(p, rows, dev.pdl, stream) : down_proj::launch_vec<T, 1>(p, rows, dev.pdl, stream);
+  return down_proj_rows_aligned<T>(p) ? down_proj::launch_vec<T, kVec16<T>>(p, rows, dev.pdl, stream)
+                                      : down_proj::launch_vec<T, 1>(p, rows, dev.pdl, stream);
 }
 
 }  // namespace gemma4_mtp

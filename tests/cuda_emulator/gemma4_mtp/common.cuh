@@ -86,10 +86,9 @@ inline V __ldg(const V* p) {
   return *p;
 }
 
-// A spin on a value another block writes (the grid barrier): the other blocks of a cooperative launch
-// run while this thread waits.
+// Polled in a spin (the grid barrier): a spin, as __nanosleep (emu.h).
 inline uint32_t load_acquire(const uint32_t* p) {
-  emu::yield();
+  __nanosleep(0);
   return *p;
 }
 
