@@ -8,7 +8,7 @@
 #
 # Every stage is time-boxed so that one hang cannot eat the device budget (a device command may run
 # 10 minutes; the whole script stays under ~9.5): build 90 s, GPU suite 220 s (each file at most 90 s),
-# main command 100 s, memcheck 90 s, benchmarks what is left of 500 s (>= 60 s, + 20 s grace), plot 20 s,
+# main command 100 s, memcheck 90 s, stage boundaries 60 s, benchmarks what is left of 500 s (>= 60 s, + 20 s grace), plot 20 s,
 # then the HF assisted-generation benchmark only if at least 60 s remain before 540 s.
 # Exit status: 2 = no GPU; otherwise 0 only if every stage passed.
 set -u
@@ -137,6 +137,11 @@ else
     status=1
 fi
 
+# What a dependent stage boundary costs (launch, PDL, grid barrier): ~10 s, the input of issue 11's
+# persistent-step decision (benchmarks/README.md, "Stage boundaries").
+stage stage-boundary 60 "$OUT/stage_boundary.log" "$PY" -m benchmarks.bench_stage_boundary \
+    --out "$OUT/stage_boundary.json"
+
 # The benchmarks get what the stages above left of 500 s (at least 60 s). The vLLM anchor runs when
 # GEMMA4_MTP_VLLM_UNIFIED_ATTENTION names a copy of its kernel (benchmarks/vllm_anchor.py). run_all stops starting
 # new cases after its budget (an equal share per op) and records the rest as "not run"; the JSON is
@@ -177,5 +182,6 @@ else
 fi
 say "done in ${SECONDS}s, status $status; files in $OUT"
 { echo "GPU suite (per file):"; cat "$OUT/gpu_suite.txt"; } >> "$OUT/summary.txt" 2>/dev/null
+{ echo "Stage boundaries:"; cat "$OUT/stage_boundary.log"; } >> "$OUT/summary.txt" 2>/dev/null
 [ -f "$OUT/summary.txt" ] && cat "$OUT/summary.txt"
 exit $status

@@ -16,14 +16,16 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 EMU = ROOT / "tests" / "cuda_emulator"
+BENCH_CUDA = ROOT / "benchmarks" / "cuda"  # device code of the benchmarks (stage_boundary.cuh)
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}  # the drivers' dtype=
 
 
 def sources(main: str) -> list[Path]:
     """What an emulator build of `main` compiles (the key of its cached binary): the emulation, the
-    driver and every kernel header, so that no edit of an included header reuses a stale binary."""
+    driver, every kernel header and the benchmarks' device headers, so that no edit of an included
+    header reuses a stale binary."""
     return [EMU / "emu.h", EMU / "io.h", EMU / "gemma4_mtp" / "common.cuh", EMU / "cuda" / "atomic", EMU / main,
-            *sorted((ROOT / "csrc" / "include" / "gemma4_mtp").iterdir())]
+            *sorted((ROOT / "csrc" / "include" / "gemma4_mtp").iterdir()), *sorted(BENCH_CUDA.glob("*.cuh"))]
 
 
 def compiler_flags() -> list[str]:
@@ -45,7 +47,7 @@ def build(request, main: str, name: str, defines: tuple[str, ...] = ()) -> Path:
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources(main)) + " ".join(flags).encode()).hexdigest()[:16]
     exe = Path(request.config.cache.mkdir("cuda_emulator")) / f"{name}_{digest}"
     if not exe.exists():
-        cmd = [*flags, f"-I{EMU}", f"-I{ROOT / 'csrc' / 'include'}", str(EMU / main), "-o", str(exe)]
+        cmd = [*flags, f"-I{EMU}", f"-I{ROOT / 'csrc' / 'include'}", f"-I{BENCH_CUDA}", str(EMU / main), "-o", str(exe)]
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
         assert run.returncode == 0, run.stderr[-4000:]
     return exe

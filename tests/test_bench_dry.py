@@ -3,6 +3,7 @@ GPU entry points refuse cleanly without a GPU."""
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -414,3 +415,16 @@ def test_resume_keeps_the_finished_cases_and_skips_the_lost_baselines(tmp_path, 
     assert resumed["cases"][0] == written["cases"][0]
     assert [r["status"] for r in resumed["cases"][1]["results"]] == ["ok", "ok", "not run", "not run"]
     assert resumed["lost_contexts"] == [{"case": "second", "baseline": "cuda"}] and "context_lost" not in resumed
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"), reason="nvcc not found")
+def test_stage_boundary_builds_and_fails_cleanly_without_a_gpu(tmp_path):
+    """bench_stage_boundary's own nvcc command (the program's sources and includes, not only the
+    compile that tests/test_cuda_build.py checks) builds here; with no device the program names the
+    CUDA error, the benchmark returns 1 and writes no results."""
+    from benchmarks import bench_stage_boundary
+
+    out = tmp_path / "stage_boundary.json"
+    assert bench_stage_boundary.main(["--out", str(out), "--build-dir", str(tmp_path / "build")]) == 1
+    assert (tmp_path / "build" / "stage_boundary").exists()
+    assert not out.exists()

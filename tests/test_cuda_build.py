@@ -1,6 +1,7 @@
 """Build checks of the CUDA backend that need no GPU: the extension was built wherever the toolchain
 allows it, the host-side C++ tests pass (CMake + ctest), and no kernel spills registers on any
-target architecture (nvcc -Xptxas -v on every csrc/ops/*.cu).
+target architecture (nvcc -Xptxas -v on every csrc/ops/*.cu, and on the benchmarks' own CUDA programs,
+benchmarks/cuda/*.cu, which this compile is the only check of before they run on a GPU).
 
 Run `pytest tests/test_cuda_build.py -s` to see the per-kernel register / spill table."""
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from gemma4_mtp_kernels import cuda as cuda_backend
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = sorted((ROOT / "csrc" / "ops").glob("*.cu"))
+SOURCES = sorted((ROOT / "csrc" / "ops").glob("*.cu")) + sorted((ROOT / "benchmarks" / "cuda").glob("*.cu"))
 ARCHS = [a.strip() for a in os.environ.get("GEMMA4_MTP_CUDA_ARCHS", "80;90a").split(";") if a.strip()]
 
 

@@ -357,13 +357,27 @@ inline void finish_block(const Block& b) {
     if (!m.copies.empty() || m.tx != 0) fail("a block exited with bulk copies nobody waited for");
 }
 
-// Runs blocks to completion, a round of each in turn, until none has a thread left: one block after
-// another (a plain launch: blocks.size() == 1 at a time), or every block of a cooperative launch at once.
+// The blocks of a cooperative launch: a round of each in turn, or each in turn as far as it can go
+// before the next runs (a program racing ahead of the others exposes a missing grid-wide barrier).
+inline bool& blocks_ahead() {
+  static bool ahead = false;
+  return ahead;
+}
+
+// Runs blocks to completion until none has a thread left: one block after another (a plain launch:
+// blocks.size() == 1 at a time), or every block of a cooperative launch at once (see blocks_ahead).
 inline void run_blocks(std::vector<Block>& blocks) {
   for (bool any = true; any;) {
     const uint64_t before = progress();
     any = false;
-    for (Block& b : blocks) any |= run_round(b);
+    for (Block& b : blocks) {
+      for (;;) {
+        const uint64_t mark = progress();
+        const bool alive = run_round(b);
+        any |= alive;
+        if (!blocks_ahead() || !alive || progress() == mark) break;
+      }
+    }
     if (any && progress() == before) fail("deadlock: every thread waits and none can proceed");
   }
   for (const Block& b : blocks) finish_block(b);

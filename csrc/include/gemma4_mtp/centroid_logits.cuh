@@ -23,6 +23,8 @@
 
 #include "gemma4_mtp/centroid_logic.h"
 #include "gemma4_mtp/common.cuh"
+#include "gemma4_mtp/grid_barrier.cuh"
+#include "gemma4_mtp/launch.cuh"
 #include "gemma4_mtp/params.h"
 
 namespace gemma4_mtp {
@@ -59,21 +61,6 @@ struct Shared {  // 41 KiB: within the 48 KiB a launch may use without an opt-in
   int last;
 };
 static_assert(sizeof(Shared) <= 48 * 1024, "Shared must fit a launch without a shared-memory opt-in");
-
-// Every program arrives once; program 0 adds 2^31 - (grid - 1), the others 1, so the top bit of the
-// counter flips exactly when all have arrived, whatever it was (cooperative groups' grid sync).
-__device__ __forceinline__ void grid_barrier(int32_t* counter) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    uint32_t* c = reinterpret_cast<uint32_t*>(counter);
-    const uint32_t add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
-    __threadfence();  // this block's writes (ordered before by bar.sync) precede the arrival
-    const uint32_t old = atomicAdd(c, add);
-    while (((old ^ load_acquire(c)) & 0x80000000u) == 0) {
-    }
-  }
-  __syncthreads();
-}
 
 __device__ __forceinline__ uint32_t warp_inclusive_scan(uint32_t v, int lane) {
 #pragma unroll
@@ -372,17 +359,8 @@ __global__ void __launch_bounds__(kThreads, 1) head_kernel(CentroidParams p, Wor
 
 template <class T, int VEC, int E>
 cudaError_t launch(const CentroidParams& p, cudaStream_t stream) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;  // all programs co-resident, or a launch error
-  attr[0].val.cooperative = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(p.grid));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = sizeof(Shared);
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, head_kernel<T, VEC, E>, p, carve(p));
+  return launch_cooperative(head_kernel<T, VEC, E>, dim3(static_cast<unsigned>(p.grid)), kThreads, sizeof(Shared), stream,
+                            p, carve(p));
 }
 
 template <class T, int VEC>

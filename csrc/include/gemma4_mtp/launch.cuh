@@ -63,23 +63,41 @@ cudaError_t opt_in_smem(int bytes) {
   return err;
 }
 
+namespace detail {
+template <class Kernel, class... Args>
+cudaError_t launch_with(const cudaLaunchAttribute* attrs, unsigned num_attrs, Kernel kernel, dim3 grid, int threads,
+                        size_t smem, cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = const_cast<cudaLaunchAttribute*>(attrs);
+  cfg.numAttrs = num_attrs;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+}  // namespace detail
+
 // Launches `kernel` on `stream`; with pdl, as a programmatic dependent launch: it may be scheduled while
 // the previous kernel of the stream still runs and must call griddep_wait() before it reads anything
 // that kernel writes.
 template <class Kernel, class... Args>
 cudaError_t launch(Kernel kernel, dim3 grid, int threads, size_t smem, bool pdl, cudaStream_t stream,
                    Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
+  return detail::launch_with(attr, pdl ? 1 : 0, kernel, grid, threads, smem, stream, args...);
+}
+
+// Launches `kernel` on `stream` as a cooperative launch: every program co-resident (or a launch error),
+// so that they may meet at grid_barrier() (grid_barrier.cuh).
+template <class Kernel, class... Args>
+cudaError_t launch_cooperative(Kernel kernel, dim3 grid, int threads, size_t smem, cudaStream_t stream, Args... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  return detail::launch_with(attr, 1, kernel, grid, threads, smem, stream, args...);
 }
 
 }  // namespace gemma4_mtp

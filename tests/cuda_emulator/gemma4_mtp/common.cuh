@@ -92,6 +92,8 @@ inline uint32_t load_acquire(const uint32_t* p) {
   return *p;
 }
 
+inline uint32_t atomic_add_release(uint32_t* p, uint32_t v) { return atomicAdd(p, v); }
+
 inline uint4 __ldg(const uint4* p) {
   check_aligned(p, 16, "misaligned 16-byte load");
   uint4 v;

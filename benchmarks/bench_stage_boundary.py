@@ -1,0 +1,87 @@
+"""What one dependent stage boundary costs on this GPU: a kernel launch, a programmatic dependent launch,
+or a grid-wide barrier inside one persistent kernel (benchmarks/cuda/stage_boundary.cuh says how).
+
+A drafter step is 27 dependent stages (launch_count); at E2B's sizes its bytes take ~10 µs, so the
+cost of a boundary decides how close a step can get to issue 11's 20 µs, and whether a persistent
+per-step kernel (barriers instead of launches) is worth writing. Measured before anyone writes it;
+the prediction is in benchmarks/README.md ("Stage boundaries").
+
+    python -m benchmarks.bench_stage_boundary --out stage_boundary.json
+
+Builds benchmarks/cuda/stage_boundary.cu with nvcc for GEMMA4_MTP_CUDA_ARCHS (default "80;90a"), runs
+it (CUDA graphs, cudaEvent timing: each result is the slope of a 1-stage and an N-stage chain, the
+graph's own launch taken out, each chain's first replay checked against the host), writes the JSON
+with the environment, and prints a table with what 27 such boundaries cost."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "benchmarks" / "cuda" / "stage_boundary.cu"
+STEP_STAGES = 6 * 4 + 3  # a chain step's dependent launches: tests/test_launch_budget.py's budget for 4 layers
+
+
+def build(out_dir: Path) -> Path:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    nvcc = str(Path(home) / "bin" / "nvcc") if home and (Path(home) / "bin" / "nvcc").exists() else shutil.which("nvcc")
+    if nvcc is None:
+        raise SystemExit("nvcc not found (put it on PATH or set CUDA_HOME)")
+    archs = [a.strip() for a in os.environ.get("GEMMA4_MTP_CUDA_ARCHS", "80;90a").split(";") if a.strip()]
+    exe = out_dir / "stage_boundary"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [nvcc, "-O3", "-std=c++17", "--expt-relaxed-constexpr",
+           *(f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs),
+           f"-I{ROOT / 'csrc' / 'include'}", str(SOURCE), "-o", str(exe)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise SystemExit(f"nvcc failed:\n{done.stderr[-4000:]}")
+    return exe
+
+
+def table(results: dict) -> str:
+    lines = [f"{results['device']} ({results['sms']} SMs, sm_{results['cc'].replace('.', '')}), n = {results['n']} "
+             f"uint32, {results['stages']} stages; µs per added dependent stage (graph-replayed; one stage's "
+             f"whole replay in brackets), and {STEP_STAGES} of them",
+             f"{'mode':8s} {'programs':>8s} {'µs/stage':>9s} {'(1 stage)':>10s} {f'x {STEP_STAGES}':>8s}  check"]
+    for r in results["results"]:
+        if "skipped" in r:
+            lines.append(f"{r['mode']:8s} {r['programs']:8d}  skipped: {r['skipped']}")
+            continue
+        lines.append(f"{r['mode']:8s} {r['programs']:8d} {r['us_per_stage']:9.2f} {r['us_one_stage']:9.2f}  "
+                     f"{STEP_STAGES * r['us_per_stage']:7.1f}  {'ok' if r['ok'] else 'WRONG RESULT'}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="results JSON")
+    ap.add_argument("--build-dir", default=str(ROOT / "build" / "stage_boundary"))
+    ap.add_argument("--args", default="", help="passed to the binary, e.g. 'programs=1,132 stages=64'")
+    a = ap.parse_args(argv)
+    import torch
+
+    from .run_all import environment, write_json
+
+    exe = build(Path(a.build_dir))
+    done = subprocess.run([str(exe), *a.args.split()], capture_output=True, text=True, timeout=240)
+    if not done.stdout.strip():
+        print(done.stderr, file=sys.stderr)
+        return 1
+    results = json.loads(done.stdout)
+    results["env"] = environment(torch)
+    results["exit_status"] = done.returncode
+    write_json(results, a.out)
+    print(table(results))
+    if done.returncode != 0:
+        print(f"stage_boundary exited {done.returncode}: {done.stderr.strip()[-2000:]}", file=sys.stderr)
+    return done.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
