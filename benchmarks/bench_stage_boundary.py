@@ -48,13 +48,15 @@ def table(results: dict) -> str:
     lines = [f"{results['device']} ({results['sms']} SMs, sm_{results['cc'].replace('.', '')}), n = {results['n']} "
              f"uint32, {results['stages']} stages; µs per added dependent stage (graph-replayed; one stage's "
              f"whole replay in brackets), and {STEP_STAGES} of them",
-             f"{'mode':8s} {'programs':>8s} {'µs/stage':>9s} {'(1 stage)':>10s} {f'x {STEP_STAGES}':>8s}  check"]
+             f"{'mode':13s} {'programs':>8s} {'µs/stage':>9s} {'(1 stage)':>10s} {f'x {STEP_STAGES}':>8s}  check"]
     for r in results["results"]:
-        if "skipped" in r:
-            lines.append(f"{r['mode']:8s} {r['programs']:8d}  skipped: {r['skipped']}")
+        if "skipped" in r or "error" in r:
+            why = f"skipped: {r['skipped']}" if "skipped" in r else f"ERROR: {r['error']}"
+            lines.append(f"{r['mode']:13s} {r['programs']:8d}  {why}")
             continue
-        lines.append(f"{r['mode']:8s} {r['programs']:8d} {r['us_per_stage']:9.2f} {r['us_one_stage']:9.2f}  "
-                     f"{STEP_STAGES * r['us_per_stage']:7.1f}  {'ok' if r['ok'] else 'WRONG RESULT'}")
+        lines.append(f"{r['mode']:13s} {r['programs']:8d} {r['us_per_stage']:9.2f} {r['us_one_stage']:9.2f}  "
+                     f"{STEP_STAGES * r['us_per_stage']:7.1f}  {'ok' if r['ok'] else 'WRONG RESULT'}"
+                     f"{'' if r['graph'] else ' (stream launches: capture refused)'}")
     return "\n".join(lines)
 
 
@@ -70,10 +72,12 @@ def main(argv=None) -> int:
 
     exe = build(Path(a.build_dir))
     done = subprocess.run([str(exe), *a.args.split()], capture_output=True, text=True, timeout=240)
-    if not done.stdout.strip():
-        print(done.stderr, file=sys.stderr)
+    try:
+        results = json.loads(done.stdout)
+    except json.JSONDecodeError:  # no device, or a crash part-way (what it printed is kept in the log)
+        print(f"stage_boundary exited {done.returncode} without its JSON:\n{done.stdout[-4000:]}\n"
+              f"{done.stderr[-4000:]}", file=sys.stderr)
         return 1
-    results = json.loads(done.stdout)
     results["env"] = environment(torch)
     results["exit_status"] = done.returncode
     write_json(results, a.out)

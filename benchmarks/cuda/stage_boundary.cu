@@ -8,7 +8,9 @@
 // (median(t_stages) - median(t_1)) / (stages - 1), the cost of one more dependent stage with the graph's
 // own launch taken out. Each graph's first replay is checked against the chain computed on the host.
 // A mode that cannot run a program count (PDL before sm_90, a cooperative grid that is not resident at
-// once) is reported with "skipped" and the reason.
+// once) is reported with "skipped" and the reason; a chain that stream capture refuses is timed as
+// stream launches ("graph": false); a CUDA error is reported for its configuration ("error"), and the
+// exit status is then 1, as for a wrong result.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -53,47 +55,64 @@ std::vector<uint32_t> expected(int n, int stages) {
 
 struct Timing {
   bool ok = false;
-  double median_us = 0;  // one replay of the graph
+  bool graph = true;     // false: the chain could not be captured and ran as stream launches
+  double median_us = 0;  // one replay of the graph (or one enqueue of the chain)
 };
 
-Timing time_chain(Mode mode, Chain c, int programs, int replays, int repeats, cudaStream_t stream) {
+// Fails the enclosing function with the call and CUDA's message.
+#define TRY(call)                                                                                    \
+  do {                                                                                               \
+    const cudaError_t e_ = (call);                                                                   \
+    if (e_ != cudaSuccess) return std::string(#call) + ": " + cudaGetErrorString(e_);                \
+  } while (0)
+
+// One chain timed; returns "" or what failed (reported for this configuration only: the others run).
+std::string time_chain(Mode mode, Chain c, int programs, int replays, int repeats, cudaStream_t stream, Timing* t) {
   const size_t bytes = static_cast<size_t>(c.n) * sizeof(uint32_t);
   const std::vector<uint32_t> start = initial(c.n);
-  CHECK(cudaMemcpy(c.vec[0], start.data(), bytes, cudaMemcpyHostToDevice));
-  CHECK(cudaMemset(c.vec[1], 0, bytes));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  CHECK(stage_boundary::run(mode, c, programs, stream));
-  CHECK(cudaStreamEndCapture(stream, &graph));
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  Timing t;
-  CHECK(cudaGraphLaunch(exec, stream));
-  CHECK(cudaStreamSynchronize(stream));
+  TRY(cudaMemcpy(c.vec[0], start.data(), bytes, cudaMemcpyHostToDevice));
+  TRY(cudaMemset(c.vec[1], 0, bytes));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const cudaError_t launched = stage_boundary::run(mode, c, programs, stream);
+  const cudaError_t captured = cudaStreamEndCapture(stream, &graph);
+  if (launched == cudaSuccess && captured == cudaSuccess && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess) {
+    t->graph = true;
+  } else {  // e.g. a launch kind that stream capture refuses: time the stream launches instead
+    (void)cudaGetLastError();
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    graph = nullptr;
+    exec = nullptr;
+    t->graph = false;
+  }
+  auto replay = [&] { return exec != nullptr ? cudaGraphLaunch(exec, stream) : stage_boundary::run(mode, c, programs, stream); };
+  TRY(replay());
+  TRY(cudaStreamSynchronize(stream));
   std::vector<uint32_t> got(static_cast<size_t>(c.n));
-  CHECK(cudaMemcpy(got.data(), c.vec[c.stages & 1], bytes, cudaMemcpyDeviceToHost));
-  t.ok = got == expected(c.n, c.stages);
-  for (int i = 0; i < 10; ++i) CHECK(cudaGraphLaunch(exec, stream));
+  TRY(cudaMemcpy(got.data(), c.vec[c.stages & 1], bytes, cudaMemcpyDeviceToHost));
+  t->ok = got == expected(c.n, c.stages);
+  for (int i = 0; i < 10; ++i) TRY(replay());
   cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
+  TRY(cudaEventCreate(&a));
+  TRY(cudaEventCreate(&b));
   std::vector<double> us;
   for (int r = 0; r < repeats; ++r) {
-    CHECK(cudaEventRecord(a, stream));
-    for (int i = 0; i < replays; ++i) CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(b, stream));
-    CHECK(cudaEventSynchronize(b));
+    TRY(cudaEventRecord(a, stream));
+    for (int i = 0; i < replays; ++i) TRY(replay());
+    TRY(cudaEventRecord(b, stream));
+    TRY(cudaEventSynchronize(b));
     float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
+    TRY(cudaEventElapsedTime(&ms, a, b));
     us.push_back(1000.0 * ms / replays);
   }
   std::sort(us.begin(), us.end());
-  t.median_us = us[us.size() / 2];
-  CHECK(cudaEventDestroy(a));
-  CHECK(cudaEventDestroy(b));
-  CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
-  return t;
+  t->median_us = us[us.size() / 2];
+  TRY(cudaEventDestroy(a));
+  TRY(cudaEventDestroy(b));
+  if (exec != nullptr) TRY(cudaGraphExecDestroy(exec));
+  if (graph != nullptr) TRY(cudaGraphDestroy(graph));
+  return "";
 }
 
 std::vector<int> parse_list(const std::string& s) {
@@ -175,15 +194,24 @@ int main(int argc, char** argv) {
         std::printf(", \"skipped\": \"%s\"}", skip);
         continue;
       }
+      Timing one, many;
       c.stages = 1;
-      const Timing one = time_chain(m.mode, c, programs, replays, repeats, stream);
+      std::string error = time_chain(m.mode, c, programs, replays, repeats, stream, &one);
       c.stages = stages;
-      const Timing many = time_chain(m.mode, c, programs, replays, repeats, stream);
+      if (error.empty()) error = time_chain(m.mode, c, programs, replays, repeats, stream, &many);
+      if (!error.empty()) {
+        std::replace(error.begin(), error.end(), '"', '\'');
+        std::printf(", \"error\": \"%s\"}", error.c_str());
+        all_ok = false;
+        continue;
+      }
       const bool ok = one.ok && many.ok;
       all_ok = all_ok && ok;
-      std::printf(", \"ok\": %s, \"us_one_stage\": %.3f, \"us_all_stages\": %.3f, \"us_per_stage\": %.3f}",
-                  ok ? "true" : "false", one.median_us, many.median_us,
+      std::printf(", \"ok\": %s, \"graph\": %s, \"us_one_stage\": %.3f, \"us_all_stages\": %.3f, "
+                  "\"us_per_stage\": %.3f}",
+                  ok ? "true" : "false", one.graph && many.graph ? "true" : "false", one.median_us, many.median_us,
                   (many.median_us - one.median_us) / (stages - 1));
+      std::fflush(stdout);
     }
   }
   std::printf("\n]}\n");
