@@ -33,8 +33,8 @@ class Emulated:
     """centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k, output, fill_value) run by
     the emulator, on `sms` SMs (the launch's programs)."""
 
-    def __init__(self, binary, tmp_path, *, sms=4, ahead=False):
-        self.binary, self.dir, self.sms, self.ahead = binary, tmp_path, sms, ahead
+    def __init__(self, binary, tmp_path, *, sms=4, schedule="rr"):
+        self.binary, self.dir, self.sms, self.schedule = binary, tmp_path, sms, schedule
         self.last = {}
 
     def __call__(self, hidden, centroids, ordering, lm_head, *, top_k=32, output="argmax", fill_value=None):
@@ -48,7 +48,7 @@ class Emulated:
             f"dir={d} dtype={emulated.DTYPE_NAMES[hidden.dtype]} T={T} Hd={Hd} C={C} V={V} top_k={top_k} "
             f"output={output} fill={fill!r} ord64={int(ordering.dtype == torch.int64)} hs={hidden.stride(0)} "
             f"cs={centroids.stride(0)} ls={lm_head.stride(0)} ho={hidden.storage_offset()} sms={self.sms} "
-            f"ahead={int(self.ahead)}"))
+            f"schedule={self.schedule}"))
         K = {"argmax": None, "sparse": top_k * (V // C), "dense": V}[output]
         shape = (T,) if K is None else (T, K)
         logits = emulated.read(d / "logits.bin", torch.float32, shape)
@@ -57,16 +57,16 @@ class Emulated:
         return emulated.read(d / "ids.bin", torch.int64, shape), logits
 
 
-@pytest.mark.parametrize("T,dtype,ahead", [(1, torch.float32, 0), (1, torch.float16, 0), (1, torch.bfloat16, 0),
-                                           (9, torch.bfloat16, 0), (1, torch.bfloat16, 1), (9, torch.float32, 1)],
-                         ids=str)
-def test_e2b_width_and_top_k(binary, tmp_path, T, dtype, ahead):
+@pytest.mark.parametrize("T,dtype,schedule", [(1, torch.float32, "rr"), (1, torch.float16, "rr"), (1, torch.bfloat16, "rr"),
+                                              (9, torch.bfloat16, "rr"), (1, torch.bfloat16, "ahead"),
+                                              (9, torch.float32, "behind")], ids=str)
+def test_e2b_width_and_top_k(binary, tmp_path, T, dtype, schedule):
     """The E2B / E4B head's width (256) and top 32 clusters, 512 clusters of 16 tokens on 4 SMs: at
     T = 1 a cluster's rows split into chunks over programs, at T = 9 programs own several tokens. With
-    ahead, each program runs as far as it can before the next: the first reaches the grid barrier before
-    any other has scored its centroids."""
+    schedule ahead / behind, each program (and warp) runs as far as it can before the next, from the
+    lowest / highest index: the first reaches the grid barrier before any other has scored its centroids."""
     args = make(T, E2B["Hd"], 512, 512 * 16, dtype, gen=torch.Generator().manual_seed(T))
-    check_all_outputs(args, E2B["top_k"], f"T={T} {dtype}", call=Emulated(binary, tmp_path, ahead=bool(ahead)))
+    check_all_outputs(args, E2B["top_k"], f"T={T} {dtype}", call=Emulated(binary, tmp_path, schedule=schedule))
 
 
 @pytest.mark.parametrize("top_k", [1, 3, 8])

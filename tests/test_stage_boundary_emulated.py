@@ -29,18 +29,20 @@ def chain(start: np.ndarray, stages: int) -> np.ndarray:
     return v.astype(np.uint32)
 
 
-@pytest.mark.parametrize("mode,ahead", [("launch", 0), ("pdl", 0), ("barrier", 0), ("barrier", 1), ("barrier_fence", 1)],
-                         ids=["launch", "pdl", "barrier", "barrier-programs-ahead", "barrier_fence-programs-ahead"])
+@pytest.mark.parametrize("mode,schedule", [("launch", "rr"), ("launch", "behind"), ("pdl", "rr"), ("barrier", "rr"),
+                                           ("barrier", "ahead"), ("barrier", "behind"), ("barrier_fence", "ahead")],
+                         ids=lambda v: str(v))
 @pytest.mark.parametrize("programs,n,stages", [(1, 4, 1), (3, 100, 4), (8, 64, 5), (8, 12, 3), (5, 2048, 2)],
                          ids=lambda v: str(v))
-def test_chain(binary, tmp_path, mode, ahead, programs, n, stages):
+def test_chain(binary, tmp_path, mode, schedule, programs, n, stages):
     """(8, 12): programs that own no element still sum and meet at the barrier. With the programs of the
-    cooperative launch each running as far as it can before the next (ahead), a missing barrier makes
-    the first program sum a vector the others have not written yet."""
+    cooperative launch each running as far as it can before the next (schedule ahead or behind: from the
+    lowest or the highest index), a missing barrier makes the first program sum a vector the others
+    have not written yet."""
     start = (np.arange(n, dtype=np.uint64) * 2654435761 & 0xFFFFFFFF).astype(np.uint32)
     emulated.write(tmp_path / "start.bin", torch.from_numpy(start.view(np.int32)))
     out = emulated.run(binary, f"dir={tmp_path} mode={mode} programs={programs} n={n} stages={stages} sms=8 "
-                               f"ahead={ahead}")
+                               f"schedule={schedule}")
     assert int(out["launches"]) == (1 if mode.startswith("barrier") else stages)
     got = emulated.read(tmp_path / "result.bin", torch.int32, (n,)).numpy().view(np.uint32)
     np.testing.assert_array_equal(got, chain(start, stages))

@@ -4,7 +4,7 @@
 // line "OK ..." or "FAIL ..." (exit 1).
 //
 //   dir=PATH dtype=bf16|f16|f32 T= Hd= C= V= top_k= output=argmax|sparse|dense fill= ord64=0|1 sms=
-//   ahead=0|1 (the programs in turn, or each as far as it goes before the next: emu::blocks_ahead)
+//   schedule=rr|ahead|behind (emu::Schedule: ahead / behind run each program as far as it goes)
 //   hs= cs= ls= (row strides of the hidden states, centroids, LM head) ho= (the hidden states' offset)
 // Inputs: DIR/{hidden,centroids,token_ordering,lm_head}.bin (io.h: allocations of exactly their extent).
 // Outputs DIR/ids.bin (argmax, sparse) and DIR/logits.bin start poisoned (-1, NaN; dense: the fill
@@ -64,8 +64,7 @@ int run(Args& a) {
   p.logits = static_cast<float*>(logits.data());
 
   const int sms = static_cast<int>(a.num("sms", 4));
-  use_device(kH100SmemOptin, 9, sms, "rr");
-  emu::blocks_ahead() = a.num("ahead", 0);
+  use_device(kH100SmemOptin, 9, sms, a.count("schedule") ? a["schedule"] : "rr");
   std::vector<float> ws(static_cast<size_t>((centroid_prepare(p, sms) + 3) / 4), NAN);
   std::vector<int32_t> counters(2, 0);
   p.workspace = ws.data();

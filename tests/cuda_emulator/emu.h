@@ -126,9 +126,12 @@ inline bool& late_copies() {  // complete copies as late as the waits allow (els
   static bool late = true;
   return late;
 }
-// Thread scheduling: round robin (all warps advance in step), or one warp at a time as far as it can
-// go before any other runs, lowest warp first or highest first: a warp racing ahead of the others
-// exposes shared memory it rewrites before they have read it.
+// Scheduling: round robin (all warps advance in step; a launch's blocks in index order, a cooperative
+// launch's in turn), or one warp at a time as far as it can go before any other runs, lowest warp first
+// or highest first (a warp racing ahead of the others exposes shared memory it rewrites before they have
+// read it); then a cooperative launch's blocks, too, each run as far as it can before the next (a block
+// racing ahead exposes a missing grid barrier), and with kWarpBehind every launch's blocks run from the
+// highest index down (the last block to arrive at a counter is not the last one by index).
 enum class Schedule { kRoundRobin, kWarpAhead, kWarpBehind };
 inline Schedule& schedule() {
   static Schedule s = Schedule::kRoundRobin;
@@ -357,16 +360,10 @@ inline void finish_block(const Block& b) {
     if (!m.copies.empty() || m.tx != 0) fail("a block exited with bulk copies nobody waited for");
 }
 
-// The blocks of a cooperative launch: a round of each in turn, or each in turn as far as it can go
-// before the next runs (a program racing ahead of the others exposes a missing grid-wide barrier).
-inline bool& blocks_ahead() {
-  static bool ahead = false;
-  return ahead;
-}
-
 // Runs blocks to completion until none has a thread left: one block after another (a plain launch:
-// blocks.size() == 1 at a time), or every block of a cooperative launch at once (see blocks_ahead).
+// blocks.size() == 1 at a time), or every block of a cooperative launch at once (see Schedule).
 inline void run_blocks(std::vector<Block>& blocks) {
+  const bool ahead = schedule() != Schedule::kRoundRobin;
   for (bool any = true; any;) {
     const uint64_t before = progress();
     any = false;
@@ -375,7 +372,7 @@ inline void run_blocks(std::vector<Block>& blocks) {
         const uint64_t mark = progress();
         const bool alive = run_round(b);
         any |= alive;
-        if (!blocks_ahead() || !alive || progress() == mark) break;
+        if (!ahead || !alive || progress() == mark) break;
       }
     }
     if (any && progress() == before) fail("deadlock: every thread waits and none can proceed");
@@ -538,18 +535,21 @@ cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* cfg, void (*kernel)(P..
     std::memset(smem.get(), 0xFF, cfg->dynamicSmemBytes);
     return smem;
   };
+  // kWarpBehind: blocks from the highest index down (emu::Schedule)
+  auto order = [&](size_t i) { return emu::schedule() == emu::Schedule::kWarpBehind ? n - 1 - i : i; };
   if (cooperative) {  // every block resident at once (a spinning thread lets the others run)
     if (n > static_cast<size_t>(dev.sms)) return cudaErrorCooperativeLaunchTooLarge;  // one block per SM here
     std::vector<std::unique_ptr<unsigned char[]>> smem(n);
     std::vector<emu::Block> blocks(n);
     for (size_t i = 0; i < n; ++i) {
       smem[i] = shared_memory();
-      emu::init_block(blocks[i], index(i), threads, smem[i].get(), cfg->dynamicSmemBytes, body, i * threads);
+      emu::init_block(blocks[i], index(order(i)), threads, smem[i].get(), cfg->dynamicSmemBytes, body, i * threads);
     }
     emu::run_blocks(blocks);
     return cudaSuccess;
   }
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t j = 0; j < n; ++j) {
+    const size_t i = order(j);
     const auto smem = shared_memory();
     std::vector<emu::Block> one(1);
     emu::init_block(one[0], index(i), threads, smem.get(), cfg->dynamicSmemBytes, body, 0);

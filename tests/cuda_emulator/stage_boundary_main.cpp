@@ -4,7 +4,7 @@
 // "FAIL ..." (exit 1).
 //
 //   dir=PATH mode=launch|pdl|barrier|barrier_fence programs= n= stages= sms= major= counter= (the barrier's at launch)
-//   ahead=0|1 (a cooperative launch's programs in turn, or each as far as it goes: emu::blocks_ahead)
+//   schedule=rr|ahead|behind (emu::Schedule: ahead / behind run each program as far as it goes)
 // The launcher must make `stages` launches (launch, pdl: with programmatic dependent launch exactly for
 // pdl) or one cooperative launch (barrier, barrier_fence), all of them succeeding.
 #include <cstdio>
@@ -22,8 +22,8 @@ int main(int argc, char** argv) {
   const std::string dir = a["dir"], mode_name = a["mode"];
   const int programs = static_cast<int>(a.num("programs", 1)), n = static_cast<int>(a.num("n", 4));
   const int stages = static_cast<int>(a.num("stages", 1));
-  emu::blocks_ahead() = a.num("ahead", 0);
-  use_device(kH100SmemOptin, static_cast<int>(a.num("major", 9)), static_cast<int>(a.num("sms", 8)), "rr");
+  use_device(kH100SmemOptin, static_cast<int>(a.num("major", 9)), static_cast<int>(a.num("sms", 8)),
+             a.count("schedule") ? a["schedule"] : "rr");
   const stage_boundary::Mode mode = mode_name == "pdl"             ? stage_boundary::Mode::kPdl
                                     : mode_name == "barrier"       ? stage_boundary::Mode::kBarrier
                                     : mode_name == "barrier_fence" ? stage_boundary::Mode::kBarrierFence
