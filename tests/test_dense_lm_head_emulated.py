@@ -30,8 +30,8 @@ class Emulated:
     """dense_lm_head(hidden, lm_head, k) (top-k) or .dense(hidden, lm_head) run by the emulator; row
     strides and the hidden states' offset travel as they are."""
 
-    def __init__(self, binary, tmp_path, *, sms=8, major=9):
-        self.binary, self.dir, self.settings = binary, tmp_path, f"sms={sms} major={major}"
+    def __init__(self, binary, tmp_path, *, sms=8, major=9, schedule="rr"):
+        self.binary, self.dir, self.settings = binary, tmp_path, f"sms={sms} major={major} schedule={schedule}"
 
     def _run(self, hidden, lm_head, k, dense):
         d = self.dir
@@ -55,12 +55,14 @@ class Emulated:
         return self._read("dense", torch.float32, (hidden.shape[0], lm_head.shape[0]))
 
 
-@pytest.mark.parametrize("T,k", [(1, 1), (3, 2), (8, 5), (9, 16), (19, 4)])  # 19: three passes of 8 tokens
-def test_top_k_at_the_31b_width(binary, tmp_path, T, k):
+@pytest.mark.parametrize("T,k,schedule", [(1, 1, "rr"), (3, 2, "rr"), (8, 5, "rr"), (9, 16, "rr"), (19, 4, "rr"),
+                                          (9, 16, "behind")])  # 19: three passes of 8 tokens
+def test_top_k_at_the_31b_width(binary, tmp_path, T, k, schedule):
     """The 26B / 31B head's width (1024) over 3000 rows on an H100's 132 SMs (188 CTAs of 16 rows: one
-    row pair per warp), lists of 1 to 16 keys."""
+    row pair per warp), lists of 1 to 16 keys; behind: warps and blocks from the highest index down."""
     hidden, lm_head = make(T, 1024, 3000, torch.bfloat16, torch.Generator().manual_seed(T * 31 + k))
-    check_topk(hidden, lm_head, k, "cuda (emulated)", what=f"T={T} k={k}", call=Emulated(binary, tmp_path, sms=132))
+    check_topk(hidden, lm_head, k, "cuda (emulated)", what=f"T={T} k={k}",
+               call=Emulated(binary, tmp_path, sms=132, schedule=schedule))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)

@@ -35,9 +35,10 @@ def binary(request):
 
 
 def run_emulated(binary, d: Path, draft_tokens, parents, logits, *, temperature=None, uniforms=None, draft_probs=None,
-             sms=8, pad=0) -> tuple[VerifyResult, dict]:
+             sms=8, pad=0, schedule="rr") -> tuple[VerifyResult, dict]:
     """tree_verify on the emulator; `pad`: the logits' rows sit `pad` NaN elements apart (a strided
-    [B, N, V] view whose gaps a kernel must never read)."""
+    [B, N, V] view whose gaps a kernel must never read); `schedule`: emu::Schedule (behind: warps and
+    blocks from the highest index down)."""
     B, N, V = logits.shape
     for name, t in (("draft_tokens", draft_tokens), ("parents", parents), ("logits", logits)):
         emulated.write(d / f"{name}.bin", t)
@@ -49,14 +50,15 @@ def run_emulated(binary, d: Path, draft_tokens, parents, logits, *, temperature=
         emulated.write(d / "draft_probs.bin", draft_probs)
         flags += f" qf32={int(draft_probs.dtype == torch.float32)}"
     plan = emulated.run(binary, f"dir={d} dtype={emulated.DTYPE_NAMES[logits.dtype]} B={B} N={N} V={V} "
-                                f"ids64={int(draft_tokens.dtype == torch.int64)} {flags} sms={sms}")
+                                f"ids64={int(draft_tokens.dtype == torch.int64)} {flags} sms={sms} schedule={schedule}")
     read = emulated.read
     got = VerifyResult(read(d / "accept_len.bin", torch.int32, (B,)), read(d / "accepted_nodes.bin", torch.int32, (B, N)),
                        read(d / "output_tokens.bin", torch.int64, (B, N)), read(d / "last_node.bin", torch.int32, (B,)))
     return got, plan
 
-def check(binary, tmp_path, draft_tokens, parents, logits, *, sms=8, pad=0, **kw):
-    got, plan = run_emulated(binary, tmp_path, draft_tokens, parents, logits, sms=sms, pad=pad, **kw)
+def check(binary, tmp_path, draft_tokens, parents, logits, *, sms=8, pad=0, schedule="rr", **kw):
+    got, plan = run_emulated(binary, tmp_path, draft_tokens, parents, logits, sms=sms, pad=pad, schedule=schedule,
+                             **kw)
     ref = tree_verify(draft_tokens, parents, logits, backend="torch", **kw)
     assert_matches_reference(got, ref, draft_tokens, parents, logits, **kw)
     return got, ref, plan
@@ -117,10 +119,13 @@ def test_chains_with_draft_probs(binary, tmp_path, q_dtype):
     assert int(ref.accept_len.sum()) > 0 and bool((ref.accept_len < parents.shape[1] - 1).any())
 
 
-def test_bench_like_chains_reject_into_the_residual(binary, tmp_path):
+@pytest.mark.parametrize("schedule", ["rr", "behind"])
+def test_bench_like_chains_reject_into_the_residual(binary, tmp_path, schedule):
+    """behind: the warps and the blocks from the highest index down, so the block that decides a row (the
+    last of its chunks to arrive) is its first by index."""
     tokens, parents, logits, kw = bench_like_chains(4, 5, 4096, torch.bfloat16, torch.Generator().manual_seed(6),
                                                     torch.bfloat16)
-    check(binary, tmp_path, tokens, parents, logits, sms=16, **kw)
+    check(binary, tmp_path, tokens, parents, logits, sms=16, schedule=schedule, **kw)
 
 
 def test_real_vocabulary_over_many_chunks(binary, tmp_path):

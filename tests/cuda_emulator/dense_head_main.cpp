@@ -3,7 +3,7 @@
 // outputs back there for the test to check against the fp64 oracle. Prints one line "OK ..." or
 // "FAIL ..." (exit 1).
 //
-//   dir=PATH dtype=bf16|f16|f32 T= Hd= V= k= dense=0|1 sms= major=
+//   dir=PATH dtype=bf16|f16|f32 T= Hd= V= k= dense=0|1 sms= major= schedule=rr|ahead|behind
 //   hs= ws= (row strides of the hidden states and the head) ho= (hidden's element offset)
 // Inputs: DIR/{hidden,lm_head}.bin (io.h: allocations of exactly their extent). Outputs: DIR/ids.bin,
 // DIR/logits.bin (top-k) or DIR/dense.bin. Outputs start as NaN / -1, the workspace as all-ones keys
@@ -56,7 +56,7 @@ int run(Args& a) {
   std::vector<unsigned char> partial(static_cast<size_t>(dense_head_workspace_bytes(p)), 0xFF);
   p.partial = partial.empty() ? nullptr : reinterpret_cast<uint64_t*>(partial.data());
 
-  use_device(kH100SmemOptin, major, sms, "rr");
+  use_device(kH100SmemOptin, major, sms, a.count("schedule") ? a["schedule"] : "rr");
   if (!launched_as_expected(dense_lm_head<T>(p, nullptr), dense ? 1 : 2, major >= 9, {})) return 1;
   const auto& log = emu::launch_log();
   if (dense) {

@@ -4,7 +4,7 @@
 // (exit 1).
 //
 //   dir=PATH dtype=bf16|f16|f32 B= N= V= ids64=0|1 ls= (the logits' row stride, >= V) sample=0|1
-//   draft=0|1 qf32=0|1 (draft probabilities in fp32, else in the logits' type) sms=
+//   draft=0|1 qf32=0|1 (draft probabilities in fp32, else in the logits' type) sms= schedule=rr|ahead|behind
 // Inputs: DIR/{draft_tokens,parents,logits}.bin, with sampling DIR/{temperature,uniforms}.bin, with
 // draft probabilities DIR/draft_probs.bin (rows at stride V), in allocations of exactly their extent
 // (io.h). Outputs start poisoned (-1 / all ones), the workspace too; the counters start zero and the
@@ -67,7 +67,7 @@ int run(Args& a) {
   p.last_node = static_cast<int32_t*>(last.data());
 
   const int sms = static_cast<int>(a.num("sms", 8));
-  use_device(kH100SmemOptin, 9, sms, "rr");
+  use_device(kH100SmemOptin, 9, sms, a.count("schedule") ? a["schedule"] : "rr");
   std::vector<unsigned char> ws(static_cast<size_t>(tree_verify_prepare<T>(p, sms)), 0xFF);
   std::vector<int32_t> counters(static_cast<size_t>(tree_verify_counter_ints(B, N)), 0);
   p.workspace = ws.data();
