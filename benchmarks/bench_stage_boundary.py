@@ -44,20 +44,31 @@ def build(out_dir: Path) -> Path:
     return exe
 
 
-def table(results: dict) -> str:
-    lines = [f"{results['device']} ({results['sms']} SMs, sm_{results['cc'].replace('.', '')}), n = {results['n']} "
-             f"uint32, {results['stages']} stages; µs per added dependent stage (graph-replayed; one stage's "
-             f"whole replay in brackets), and {STEP_STAGES} of them",
-             f"{'mode':13s} {'programs':>8s} {'µs/stage':>9s} {'(1 stage)':>10s} {f'x {STEP_STAGES}':>8s}  check"]
+def table(results: dict, *, markdown: bool = False) -> str:
+    """One row per (mode, programs): µs per added stage, one stage's whole replay, 27 of them, the check;
+    as text for the terminal or as a markdown table (readme_tables)."""
+    title = (f"{results['device']} ({results['sms']} SMs, sm_{results['cc'].replace('.', '')}), n = {results['n']} "
+             f"uint32, {results['stages']} stages; µs per added dependent stage (graph-replayed), one stage's whole "
+             f"replay, and {STEP_STAGES} stages (a drafter step's boundaries)")
+    head = ("mode", "programs", "µs/stage", "1 stage µs", f"x {STEP_STAGES} µs", "check")
+    rows = []
     for r in results["results"]:
         if "skipped" in r or "error" in r:
             why = f"skipped: {r['skipped']}" if "skipped" in r else f"ERROR: {r['error']}"
-            lines.append(f"{r['mode']:13s} {r['programs']:8d}  {why}")
+            rows.append((r["mode"], str(r["programs"]), "-", "-", "-", why))
             continue
-        lines.append(f"{r['mode']:13s} {r['programs']:8d} {r['us_per_stage']:9.2f} {r['us_one_stage']:9.2f}  "
-                     f"{STEP_STAGES * r['us_per_stage']:7.1f}  {'ok' if r['ok'] else 'WRONG RESULT'}"
-                     f"{'' if r['graph'] else ' (stream launches: capture refused)'}")
-    return "\n".join(lines)
+        check = ("ok" if r["ok"] else "WRONG RESULT") + ("" if r["graph"] else " (stream launches: capture refused)")
+        rows.append((r["mode"], str(r["programs"]), f"{r['us_per_stage']:.2f}", f"{r['us_one_stage']:.2f}",
+                     f"{STEP_STAGES * r['us_per_stage']:.1f}", check))
+    if markdown:
+        return "\n".join([title, "", "| " + " | ".join(head) + " |", "|---" * len(head) + "|",
+                          *("| " + " | ".join(row) + " |" for row in rows)])
+    widths = (13, 8, 9, 10, 9)
+
+    def line(row):
+        cells = (f"{c:{'<' if i == 0 else '>'}{w}}" for i, (c, w) in enumerate(zip(row, widths)))
+        return " ".join(cells) + "  " + row[-1]
+    return "\n".join([title, line(head), *map(line, rows)])
 
 
 def main(argv=None) -> int:

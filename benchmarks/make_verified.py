@@ -63,6 +63,7 @@ class Run:
     name: str  # the directory under benchmarks/results/
     results: dict
     suite: dict | None
+    stage_boundary: dict | None = None  # stage_boundary.json (bench_stage_boundary), when the run has one
 
     @property
     def device(self) -> str:
@@ -100,7 +101,11 @@ def load_runs(results_dir: str = RESULTS) -> list[Run]:
         if os.path.exists(os.path.join(d, "gpu_suite.json")):
             with open(os.path.join(d, "gpu_suite.json")) as f:
                 suite = json.load(f)
-        runs.append(Run(os.path.basename(d), results, suite))
+        stage_boundary = None
+        if os.path.exists(os.path.join(d, "stage_boundary.json")):
+            with open(os.path.join(d, "stage_boundary.json")) as f:
+                stage_boundary = json.load(f)
+        runs.append(Run(os.path.basename(d), results, suite, stage_boundary))
     return runs
 
 

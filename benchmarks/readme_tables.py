@@ -5,7 +5,8 @@
     python -m benchmarks.readme_tables --check    # exit 1 if a committed table differs from the results
 
 README.md gets one line per op (how close to the floor each backend gets, how ours compare with the
-fastest anchor); benchmarks/README.md one line per case. "Anchor" = any baseline that is not ours
+fastest anchor); benchmarks/README.md one line per case, and the stage-boundary table of the newest run
+per device that has one (stage_boundary.json, bench_stage_boundary). "Anchor" = any baseline that is not ours
 and computes the op (or the function it replaces, e.g. the dense LM head), except the calls labelled
 as not what an engine runs (NOT_ANCHORS).
 """
@@ -20,7 +21,8 @@ import sys
 from .make_verified import CANDIDATES, ROOT, Run, load_runs
 
 NOT_ANCHORS = {"vllm_unified_2d"}  # vLLM's 2D path: not what vLLM runs for decode (bench_q_only_attention)
-FILES = {"summary": os.path.join(ROOT, "README.md"), "cases": os.path.join(ROOT, "benchmarks", "README.md")}
+FILES = {"summary": os.path.join(ROOT, "README.md"), "cases": os.path.join(ROOT, "benchmarks", "README.md"),
+         "stage_boundary": os.path.join(ROOT, "benchmarks", "README.md")}
 
 
 def _begin(kind):
@@ -127,7 +129,18 @@ def summary_table(runs: list[Run]) -> str:
     return "\n".join(out).rstrip() + "\n" if out else "No GPU run is committed yet.\n"
 
 
-TABLES = {"summary": summary_table, "cases": cases_table}
+def stage_boundary_table(runs: list[Run]) -> str:
+    from .bench_stage_boundary import table
+
+    out = []
+    for run in newest_runs([r for r in runs if r.stage_boundary]):
+        sb = run.stage_boundary
+        out += [f"`benchmarks/results/{run.name}/stage_boundary.json`, commit {str(sb['env'].get('commit'))[:7]}: "
+                + table(sb, markdown=True), ""]
+    return "\n".join(out).rstrip() + "\n" if out else "No stage-boundary measurement is committed yet.\n"
+
+
+TABLES = {"summary": summary_table, "cases": cases_table, "stage_boundary": stage_boundary_table}
 
 
 def rewrite(text: str, kind: str, table: str, path: str) -> str:

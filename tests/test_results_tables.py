@@ -75,3 +75,30 @@ def test_rewrite_needs_the_markers_and_replaces_only_between_them():
     assert readme_tables.rewrite(text, "cases", "new\n", "f") == f"a\n{begin}\nnew\n{end}\nb\n"
     with pytest.raises(SystemExit, match="needs one"):
         readme_tables.rewrite("no markers", "cases", "new\n", "f")
+
+
+def test_stage_boundary_table_of_the_newest_run_that_has_one(tmp_path):
+    """A run's stage_boundary.json (bench_stage_boundary) becomes the stage-boundary table of
+    benchmarks/README.md: µs per stage and 27 of them per (mode, programs), skips and errors by name;
+    a run without one is passed over, and with none at all the table says so."""
+    sb = {"device": "GPU", "sms": 132, "cc": "9.0", "n": 2048, "stages": 32, "env": {"commit": "1234567abc"},
+          "results": [{"mode": "pdl", "programs": 132, "ok": True, "graph": True, "us_one_stage": 4.0,
+                       "us_all_stages": 50.0, "us_per_stage": 1.5},
+                      {"mode": "barrier", "programs": 264, "skipped": "not resident at once"},
+                      {"mode": "barrier_fence", "programs": 8, "error": "cudaGraphLaunch: boom"}]}
+    old, new = _run([]), _run([])
+    old.results["env"]["date"], new.results["env"]["date"] = "2026-12-01", "2026-12-05"
+    assert readme_tables.stage_boundary_table([old, new]) == "No stage-boundary measurement is committed yet.\n"
+    old.stage_boundary = sb
+    text = readme_tables.stage_boundary_table([old, new])  # the newer run has none: the older one's table
+    assert text.startswith("`benchmarks/results/r/stage_boundary.json`, commit 1234567: GPU (132 SMs, sm_90)")
+    assert "| pdl | 132 | 1.50 | 4.00 | 40.5 | ok |" in text
+    assert "| barrier | 264 | - | - | - | skipped: not resident at once |" in text
+    assert "| barrier_fence | 8 | - | - | - | ERROR: cudaGraphLaunch: boom |" in text
+    # load_runs reads it from the run's directory
+    run_dir = tmp_path / "2026-12-05-h200"
+    run_dir.mkdir()
+    (run_dir / "results.json").write_text(json.dumps({**new.results, "dry_run": False}))
+    (run_dir / "stage_boundary.json").write_text(json.dumps(sb))
+    (loaded,) = make_verified.load_runs(str(tmp_path))
+    assert loaded.stage_boundary == sb
