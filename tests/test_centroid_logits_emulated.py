@@ -43,10 +43,10 @@ class Emulated:
                         ("lm_head", lm_head)):
             emulated.write(d / f"{name}.bin", t)
         (T, Hd), C, V = hidden.shape, centroids.shape[0], lm_head.shape[0]
-        fill = float("-inf") if fill_value is None else float(fill_value)
+        fill = "" if output != "dense" else f"fill={float('-inf') if fill_value is None else float(fill_value)!r} "
         self.last = emulated.run(self.binary, (
             f"dir={d} dtype={emulated.DTYPE_NAMES[hidden.dtype]} T={T} Hd={Hd} C={C} V={V} top_k={top_k} "
-            f"output={output} fill={fill!r} ord64={int(ordering.dtype == torch.int64)} hs={hidden.stride(0)} "
+            f"output={output} {fill}ord64={int(ordering.dtype == torch.int64)} hs={hidden.stride(0)} "
             f"cs={centroids.stride(0)} ls={lm_head.stride(0)} ho={hidden.storage_offset()} sms={self.sms} "
             f"schedule={self.schedule}"))
         K = {"argmax": None, "sparse": top_k * (V // C), "dense": V}[output]

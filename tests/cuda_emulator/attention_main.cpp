@@ -11,6 +11,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "emu.h"
 #include "io.h"
@@ -29,41 +30,26 @@ struct Args {
   std::vector<int> lens{100};
 };
 
-Args parse(int argc, char** argv) {
+// The case, from key=value arguments (io.h: every key given must be read, see finish()).
+Args parse(const emu_io::Args& kv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string s = argv[i];
-    const auto eq = s.find('=');
-    if (eq == std::string::npos) emu::fail(("bad argument " + s).c_str());
-    const std::string k = s.substr(0, eq), v = s.substr(eq + 1);
-    if (k == "dtype") a.dtype = v;
-    else if (k == "layout") a.layout = v;
-    else if (k == "copies") a.copies = v;
-    else if (k == "schedule") a.schedule = v;
-    else if (k == "expect") a.expect = v;
-    else if (k == "D") a.D = std::stoi(v);
-    else if (k == "Q") a.Q = std::stoi(v);
-    else if (k == "Hq") a.Hq = std::stoi(v);
-    else if (k == "Hkv") a.Hkv = std::stoi(v);
-    else if (k == "bs") a.bs = std::stoi(v);
-    else if (k == "sms") a.sms = std::stoi(v);
-    else if (k == "smem") a.smem = std::stoi(v);
-    else if (k == "major") a.major = std::stoi(v);
-    else if (k == "seed") a.seed = std::stoi(v);
-    else if (k == "wide") a.wide = std::stoi(v);
-    else if (k == "bad_block") a.bad_block = std::stoi(v);
-    else if (k == "bad_len") a.bad_len = std::stoi(v);
-    else if (k == "out_offset") a.out_offset = std::stoi(v);
-    else if (k == "window") a.window = std::stoll(v);
-    else if (k == "softcap") a.softcap = std::stod(v);
-    else if (k == "scale") a.scale = std::stod(v);
-    else if (k == "lens") {
-      a.lens.clear();
-      std::stringstream ss(v);
-      for (std::string t; std::getline(ss, t, ',');) a.lens.push_back(std::stoi(t));
-    } else {
-      emu::fail(("unknown argument " + k).c_str());
-    }
+  a.dtype = kv.str("dtype", a.dtype);
+  a.layout = kv.str("layout", a.layout);
+  a.copies = kv.str("copies", a.copies);
+  a.schedule = kv.str("schedule", a.schedule);
+  a.expect = kv.str("expect", a.expect);
+  for (auto [key, field] : {std::pair{"D", &a.D}, {"Q", &a.Q}, {"Hq", &a.Hq}, {"Hkv", &a.Hkv}, {"bs", &a.bs},
+                            {"sms", &a.sms}, {"smem", &a.smem}, {"major", &a.major}, {"seed", &a.seed},
+                            {"wide", &a.wide}, {"bad_block", &a.bad_block}, {"bad_len", &a.bad_len},
+                            {"out_offset", &a.out_offset}})
+    *field = static_cast<int>(kv.num(key, *field));
+  a.window = kv.num("window", a.window);
+  a.softcap = kv.real("softcap", a.softcap);
+  a.scale = kv.real("scale", a.scale);
+  if (kv.has("lens")) {
+    a.lens.clear();
+    std::stringstream ss(kv.str("lens"));
+    for (std::string t; std::getline(ss, t, ',');) a.lens.push_back(std::stoi(t));
   }
   if (a.scale < 0) a.scale = 1.0 / std::sqrt(static_cast<double>(a.D));
   return a;
@@ -288,6 +274,7 @@ int run(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args a = parse(argc, argv);
-  return emu_io::with_dtype(a.dtype, [&](auto tag) { return run<decltype(tag)>(a); });
+  const emu_io::Args kv = emu_io::parse(argc, argv);
+  const Args a = parse(kv);
+  return emu_io::finish(kv, emu_io::with_dtype(a.dtype, [&](auto tag) { return run<decltype(tag)>(a); }));
 }

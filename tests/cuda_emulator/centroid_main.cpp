@@ -28,7 +28,7 @@ namespace {
 template <class T>
 int run(Args& a) {
   const int64_t E = sizeof(T);
-  const std::string dir = a["dir"], output = a["output"];
+  const std::string dir = a.str("dir"), output = a.str("output");
   const int T_ = static_cast<int>(a.num("T", 1)), Hd = static_cast<int>(a.num("Hd", 0));
   const int C = static_cast<int>(a.num("C", 1)), top_k = static_cast<int>(a.num("top_k", 1));
   const int64_t V = a.num("V", 1), hs = a.num("hs", Hd), cs = a.num("cs", Hd), ls = a.num("ls", Hd);
@@ -44,7 +44,7 @@ int run(Args& a) {
   const int64_t K = output == "argmax" ? 1 : output == "sparse" ? top_k * (V / C) : V;
   Buffer ids = strided(output == "dense" ? 0 : T_, K, K, 8), logits = strided(T_, K, K, 4);
   if (output == "dense") {
-    const float fill = std::stof(a["fill"]);
+    const float fill = std::stof(a.str("fill"));
     for (int64_t i = 0; i < T_ * K; ++i) std::memcpy(logits.base() + 4 * i, &fill, 4);
   }
   p.hidden = hidden.data();
@@ -64,7 +64,7 @@ int run(Args& a) {
   p.logits = static_cast<float*>(logits.data());
 
   const int sms = static_cast<int>(a.num("sms", 4));
-  use_device(kH100SmemOptin, 9, sms, a.count("schedule") ? a["schedule"] : "rr");
+  use_device(kH100SmemOptin, 9, sms, a.str("schedule", "rr"));
   std::vector<float> ws(static_cast<size_t>((centroid_prepare(p, sms) + 3) / 4), NAN);
   std::vector<int32_t> counters(2, 0);
   p.workspace = ws.data();
@@ -80,5 +80,5 @@ int run(Args& a) {
 
 int main(int argc, char** argv) {
   auto a = parse(argc, argv);
-  return with_dtype(a["dtype"], [&](auto tag) { return run<decltype(tag)>(a); });
+  return finish(a, with_dtype(a.str("dtype"), [&](auto tag) { return run<decltype(tag)>(a); }));
 }

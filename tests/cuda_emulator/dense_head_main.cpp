@@ -27,7 +27,7 @@ namespace {
 template <class T>
 int run(Args& a) {
   const int64_t E = sizeof(T);
-  const std::string dir = a["dir"];
+  const std::string dir = a.str("dir");
   const int T_ = static_cast<int>(a.num("T", 1)), Hd = static_cast<int>(a.num("Hd", 0)), V = static_cast<int>(a.num("V", 1));
   const int k = static_cast<int>(a.num("k", 1));
   const bool dense = a.num("dense", 0);
@@ -56,7 +56,7 @@ int run(Args& a) {
   std::vector<unsigned char> partial(static_cast<size_t>(dense_head_workspace_bytes(p)), 0xFF);
   p.partial = partial.empty() ? nullptr : reinterpret_cast<uint64_t*>(partial.data());
 
-  use_device(kH100SmemOptin, major, sms, a.count("schedule") ? a["schedule"] : "rr");
+  use_device(kH100SmemOptin, major, sms, a.str("schedule", "rr"));
   if (!launched_as_expected(dense_lm_head<T>(p, nullptr), dense ? 1 : 2, major >= 9, {})) return 1;
   const auto& log = emu::launch_log();
   if (dense) {
@@ -73,5 +73,5 @@ int run(Args& a) {
 
 int main(int argc, char** argv) {
   auto a = parse(argc, argv);
-  return with_dtype(a["dtype"], [&](auto tag) { return run<decltype(tag)>(a); });
+  return finish(a, with_dtype(a.str("dtype"), [&](auto tag) { return run<decltype(tag)>(a); }));
 }

@@ -25,7 +25,7 @@ namespace {
 template <class T>
 int run(Args& a) {
   const int64_t E = sizeof(T);
-  const std::string dir = a["dir"];
+  const std::string dir = a.str("dir");
   const int T_ = static_cast<int>(a.num("T", 1)), Hb = static_cast<int>(a.num("Hb", 0));
   const int Hd = static_cast<int>(a.num("Hd", 0));
   const int64_t V = a.num("V", 1), ts = a.num("ts", Hb), hs = a.num("hs", Hb);
@@ -52,10 +52,10 @@ int run(Args& a) {
   p.T = T_;
   p.Hb = Hb;
   p.Hd = Hd;
-  p.embed_scale = std::stof(a["scale"]);
+  p.embed_scale = std::stof(a.str("scale"));
 
   const int sms = static_cast<int>(a.num("sms", 8)), major = static_cast<int>(a.num("major", 9));
-  use_device(kH100SmemOptin, major, sms, a["schedule"]);
+  use_device(kH100SmemOptin, major, sms, a.str("schedule"));
   int64_t n_counters = 0;
   const int64_t part_bytes = down_proj_prepare<T>(p, sms, &n_counters);
   std::vector<float> partials(static_cast<size_t>(part_bytes / 4), NAN);
@@ -76,5 +76,5 @@ int run(Args& a) {
 
 int main(int argc, char** argv) {
   auto a = parse(argc, argv);
-  return with_dtype(a["dtype"], [&](auto tag) { return run<decltype(tag)>(a); });
+  return finish(a, with_dtype(a.str("dtype"), [&](auto tag) { return run<decltype(tag)>(a); }));
 }

@@ -28,7 +28,7 @@ namespace {
 template <class T>
 int run(Args& a) {
   const int64_t E = sizeof(T);
-  const std::string dir = a["dir"], op = a["op"];
+  const std::string dir = a.str("dir"), op = a.str("op");
   const int T_ = static_cast<int>(a.num("T", 1)), H = static_cast<int>(a.num("H", 0)), N = static_cast<int>(a.num("N", 0));
   const bool res = a.num("res", 0), scale = a.num("scale", 0), norm = a.num("norm", 0);
   const bool rout = a.num("rout", 0), nout = a.num("nout", 0);
@@ -55,7 +55,7 @@ int run(Args& a) {
     nw = load(dir, "norm_weight", 1, H, H, E);
     p.norm_weight = nw.data();
   }
-  p.eps = std::stof(a["eps"]);
+  p.eps = std::stof(a.str("eps"));
   p.weight = weight.data();
   p.weight_stride = H;
   if (p.kind == GlueKind::kGateUp) {
@@ -103,13 +103,13 @@ int run(Args& a) {
   p.counters = counters.empty() ? nullptr : counters.data();
 
   const int major = static_cast<int>(a.num("major", 9));
-  use_device(kH100SmemOptin, major, static_cast<int>(a.num("sms", 8)), a["schedule"]);
+  use_device(kH100SmemOptin, major, static_cast<int>(a.num("sms", 8)), a.str("schedule"));
   const cudaError_t err = p.kind == GlueKind::kLinear   ? rms_norm_linear<T>(p, nullptr)
                           : p.kind == GlueKind::kGateUp ? rms_norm_gate_up<T>(p, nullptr)
                                                         : rms_norm_q_rope<T>(p, nullptr);
   if (!launched_as_expected(err, 1, major >= 9, counters)) return 1;
   const auto& log = emu::launch_log();
-  if (a.count("again_T")) {  // a second launch in this process: another kernel of the same signature
+  if (a.has("again_T")) {  // a second launch in this process: another kernel of the same signature
     GlueParams q = p;
     q.T = static_cast<int>(a.num("again_T", 1));
     q.residual = q.residual_norm_weight = q.layer_scalar = q.norm_weight = nullptr;
@@ -144,5 +144,5 @@ int run(Args& a) {
 
 int main(int argc, char** argv) {
   auto a = parse(argc, argv);
-  return with_dtype(a["dtype"], [&](auto tag) { return run<decltype(tag)>(a); });
+  return finish(a, with_dtype(a.str("dtype"), [&](auto tag) { return run<decltype(tag)>(a); }));
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -16,12 +17,45 @@
 
 namespace emu_io {
 
-// key=value arguments; num(key, default) reads an integer.
-struct Args : std::map<std::string, std::string> {
+// key=value arguments, read by num / real / str (str without a default: a required key). Every key
+// given must be read: finish() fails a run that left one unread, since a misspelt key would otherwise
+// run the case with the default and pass without testing what its test says.
+class Args {
+ public:
   int64_t num(const char* key, int64_t dflt) const {
-    const auto it = find(key);
-    return it == end() ? dflt : std::stoll(it->second);
+    const std::string* v = get(key);
+    return v == nullptr ? dflt : std::stoll(*v);
   }
+  double real(const char* key, double dflt) const {
+    const std::string* v = get(key);
+    return v == nullptr ? dflt : std::stod(*v);
+  }
+  std::string str(const char* key, const std::string& dflt) const {
+    const std::string* v = get(key);
+    return v == nullptr ? dflt : *v;
+  }
+  std::string str(const char* key) const {
+    const std::string* v = get(key);
+    if (v == nullptr) emu::fail((std::string("missing argument ") + key).c_str());
+    return *v;
+  }
+  bool has(const char* key) const { return get(key) != nullptr; }
+  std::string unread() const {
+    std::string out;
+    for (const auto& [k, v] : kv_)
+      if (!read_.count(k)) out += (out.empty() ? "" : " ") + k;
+    return out;
+  }
+  void set(const std::string& key, const std::string& value) { kv_[key] = value; }
+
+ private:
+  const std::string* get(const char* key) const {
+    read_.insert(key);
+    const auto it = kv_.find(key);
+    return it == kv_.end() ? nullptr : &it->second;
+  }
+  std::map<std::string, std::string> kv_;
+  mutable std::set<std::string> read_;
 };
 
 inline Args parse(int argc, char** argv) {
@@ -30,9 +64,20 @@ inline Args parse(int argc, char** argv) {
     const std::string s = argv[i];
     const auto eq = s.find('=');
     if (eq == std::string::npos) emu::fail(("bad argument " + s).c_str());
-    a[s.substr(0, eq)] = s.substr(eq + 1);
+    a.set(s.substr(0, eq), s.substr(eq + 1));
   }
   return a;
+}
+
+// The driver's exit status: rc, or a failure (printed last, after the run's OK line) if an argument
+// was never read.
+inline int finish(const Args& a, int rc) {
+  const std::string unread = a.unread();
+  if (rc == 0 && !unread.empty()) {
+    std::printf("FAIL arguments never read (misspelt?): %s\n", unread.c_str());
+    return 1;
+  }
+  return rc;
 }
 
 inline std::vector<char> read_file(const std::string& path) {

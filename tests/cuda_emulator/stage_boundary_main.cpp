@@ -19,11 +19,11 @@ using namespace emu_io;
 
 int main(int argc, char** argv) {
   Args a = parse(argc, argv);
-  const std::string dir = a["dir"], mode_name = a["mode"];
+  const std::string dir = a.str("dir"), mode_name = a.str("mode");
   const int programs = static_cast<int>(a.num("programs", 1)), n = static_cast<int>(a.num("n", 4));
   const int stages = static_cast<int>(a.num("stages", 1));
   use_device(kH100SmemOptin, static_cast<int>(a.num("major", 9)), static_cast<int>(a.num("sms", 8)),
-             a.count("schedule") ? a["schedule"] : "rr");
+             a.str("schedule", "rr"));
   const stage_boundary::Mode mode = mode_name == "pdl"             ? stage_boundary::Mode::kPdl
                                     : mode_name == "barrier"       ? stage_boundary::Mode::kBarrier
                                     : mode_name == "barrier_fence" ? stage_boundary::Mode::kBarrierFence
@@ -46,5 +46,5 @@ int main(int argc, char** argv) {
   }
   store(dir, "result", vec[stages & 1]);
   std::printf("OK launches=%zu counter=%d\n", emu::launch_log().size(), counter[0]);
-  return 0;
+  return finish(a, 0);
 }

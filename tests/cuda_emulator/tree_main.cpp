@@ -27,7 +27,7 @@ namespace {
 template <class T>
 int run(Args& a) {
   const int64_t E = sizeof(T);
-  const std::string dir = a["dir"];
+  const std::string dir = a.str("dir");
   const int B = static_cast<int>(a.num("B", 1)), N = static_cast<int>(a.num("N", 1));
   const int64_t V = a.num("V", 1), ls = a.num("ls", V);
   const bool ids64 = a.num("ids64", 1), sample = a.num("sample", 0), draft = a.num("draft", 0), qf32 = a.num("qf32", 1);
@@ -67,7 +67,7 @@ int run(Args& a) {
   p.last_node = static_cast<int32_t*>(last.data());
 
   const int sms = static_cast<int>(a.num("sms", 8));
-  use_device(kH100SmemOptin, 9, sms, a.count("schedule") ? a["schedule"] : "rr");
+  use_device(kH100SmemOptin, 9, sms, a.str("schedule", "rr"));
   std::vector<unsigned char> ws(static_cast<size_t>(tree_verify_prepare<T>(p, sms)), 0xFF);
   std::vector<int32_t> counters(static_cast<size_t>(tree_verify_counter_ints(B, N)), 0);
   p.workspace = ws.data();
@@ -88,5 +88,5 @@ int run(Args& a) {
 
 int main(int argc, char** argv) {
   auto a = parse(argc, argv);
-  return with_dtype(a["dtype"], [&](auto tag) { return run<decltype(tag)>(a); });
+  return finish(a, with_dtype(a.str("dtype"), [&](auto tag) { return run<decltype(tag)>(a); }));
 }
