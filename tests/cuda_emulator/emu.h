@@ -309,6 +309,19 @@ inline void init_block(Block& b, dim3 idx, int threads, unsigned char* smem, siz
   }
 }
 
+// Repeats `pass` (a scheduling pass; returns whether a thread is not finished) until no thread is left
+// or a pass makes no progress: a warp or a block alone, as far as it can go. Returns whether a thread
+// was not finished.
+template <class Pass>
+bool as_far_as_it_goes(Pass&& pass) {
+  for (bool any = false;;) {
+    const uint64_t mark = progress();
+    const bool alive = pass();
+    any |= alive;
+    if (!alive || progress() == mark) return any;
+  }
+}
+
 // One scheduling round of block b (see Schedule); returns whether a thread is not finished.
 inline bool run_round(Block& b) {
   block() = &b;
@@ -339,12 +352,7 @@ inline bool run_round(Block& b) {
   for (int i = 0; i < nwarps; ++i) {
     const int w = schedule() == Schedule::kWarpAhead ? i : nwarps - 1 - i;
     const int lo = 32 * w, hi = std::min(threads, lo + 32);
-    for (;;) {  // this warp alone, until it waits for something outside it
-      const uint64_t mark = progress();
-      const bool alive = pass(lo, hi);
-      any |= alive;
-      if (!alive || progress() == mark) break;
-    }
+    any |= as_far_as_it_goes([&] { return pass(lo, hi); });  // until it waits for something outside it
   }
   return any;
 }
@@ -367,14 +375,7 @@ inline void run_blocks(std::vector<Block>& blocks) {
   for (bool any = true; any;) {
     const uint64_t before = progress();
     any = false;
-    for (Block& b : blocks) {
-      for (;;) {
-        const uint64_t mark = progress();
-        const bool alive = run_round(b);
-        any |= alive;
-        if (!ahead || !alive || progress() == mark) break;
-      }
-    }
+    for (Block& b : blocks) any |= ahead ? as_far_as_it_goes([&] { return run_round(b); }) : run_round(b);
     if (any && progress() == before) fail("deadlock: every thread waits and none can proceed");
   }
   for (const Block& b : blocks) finish_block(b);
