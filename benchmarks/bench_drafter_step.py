@@ -11,6 +11,9 @@ A step is `Gemma4MTPDrafter.step` + `top_tokens(last, 1)`; a round is `gemma4_mt
 - `triton_no_pdl` (steps, and rounds at B = 1): `triton` with programmatic dependent launch off (`_common.PDL`, as
   GEMMA4_MTP_PDL=0 sets it), graph-replayed: what PDL saves between the ~27 dependent launches of a
   step (prediction in benchmarks/README.md, "Programmatic dependent launch");
+- `triton_merge_kernel` (steps at B = 1): `triton` with every attention's splits merged by the merge
+  kernel (`q_only_attention.IN_KERNEL_MERGE` off), graph-replayed: what the in-kernel merge of the
+  sliding layers saves (prediction in benchmarks/README.md, "The attention merges its own splits");
 - `triton_eager`, `cuda_eager`: the same calls eagerly, timed with events around them: on a GPU this
   is the host time per call (Python, validation, launches), the GPU waiting on it (`cuda_eager`: torch
   custom-op dispatch instead of Triton's launcher);
@@ -125,6 +128,18 @@ def ours_without_pdl(kind):
     return factory
 
 
+def ours_with_merge_kernel(kind):
+    """`ours("triton")` with every split attention merged by its merge kernel (a second launch)."""
+    from gemma4_mtp_kernels.triton import q_only_attention
+
+    def factory(inp):
+        def call():
+            with mock.patch.object(q_only_attention, "IN_KERNEL_MERGE", False):
+                return run_ours(inp, "triton", kind)
+        return call
+    return factory
+
+
 def hf_assistant(shape, B, ctx):
     """Hugging Face's assistant forward (+ argmax of its logits) at the same shapes, random weights."""
     def factory(inp):
@@ -196,6 +211,8 @@ def cases(dry: bool) -> list[Case]:
         baselines.update({"triton": ours("triton", kind), "cuda": ours("cuda", kind)})
         if B == 1 or kind == "step":  # on a CPU (the interpreter) the same code as "triton"; run for its wiring
             baselines["triton_no_pdl"] = ours_without_pdl(kind)
+        if B == 1 and kind == "step":
+            baselines["triton_merge_kernel"] = ours_with_merge_kernel(kind)
         if not dry:  # the same calls as "triton" / "cuda", timed eagerly: nothing more to exercise on a CPU
             baselines["triton_eager"] = ours("triton", kind)
             baselines["cuda_eager"] = ours("cuda", kind)

@@ -126,6 +126,7 @@ def count_step(name: str, B: int = 1, ctx: int = 8192, *, Q: int = 1, k: int = 1
     kernels = collections.Counter(r.kernel.__name__ for r in triton_launches)
     torch_ops = sum(counter.ops.values())
     row = {"drafter": name, "B": B, "Q": Q, "ctx": ctx, "k": k, "layers": drafter.config.text.num_layers,
+           "sliding_layers": sum(t == "sliding_attention" for t in drafter.config.text.layer_types),
            "launches": torch_ops + len(triton_launches), "triton": len(triton_launches), "torch": torch_ops,
            "triton_kernels": dict(kernels), "torch_ops": dict(counter.ops)}
     if host_time:

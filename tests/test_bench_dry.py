@@ -295,6 +295,10 @@ def test_gpu_case_grid_is_well_formed():
     assert "triton_no_pdl" in baselines["31B step B=32 ctx=32768"]
     assert "triton_no_pdl" in baselines["E2B chain round k=4 B=1 ctx=8192"]
     assert "triton_no_pdl" not in baselines["E2B chain round k=4 B=8 ctx=8192"]
+    # what the sliding layers' in-kernel attention merge saves: the B = 1 steps
+    assert "triton_merge_kernel" in baselines["E2B step B=1 ctx=8192"]
+    assert "triton_merge_kernel" in baselines["31B step B=1 ctx=32768"]
+    assert "triton_merge_kernel" not in baselines["E2B step B=8 ctx=8192"]
 
 
 def test_rotating_sets_cover_three_l2s():

@@ -11,6 +11,8 @@ gate/up: 1; down_proj: 1) + 3 (issue 11's aim): the pre-projection (1, its split
 program), the post-projection with the final norm (1), the LM head (1: the centroid head, or the
 dense head whose last program per token block merges the top-k lists), and no torch op at all. A
 tree level (top-k > 1 of the centroid head) adds the sort of its 4096 candidates (5 torch ops).
+A chain step's sliding layers take 5: their attention's splits are few and small (a 512-1024 key
+window), and the attention kernel's last program of each row tile merges them (no merge launch).
 
 Runs in a subprocess without TRITON_INTERPRET (counting needs the real @triton.jit kernels)."""
 import json
@@ -59,6 +61,13 @@ def test_a_chain_step_is_within_budget(counts):
             budget = PER_LAYER * r["layers"] + PER_STEP
             assert r["launches"] <= budget, f"{r['drafter']} B={r['B']} Q={r['Q']}: {r['launches']} > {budget}: {r}"
             assert r["torch"] == 0, f"{r['drafter']}: torch ops in a chain step: {r['torch_ops']}"
+
+
+def test_a_chain_steps_sliding_layers_merge_in_the_attention_kernel(counts):
+    for r in counts:
+        if (r["Q"], r["k"]) == (1, 1):
+            budget = PER_LAYER * r["layers"] - r["sliding_layers"] + PER_STEP
+            assert r["sliding_layers"] == 3 and r["launches"] <= budget, r
 
 
 def test_a_tree_level_is_within_budget(counts):

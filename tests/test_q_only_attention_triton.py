@@ -160,6 +160,54 @@ def test_split_count_keeps_one_wave(B, Hkv, rows, D, ctx, splits):
     assert B * Hkv * row_tiles * got <= 132 * per_sm or got == 1
 
 
+@pytest.mark.parametrize("name,layer,B,ctx,in_kernel", [
+    ("E2B", "swa", 1, 8192, True),     # 8 splits x 4 rows of 256: 32 KiB of partials, merged by the last program
+    ("E2B", "swa", 8, 8192, True),
+    ("31B", "swa", 1, 8192, True),     # 8 splits x 2 rows
+    ("E2B", "full", 1, 8192, False),   # 128 splits x 4 rows of 512: 1 MiB, the merge kernel spreads it
+    ("31B", "full", 1, 8192, False),
+    ("E2B", "full", 32, 32768, True),  # 4 splits x 4 rows of 512
+])
+def test_which_drafter_layers_merge_in_the_attention_kernel(name, layer, B, ctx, in_kernel):
+    """At the real shapes on an H200 (132 SMs) the sliding layers' splits are merged inside the
+    attention kernel (one launch less per sliding layer of a drafter step), the long full layers'
+    at small batch by the merge kernel."""
+    d = DRAFTERS[name]
+    D, Hkv, rows = d[f"D_{layer}"], d[f"Hkv_{layer}"], d["Hq"] // d[f"Hkv_{layer}"]
+    cfg = tq.kernel_config(D, rows)
+    max_len = min(ctx, d["window"]) if layer == "swa" else ctx
+    splits = tq.num_splits(B, Hkv, 1, max_len, cfg["BLOCK_N"], 132, tq.programs_per_sm(cfg))
+    assert splits > 1
+    assert tq.merges_in_kernel(rows, splits, D) == in_kernel
+
+
+def _counters_zero(device="cpu"):
+    from gemma4_mtp_kernels import _counters
+    buf = _counters._CACHE.get((torch.device(device), tq.COUNTER_OWNER))
+    return buf is not None and not bool(buf.any())
+
+
+@pytest.mark.parametrize("lens,Qn,Hq,Hkv,D,splits,window", [
+    ([600, 37, 0], 1, 4, 1, 256, 8, 512),   # E2B sliding at B = 3: 32 pairs, empty splits, an empty request
+    ([300, 90], 2, 4, 1, 256, 4, None),     # a tree level (Q = 2): 8 rows x 4 splits
+    ([200, 130], 1, 8, 4, 512, 8, None),    # D 512: 2 rows x 8 splits, 4 KV heads (4 groups per request)
+    ([500, 64, 1], 3, 6, 3, 64, 9, None),   # D 64: 6 rows (a tile of 8) x 9 splits > 64 pairs -> the merge kernel
+    ([500, 64, 1], 3, 6, 3, 64, 8, None),   # 8 x 8 pairs: merged in the kernel
+])
+def test_merge_in_the_attention_kernel(lens, Qn, Hq, Hkv, D, splits, window):
+    """The last program of a row tile to finish merges its tile's splits (small groups) or the merge
+    kernel does (large ones): the same results either way, and the in-kernel merge leaves its
+    counters zero (so the next launch, or a graph replay, starts from zero)."""
+    rows = Qn * Hq // Hkv
+    fused = tq.merges_in_kernel(rows, splits, D)
+    padded = 1 << (rows - 1).bit_length()
+    assert fused == (padded * splits <= min(64, 8192 // D))
+    run_case(lens, Qn, Hq, Hkv, D, splits=splits, window=window)
+    run_case(lens, Qn, Hq, Hkv, D, splits=splits, window=window)  # counters reused from the first call
+    if fused:
+        assert _counters_zero()
+
+
 @pytest.mark.parametrize("D", [256, 512])
 def test_merge_of_many_splits(D):
     """40 splits: the merge reads the partials in two [32, 128-column] steps, D 512 in four column
@@ -177,10 +225,12 @@ def test_without_lse_and_without_out():
     assert_tolerance(got, exact, ref, what="no lse")
 
 
-@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("splits", [1, 3, 40])
 def test_unchecked_bad_block_id_gives_nan_not_a_read(splits):
     """On the GPU ids are not validated; an id outside [0, num_blocks) must not be dereferenced.
-    Called on the backend directly, as an unchecked CUDA call would reach it."""
+    Called on the backend directly, as an unchecked CUDA call would reach it. 3 splits merge in the
+    attention kernel, 40 in the merge kernel: both poison the row."""
+    assert tq.merges_in_kernel(2, 3, 64) and not tq.merges_in_kernel(2, 40, 64)
     k, v, table, lens = paged_kv([40, 40], 16, 1, 64, dtype=torch.float32)
     table[1, 1] = 10**6
     q = torch.randn(2, 1, 2, 64)

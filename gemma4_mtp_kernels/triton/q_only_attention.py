@@ -26,20 +26,28 @@ Design. The op is a pure K/V stream: every attended cache entry is read once, th
   request's actual attended range into SPLITS chunks of whole key tiles, at least 2 tiles each, so
   an over-wide block table (engines size it for the longest possible request) costs nothing, and
   short requests leave trailing splits empty (the merge skips their partials).
-  With SPLITS > 1 each program writes its normalised partial output and its lse (fp32) and a
-  merge kernel combines them (out = sum_s exp(lse_s - lse) o_s); with SPLITS = 1 the main kernel
-  writes out/lse directly. The merge reads the partials as [32 splits, 128-column] tiles, one
-  program per (row, 128 columns): a handful of dependent steps instead of one per split (the first
-  version looped over the splits one by one, ~15 us of the 26 us measured for E2B at B = 1).
+  With SPLITS > 1 each program writes its normalised partial output and its lse (fp32), and they
+  are merged (out = sum_s exp(lse_s - lse) o_s); with SPLITS = 1 the main kernel writes out/lse
+  directly. Small groups (a row tile's partials <= 32 KiB and <= 64 (row, split) pairs: the sliding
+  layers of every drafter step, most calls at large batch) are merged by the tile's last program to
+  finish (a per-tile counter, as the glue's split-K: bar.sync, one atom.acq_rel.gpu, partials read
+  back with .cg, the counter reset by the merging program), which saves the dependent merge launch.
+  Large groups (long full layers at small batch: E2B at B = 1 and 8K has 128 splits) go to a merge
+  kernel that reads the partials as [32 splits, 128-column] tiles, one program per (row, 128
+  columns): a handful of dependent steps instead of one per split (the first version looped over the
+  splits one by one, ~15 us of the 26 us measured for E2B at B = 1).
 - One compile serves every batch size and table width: the integer sizes (split count, table
   width, window, block size, head counts) are not specialised by Triton's JIT (do_not_specialize),
   and no tile size follows them; only the strides keep Triton's divisibility-by-16 specialisation,
   which the vectorised K/V and output accesses need.
   seq_len 0 (or an empty split) leaves l = 0: partial output 0 with lse -inf, final output 0.
 - sm_90: both kernels are launched with programmatic dependent launch (`_common.pdl_args`, as every
-  kernel of a drafter step): the merge is scheduled while the main grid runs and waits for it in
-  griddepcontrol.wait, which hides its launch latency; the main kernel waits the same way for
-  whatever kernel ran before it.
+  kernel of a drafter step): the merge kernel is scheduled while the main grid runs and waits for it
+  in griddepcontrol.wait, which hides most of its launch latency (not the dependency: the in-kernel
+  merge removes that too); the main kernel waits the same way for whatever kernel ran before it.
+- The in-kernel merge's counters (one per (request, KV head, row tile)) are the cached ones of
+  `gemma4_mtp_kernels._counters`: like the other one-launch kernels, two such attention calls must not
+  overlap in time on one device (concurrent streams or graph replays).
 Expected on H200 (bf16): see benchmarks/README.md, "Attention, round 2".
 """
 from __future__ import annotations
@@ -48,7 +56,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cast, cdiv, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least, wait_for_inputs
+from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least,
+                      wait_for_inputs)
+from .._counters import zeroed_counters
 
 LOG2E = 1.4426950408889634
 
@@ -56,14 +66,16 @@ LOG2E = 1.4426950408889634
 # Not specialised (one compile for every batch size, table width and split count): the sizes, the table's
 # row stride (its entries are gathered one by one) and the lse strides (one scalar store per row).
 @triton.jit(do_not_specialize=["window", "num_blocks", "block_size", "max_blocks", "splits", "rows", "G", "Hkv",
-                               "st_b", "sl_b", "sl_q", "sl_h", "sl_s"])
-def _attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, lse_ptr,
+                               "st_b", "sl_b", "sl_q", "sl_h", "sl_s", "fl_b", "fl_q", "fl_h"])
+def _attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, lse_ptr, fin_ptr, flse_ptr, cnt_ptr,
                  scale_log2, softcap, window, num_blocks, block_size, max_blocks, splits, rows, G, Hkv,
                  sq_b, sq_q, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, st_b,
-                 so_b, so_q, so_h, so_s, sl_b, sl_q, sl_h, sl_s,
+                 so_b, so_q, so_h, so_s, sl_b, sl_q, sl_h, sl_s, fo_b, fo_q, fo_h, fl_b, fl_q, fl_h,
                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr,
                  HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, WRITE_LSE: tl.constexpr,
-                 PARTIAL: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
+                 PARTIAL: tl.constexpr, MERGE: tl.constexpr, MERGE_MR: tl.constexpr, MERGE_MS: tl.constexpr,
+                 MERGE_LSE: tl.constexpr,
+                 PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
     wait_for_inputs(USE_PDL)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -132,6 +144,49 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, lse_ptr,
                  mask=r_mask[:, None])
     if WRITE_LSE:
         tl.store(lse_ptr + b.to(tl.int64) * sl_b + qi * sl_q + head * sl_h + split * sl_s, lse, mask=r_mask)
+    if MERGE:
+        _last_split_merges(out_ptr, lse_ptr, fin_ptr, flse_ptr, cnt_ptr, b, kvh, tl.program_id(2) * BLOCK_M,
+                           tl.minimum(rows - tl.program_id(2) * BLOCK_M, BLOCK_M), G, splits,
+                           so_b, so_q, so_h, so_s, sl_b, sl_q, sl_h, sl_s, fo_b, fo_q, fo_h, fl_b, fl_q, fl_h,
+                           D, MERGE_MR, MERGE_MS, MERGE_LSE, INTERP)
+
+
+@device_helper
+def _last_split_merges(po_ptr, plse_ptr, out_ptr, lse_ptr, cnt_ptr, b, kvh, row0, here, G, splits,
+                       so_b, so_q, so_h, so_s, sl_b, sl_q, sl_h, sl_s, fo_b, fo_q, fo_h, fl_b, fl_q, fl_h,
+                       D: tl.constexpr, MR: tl.constexpr, MS: tl.constexpr, WRITE_LSE: tl.constexpr,
+                       INTERP: tl.constexpr):
+    """The merge of a small group (the `here` <= MR rows of one row tile x `splits` <= MS partials),
+    done by the group's last program to finish instead of a second launch: its partials are read as
+    one [MR, MS, D] tile and reduced over the splits. Same math as _merge_kernel."""
+    tl.debug_barrier()  # every thread's partial stores before the release (see tree_verify's design note)
+    cnt = cnt_ptr + tl.program_id(0) * tl.num_programs(2) + tl.program_id(2)
+    if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == splits - 1:
+        tl.store(cnt, 0)  # zero again for the next launch: no memset, graph replays reuse it
+        r = row0 + tl.arange(0, MR)
+        qi = r // G
+        head = kvh * G + r % G
+        s = tl.arange(0, MS)
+        valid = (tl.arange(0, MR) < here)[:, None] & (s < splits)[None, :]
+        lse_i = tl.load(plse_ptr + (b.to(tl.int64) * sl_b + qi * sl_q + head * sl_h)[:, None] + s[None, :] * sl_s,
+                        mask=valid, other=float("-inf"), cache_modifier=".cg")
+        m = tl.max(lse_i, axis=1)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        w = tl.exp(lse_i - m_safe[:, None])
+        total = tl.sum(w, axis=1)  # a NaN lse (bad block id) makes it NaN
+        d = tl.arange(0, D)
+        part_off = (b.to(tl.int64) * so_b + qi * so_q + head * so_h)[:, None] + s[None, :] * so_s
+        # empty splits (lse -inf) are not read; a NaN weight still poisons its row
+        part = tl.load(po_ptr + part_off[:, :, None] + d[None, None, :], mask=(valid & (lse_i > float("-inf")))[:, :, None],
+                       other=0.0, cache_modifier=".cg")
+        acc = tl.sum(w[:, :, None] * part, axis=1)
+        total_div = tl.where(total == 0, 1.0, total)
+        mine = tl.arange(0, MR) < here
+        tl.store(out_ptr + (b.to(tl.int64) * fo_b + qi * fo_q + head * fo_h)[:, None] + d[None, :],
+                 cast(acc / total_div[:, None], out_ptr.dtype.element_ty, INTERP), mask=mine[:, None])
+        if WRITE_LSE:
+            tl.store(lse_ptr + b.to(tl.int64) * fl_b + qi * fl_q + head * fl_h,
+                     tl.where(total == 0, float("-inf"), m_safe + tl.log(total_div)), mask=mine)
 
 
 @triton.jit(do_not_specialize=["splits", "Qn", "Hq", "sl_b", "sl_q", "sl_h"])
@@ -199,6 +254,33 @@ MERGE_BLOCK_D = 128  # partial columns per merge program
 MERGE_TILE_S = 32
 
 
+# The merge of a row tile's splits goes into the attention kernel (the tile's last program to finish
+# merges, no second launch: ~1.5-2.5 µs less per call on an H200, a dependent launch) when its partials
+# are small: at most 32 KiB and 64 (row, split) pairs, read back from L2 as one [rows, splits, D] tile
+# (~0.2-0.3 µs; rows and splits padded to powers of two, so the tile's registers stay bounded).
+# Larger groups (E2B's full layer at B = 1: 128 splits x 4 rows of 2 KiB) keep the merge kernel, which
+# spreads them over programs.
+MERGE_IN_KERNEL_BYTES = 32 * 1024
+MERGE_IN_KERNEL_PAIRS = 64
+IN_KERNEL_MERGE = True  # benchmarks/bench_drafter_step.py turns it off to price the merge launch it saves
+
+
+def merge_tile(tile_rows: int, D: int) -> tuple[int, int]:
+    """(rows, splits) of the in-kernel merge's tile for row tiles of `tile_rows` rows: the rows padded to
+    a power of two, the splits what the bytes and pairs leave (0: none fits)."""
+    mr = pow2_at_least(tile_rows, 1)
+    return mr, min(MERGE_IN_KERNEL_PAIRS, MERGE_IN_KERNEL_BYTES // (4 * D)) // mr
+
+
+def merges_in_kernel(tile_rows: int, splits: int, D: int) -> bool:
+    """Whether the attention kernel merges the `splits` partials of its row tiles itself (tile_rows:
+    rows of the fullest tile)."""
+    return IN_KERNEL_MERGE and 1 < splits <= merge_tile(tile_rows, D)[1]
+
+
+COUNTER_OWNER = "triton.q_only_attention"  # its cached counters in gemma4_mtp_kernels._counters
+
+
 def merge_config(D: int) -> dict:
     """Merge tiles (also used by the AOT compile check): [TILE_S, BLOCK_D] fp32 tiles of the partials."""
     return dict(BLOCK_D=min(D, MERGE_BLOCK_D), TILE_S=MERGE_TILE_S)
@@ -249,16 +331,22 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
                block_size, block_table.shape[1], splits, rows, G, Hkv, *q.stride()[:3], *k_cache.stride()[:3],
                *v_cache.stride()[:3], block_table.stride(0))
     grid = (B * Hkv, splits, row_tiles)
-    if splits == 1:
-        lse_strides = (*lse.stride(), 0) if return_lse else (0, 0, 0, 0)
-        _attn_kernel[grid](*args, out, lse, *scalars, *out.stride()[:3], 0, *lse_strides,
-                           WRITE_LSE=return_lse, PARTIAL=False, **common)
-    else:
-        po = torch.empty(B, Qn, Hq, splits, D, dtype=torch.float32, device=q.device)
-        plse = torch.empty(B, Qn, Hq, splits, dtype=torch.float32, device=q.device)
-        _attn_kernel[grid](*args, po, plse, *scalars, *po.stride()[:4], *plse.stride(),
-                           WRITE_LSE=True, PARTIAL=True, **common)
-        lse_strides = lse.stride() if return_lse else (0, 0, 0)
+    lse_strides = lse.stride() if return_lse else (0, 0, 0)
+    if splits == 1:  # out / lse written by the main kernel; no merge (its pointers unused)
+        _attn_kernel[grid](*args, out, lse, out, lse, out, *scalars, *out.stride()[:3], 0, *lse_strides, 0,
+                           0, 0, 0, 0, 0, 0, WRITE_LSE=return_lse, PARTIAL=False, MERGE=False, MERGE_MR=1,
+                           MERGE_MS=1, MERGE_LSE=False, **common)
+        return (out, lse) if return_lse else out
+    po = torch.empty(B, Qn, Hq, splits, D, dtype=torch.float32, device=q.device)
+    plse = torch.empty(B, Qn, Hq, splits, dtype=torch.float32, device=q.device)
+    tile_rows = min(rows, cfg["BLOCK_M"])
+    fused = merges_in_kernel(tile_rows, splits, D)
+    mr, ms = merge_tile(tile_rows, D) if fused else (1, 1)
+    cnt = zeroed_counters(q.device, grid[0] * grid[2], COUNTER_OWNER) if fused else po
+    _attn_kernel[grid](*args, po, plse, out, plse if lse is None else lse, cnt, *scalars, *po.stride()[:4],
+                       *plse.stride(), *out.stride()[:3], *lse_strides, WRITE_LSE=True, PARTIAL=True, MERGE=fused,
+                       MERGE_MR=mr, MERGE_MS=ms, MERGE_LSE=return_lse, **common)
+    if not fused:
         mc = merge_config(D)
         _merge_kernel[(B * Qn * Hq, D // mc["BLOCK_D"])](
             po, plse, out, lse, splits, Qn, Hq, *out.stride()[:3], *lse_strides, D=D, **mc,

@@ -208,7 +208,8 @@ class Gemma4MTPDrafter(nn.Module):
         q (input norm, q_proj, q_norm, RoPE; the previous layer's post-feedforward norm, residual add
         and layer scalar in its prologue), attention, o_proj, gate/up (post-attention norm, residual
         add, pre-feedforward norm in its prologue), down_proj: 5 ops, 6 launches (attention's split-KV
-        merge included), rounded where Hugging Face rounds (see gemma4_mtp_kernels.rms_norm_linear).
+        merge included; 5 where the attention kernel merges its own splits: the sliding layers),
+        rounded where Hugging Face rounds (see gemma4_mtp_kernels.rms_norm_linear).
 
         What comes from outside (token ids, hidden states, the target's embedding and cache, the
         positions) is checked on every step. The 17 fused glue calls take only the drafter's weights
