@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ops/dense_lm_head.h"
@@ -67,20 +68,23 @@ int64_t stride(const at::Tensor& t, int i) { return t.size(i) == 1 ? int64_t{0} 
 
 int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 
-// At least n zeroed int32 counters on like's device for the kernels of `op`, which synchronise their
-// CTAs through them (a grid barrier, last-CTA elections) and leave them zero, so no per-call memset:
-// one cached buffer per (op, device), grown on demand; outgrown buffers stay alive because captured
-// graphs hold their addresses. A call that needs a new buffer while its stream is being captured gets
-// a graph-private one in *fresh (its zeroing is captured with it, so every replay starts from zero)
-// that is not cached: zeroing the cache during capture would only happen at replay. Launches of one op
-// that overlap in time on a device (concurrent streams or graph replays) would share the counters:
-// not supported.
+// At least n zeroed int32 counters on like's device for the kernels of `op` launched on the current
+// stream, which synchronise their CTAs through them (a grid barrier, last-CTA elections) and leave them
+// zero, so no per-call memset: one cached buffer per (op, device, stream), grown on demand, so that
+// launches on two streams, which may overlap in time, never share counters (launches on one stream
+// follow each other; torch keys its cuBLAS workspaces by stream for the same reason); outgrown buffers
+// stay alive because captured graphs hold their addresses. A call that needs a new buffer while its
+// stream is being captured gets a graph-private one in *fresh (its zeroing is captured with it, so
+// every replay starts from zero) that is not cached: zeroing the cache during capture would only
+// happen at replay. Replays of graphs captured on one stream use that stream's counters: replaying two
+// of them at once on two streams is not supported. Same policy as gemma4_mtp_kernels/_counters.py.
 int32_t* zeroed_counters(const char* op, int64_t n, const at::Tensor& like, at::Tensor* fresh) {
   static std::mutex mutex;
   // never destroyed: tensors freed after CUDA's own teardown at exit would crash
-  static auto* cache = new std::map<std::pair<std::string, int>, std::vector<at::Tensor>>();
+  static auto* cache = new std::map<std::tuple<std::string, int, c10::StreamId>, std::vector<at::Tensor>>();
   const std::lock_guard<std::mutex> lock(mutex);
-  std::vector<at::Tensor>& buffers = (*cache)[{op, like.get_device()}];
+  const c10::StreamId stream = at::cuda::getCurrentCUDAStream(like.get_device()).id();
+  std::vector<at::Tensor>& buffers = (*cache)[{op, like.get_device(), stream}];
   if (!buffers.empty() && buffers.back().numel() >= n) return buffers.back().data_ptr<int32_t>();
   *fresh = at::zeros({std::max<int64_t>(n, 1024)}, like.options().dtype(at::kInt));
   if (c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) buffers.push_back(*fresh);
@@ -232,12 +236,15 @@ void q_only_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   p.window = window;
 
   const c10::cuda::CUDAGuard guard(dev);
-  const int64_t ws_bytes = gemma4_mtp::prepare_attention(dt, p, sm_count());
-  at::Tensor ws;
+  int64_t n_counters = 0;
+  const int64_t ws_bytes = gemma4_mtp::prepare_attention(dt, p, sm_count(), &n_counters);
+  at::Tensor ws, fresh;
   if (ws_bytes > 0) {
     ws = at::empty({ws_bytes / 4}, q.options().dtype(at::kFloat));
     p.workspace = ws.data_ptr<float>();
   }
+  // the splits' last-CTA merge inside the kernel (small merge groups: plan.h attention_merges_in_kernel)
+  p.counters = n_counters > 0 ? zeroed_counters("q_only_paged_attention", n_counters, q, &fresh) : nullptr;
   check_launch(gemma4_mtp::launch_q_only_paged_attention(dt, p, at::cuda::getCurrentCUDAStream()),
                "q_only_paged_attention");
 }

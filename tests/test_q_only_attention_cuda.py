@@ -211,10 +211,13 @@ def test_misaligned_layout_is_refused_naming_the_argument():
         q_only_paged_attention(q, k, v, table, lens, backend="cuda")
 
 
-def test_cuda_graph_capture_and_replay():
+@pytest.mark.parametrize("D,window", [(512, None), (256, 512)], ids=["merge_kernel", "in_kernel_merge"])
+def test_cuda_graph_capture_and_replay(D, window):
     """Captured once, replayed with new seq_lens and queries (same bound on the context): no host
-    sync, no allocation at replay, results equal to the reference each time."""
-    B, Qn, Hq, Hkv, D, window = 2, 1, 4, 1, 512, None
+    sync, no allocation at replay, results equal to the reference each time. Both merges: the merge
+    kernel (a full layer's many splits) and the attention kernel's own (a sliding layer's 8 splits,
+    whose counters every replay must find zero)."""
+    B, Qn, Hq, Hkv = 2, 1, 4, 1
     k, v, table, lens = paged_kv([900, 2000], 16, Hkv, D, dtype=torch.bfloat16, device=DEV)
     q = torch.randn(B, Qn, Hq, D, device=DEV).to(torch.bfloat16)
     out = poisoned((B, Qn, Hq, D), torch.bfloat16, device=DEV)
@@ -222,18 +225,18 @@ def test_cuda_graph_capture_and_replay():
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm-up outside capture (first-call setup)
-        q_only_paged_attention(q, k, v, table, lens, out=out, backend="cuda")
+        q_only_paged_attention(q, k, v, table, lens, out=out, window=window, backend="cuda")
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        _, lse = q_only_paged_attention(q, k, v, table, lens, out=out, return_lse=True, backend="cuda")
+        _, lse = q_only_paged_attention(q, k, v, table, lens, out=out, window=window, return_lse=True, backend="cuda")
     for new_lens in ([900, 2000], [17, 1999], [0, 640]):
         lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
         q.copy_(torch.randn(B, Qn, Hq, D).to(torch.bfloat16))
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        check(out, lse, q, k, v, table, lens, f"graph replay lens={new_lens}")
+        check(out, lse, q, k, v, table, lens, f"graph replay lens={new_lens} window={window}", window=window)
 
 
 def test_torch_compile_fullgraph():

@@ -10,6 +10,11 @@ memory of an H100 (5-6 stages), an A100 (3-4) and the least the kernel accepts (
 NaN and unread block-table columns garbage ids, so a read of either shows up (an out-of-range id as an
 AddressSanitizer error).
 
+The splits' merge takes one of two paths, and each case asserts which (the driver reports it from the
+launches it saw): the last CTA of a merge group merges inside the attention kernel when the group's
+partials are at most 32 KiB (plan.h attention_merges_in_kernel; its counters must end zero), else the
+merge kernel runs. With blocks run from the highest index down, the merging CTA is not the last by index.
+
 This proves the indexing, the pipeline's waits and the split / merge logic; not the timing, not the
 hardware's memory ordering between warps, and not the PTX fragment layouts themselves (the emulation
 encodes the same reading of the PTX ISA as the kernel): the GPU suite (test_q_only_attention_cuda.py)
@@ -93,9 +98,65 @@ def test_many_splits_and_the_merge(binaries, path, device):
     """E2B's full layer at B = 1 on 64 SMs: ~64 splits merged; then the same request under a block table
     500 columns too wide (the plan's bound): most splits empty, their partials skipped."""
     got = emulate(binaries, path, f"dtype=bf16 D=512 Hq=4 Hkv=1 Q=1 lens=5000 sms=64 {device}")
-    assert int(got["splits"]) >= 60 and got["launches"] == "2"
+    assert int(got["splits"]) >= 60 and got["launches"] == "2" and got["merge"] == "merge_kernel"
     got = emulate(binaries, path, f"dtype=bf16 D=512 Hq=4 Hkv=1 Q=1 lens=700 wide=500 sms=64 {device}")
-    assert int(got["splits"]) >= 60
+    assert int(got["splits"]) >= 60 and got["merge"] == "merge_kernel"
+
+
+# In-kernel merge cases: (arguments, splits, merge groups). The partials of a group are rows x splits x
+# D x 4 bytes, at most 32 KiB.
+IN_KERNEL = {
+    # E2B sliding layer at B = 1: 4 rows x 8 splits x D 256 = 32 KiB, the bound itself
+    "e2b_sliding": ("dtype=bf16 D=256 Hq=4 Hkv=1 Q=1 lens=2000 window=512 sms=132", 8, 1),
+    # 31B sliding-like: 2 rows per KV head, four KV heads (groups), two threads per float4 column
+    "31b_sliding": ("dtype=bf16 D=256 Hq=8 Hkv=4 Q=1 lens=2000 window=512 sms=32", 8, 4),
+    # Q = 2 tree level: a group's rows are two queries x two heads (not adjacent rows of out)
+    "q2_grouped": ("dtype=bf16 D=128 Hq=4 Hkv=2 Q=2 lens=900,300 window=1024 sms=64", 8, 4),
+    # Q = 4 x 4 heads per KV head: 16 rows x 8 splits x D 64 = 32 KiB, a float4 column per thread
+    "q4_rows16": ("dtype=f16 D=64 Hq=8 Hkv=2 Q=4 lens=3000 window=2048 sms=16", 8, 2),
+    # 32 rows (two m-tiles), 2 splits: more float4 columns than threads
+    "rows32": ("dtype=bf16 D=128 Hq=32 Hkv=1 Q=1 lens=300 sms=2", 2, 1),
+    # short and empty requests: their trailing splits (all of them for lens 0) are empty
+    "empty_splits": ("dtype=bf16 D=256 Hq=4 Hkv=1 Q=1 lens=2000,10,0 window=512 sms=132", 8, 3),
+    # an out-of-range block id in request 1: its rows NaN, the others exact
+    "bad_block": ("dtype=bf16 D=256 Hq=4 Hkv=1 Q=1 lens=2000,700,40 window=512 bad_block=1 sms=132", 8, 3),
+    "bad_len": ("dtype=f16 D=256 Hq=4 Hkv=1 Q=1 lens=300,2000 window=512 bad_len=0 sms=132", 8, 2),
+    # fp32 (CUDA-core kernel, 128 threads): E2B-sliding-like with short and empty requests, and 8 rows
+    "f32_sliding": ("dtype=f32 D=256 Hq=4 Hkv=1 Q=1 lens=2000,10,0 window=256 sms=8", 8, 3),
+    "f32_rows8": ("dtype=f32 D=64 Hq=4 Hkv=1 Q=2 lens=700,5 window=512 sms=8", 11, 2),
+}
+
+
+@pytest.mark.parametrize("path,device", PATHS, ids=["sm90", "sm80"])
+@pytest.mark.parametrize("schedule", ["rr", "ahead", "behind"])
+@pytest.mark.parametrize("name", list(IN_KERNEL))
+def test_in_kernel_merge(binaries, path, device, schedule, name):
+    """Small merge groups: one launch, the group's last CTA merges (lse returned), counters left zero;
+    warps in step, one warp ahead, and blocks from the highest index down."""
+    case, splits, groups = IN_KERNEL[name]
+    got = emulate(binaries, path, f"{case} schedule={schedule} {device}")
+    assert (got["merge"], got["launches"]) == ("in_kernel", "1")
+    assert int(got["splits"]) == splits and int(got["counters"]) == groups == int(got["grid"].split("x")[0])
+
+
+@pytest.mark.parametrize("path,device", PATHS, ids=["sm90", "sm80"])
+def test_merge_path_at_the_bound(binaries, path, device):
+    """32 KiB of partials merge in the kernel, 64 KiB (the same layer with twice the rows) in the merge
+    kernel; a group past the bound because of its splits (E2B's full layer) too."""
+    got = emulate(binaries, path, f"dtype=bf16 D=256 Hq=4 Hkv=1 Q=1 lens=2000 window=512 sms=132 {device}")
+    assert (got["splits"], got["merge"]) == ("8", "in_kernel")
+    got = emulate(binaries, path, f"dtype=bf16 D=256 Hq=4 Hkv=1 Q=2 lens=2000 window=512 sms=132 {device}")
+    assert (got["splits"], got["merge"], got["launches"]) == ("8", "merge_kernel", "2")
+    got = emulate(binaries, path, f"dtype=bf16 D=512 Hq=4 Hkv=1 Q=1 lens=1000 sms=16 {device}")
+    assert (got["splits"], got["merge"]) == ("16", "merge_kernel")
+
+
+@pytest.mark.parametrize("path", ["sm90", "sm80"])
+def test_in_kernel_merge_without_counters_is_refused(binaries, path):
+    """A caller that passes no counters where the kernel would merge gets cudaErrorInvalidValue and no
+    launch (as for a missing workspace)."""
+    emulate(binaries, path, f"dtype=bf16 D=256 Hq=4 Hkv=1 Q=1 lens=2000 window=512 sms=132 counters=none "
+                            f"expect=invalid {H100}")
 
 
 @pytest.mark.parametrize("path,device", PATHS, ids=["sm90", "sm80"])
@@ -138,5 +199,7 @@ def test_bad_block_id_and_bad_seq_len_give_nan(binaries, path, device, sms):
 @pytest.mark.parametrize("path,device", PATHS, ids=["sm90", "sm80"])
 def test_empty_requests_and_unaligned_out(binaries, path, device):
     emulate(binaries, path, f"dtype=bf16 D=256 Hq=4 Hkv=1 Q=1 lens=0,0 sms=8 {device}")
-    for sms in (2, 64):  # one split (direct stores) and many (merge stores)
-        emulate(binaries, path, f"dtype=bf16 D=256 Hq=4 Hkv=1 Q=1 lens=37,900 out_offset=1 sms={sms} {device}")
+    # one split (direct stores), a few (the in-kernel merge's stores) and many (the merge kernel's)
+    for sms, merge in ((2, "none"), (8, "in_kernel"), (64, "merge_kernel")):
+        got = emulate(binaries, path, f"dtype=bf16 D=256 Hq=4 Hkv=1 Q=1 lens=37,900 out_offset=1 sms={sms} {device}")
+        assert got["merge"] == merge

@@ -182,9 +182,8 @@ def test_which_drafter_layers_merge_in_the_attention_kernel(name, layer, B, ctx,
 
 
 def _counters_zero(device="cpu"):
-    from gemma4_mtp_kernels import _counters
-    buf = _counters._CACHE.get((torch.device(device), tq.COUNTER_OWNER))
-    return buf is not None and not bool(buf.any())
+    from gemma4_mtp_kernels._counters import zeroed_counters
+    return not bool(zeroed_counters(torch.device(device), 1, tq.COUNTER_OWNER).any())
 
 
 @pytest.mark.parametrize("lens,Qn,Hq,Hkv,D,splits,window", [
@@ -206,6 +205,33 @@ def test_merge_in_the_attention_kernel(lens, Qn, Hq, Hkv, D, splits, window):
     run_case(lens, Qn, Hq, Hkv, D, splits=splits, window=window)  # counters reused from the first call
     if fused:
         assert _counters_zero()
+
+
+@pytest.mark.gpu
+def test_in_kernel_merges_on_two_streams_at_once():
+    """Two streams running E2B-sliding-shaped calls (merged in the attention kernel) at the same time:
+    each stream's launches count on their own counters, so every result is right."""
+    dev = torch.device("cuda")
+    k, v, table, lens = paged_kv([600, 300, 37], 16, 1, 256, dtype=torch.bfloat16, window=512, device=dev)
+    qs = [torch.randn(3, 1, 4, 256, device=dev).to(torch.bfloat16) for _ in range(2)]
+    cfg = tq.kernel_config(256, 4)
+    assert tq.merges_in_kernel(4, tq.num_splits(3, 1, 1, 512, cfg["BLOCK_N"], tq.num_sms(dev),
+                                                 tq.programs_per_sm(cfg)), 256)
+    refs = [q_only_paged_attention(q, k, v, table, lens, window=512, backend="torch") for q in qs]
+    streams = [torch.cuda.Stream() for _ in qs]
+    outs = [[], []]
+    torch.cuda.synchronize()
+    for _ in range(200):  # interleaved launches: the two streams' grids overlap on the device
+        for i, (q, s) in enumerate(zip(qs, streams)):
+            with torch.cuda.stream(s):
+                outs[i].append(q_only_paged_attention(q, k, v, table, lens, window=512, backend="triton"))
+    torch.cuda.synchronize()
+    for ref, got in zip(refs, outs):
+        for o in got:
+            torch.testing.assert_close(o.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    for s in streams:
+        with torch.cuda.stream(s):
+            assert _counters_zero("cuda")
 
 
 @pytest.mark.parametrize("D", [256, 512])

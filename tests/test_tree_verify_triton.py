@@ -160,7 +160,7 @@ def test_sampling_row_without_mass_gives_token_minus_one(chunk, bad):
 
 
 def counters_left(dev):
-    return int(counters_module._CACHE[(torch.device(dev), tv.COUNTER_OWNER)].count_nonzero())
+    return int(counters_module.zeroed_counters(torch.device(dev), 1, tv.COUNTER_OWNER).count_nonzero())
 
 
 @pytest.mark.parametrize("case", ["sampling", "draft_probs"])
@@ -217,6 +217,19 @@ def test_counter_workspace_grows_and_keeps_outgrown_buffers():
     assert big.numel() > small.numel() and int(big.count_nonzero()) == 0
     assert counters_module.zeroed_counters(dev, 1, "test.owner") is big
     assert any(t is small for t in counters_module._OUTGROWN)
+
+
+@pytest.mark.gpu
+def test_counters_are_per_stream():
+    """Launches on two streams may overlap in time: each stream gets its own counters (a launch on one
+    stream never shares them with a launch still running on another)."""
+    dev = torch.device("cuda")
+    mine = counters_module.zeroed_counters(dev, 1, "test.owner")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        theirs = counters_module.zeroed_counters(dev, 1, "test.owner")
+        assert counters_module.zeroed_counters(dev, 1, "test.owner") is theirs
+    assert theirs is not mine and counters_module.zeroed_counters(dev, 1, "test.owner") is mine
 
 
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float32])

@@ -15,8 +15,10 @@ namespace gemma4_mtp {
 int64_t prepare_fused_concat_down_proj(DType dtype, DownProjParams& p, int num_sms, int64_t* counters);
 cudaError_t launch_fused_concat_down_proj(DType dtype, const DownProjParams& p, cudaStream_t stream);
 
-// Fills p.num_splits for this device and element type; returns the workspace size in bytes (0: none).
-int64_t prepare_attention(DType dtype, AttentionParams& p, int num_sms);
+// Fills p.num_splits for this device and element type; returns the workspace size in bytes (0: none)
+// and, in *counters, the number of int32 p.counters a launch needs (zero before the first launch, left
+// zero by every launch).
+int64_t prepare_attention(DType dtype, AttentionParams& p, int num_sms, int64_t* counters);
 cudaError_t launch_q_only_paged_attention(DType dtype, const AttentionParams& p, cudaStream_t stream);
 
 constexpr int kMaxCentroids = 4096;

@@ -4,9 +4,10 @@
 
 namespace gemma4_mtp {
 
-int64_t prepare_attention(DType dtype, AttentionParams& p, int num_sms) {
+int64_t prepare_attention(DType dtype, AttentionParams& p, int num_sms, int64_t* counters) {
   const int elem_bytes = dtype == DType::kFloat32 ? 4 : 2;
   p.num_splits = attention_plan_for(elem_bytes, p, num_sms).num_splits;
+  *counters = attention_counters_for(elem_bytes, p);
   return 4 * attention::workspace_floats(p.B, p.Q, p.Hq, p.D, p.num_splits);
 }
 

@@ -131,6 +131,36 @@ static void test_attention_plans_of_the_drafters() {
   }
 }
 
+// Which merge the drafter cases of an H200 take: a sliding layer's 8 splits at B = 1 are merged by the
+// attention kernel (E2B: exactly the 32 KiB bound), a full layer's ~128 splits by the merge kernel; the
+// bound is inclusive and counts the rows of one tile.
+static void test_attention_merge_paths() {
+  struct Case {
+    int B, Q, Hq, Hkv, D;
+    int64_t ctx, window;
+    bool in_kernel;
+  };
+  const Case cases[] = {
+      {1, 1, 4, 1, 256, 8192, 512, true},     // E2B sliding: 4 rows x 8 splits x 256 x 4 B = 32 KiB
+      {1, 1, 4, 1, 512, 8192, 0, false},      // E2B full, 8K: 128 splits
+      {1, 1, 32, 16, 256, 8192, 1024, true},  // 31B sliding: 2 rows x 8 splits
+      {1, 1, 32, 4, 512, 8192, 0, false},     // 31B full, 8K: 32 splits x 8 rows x 2 KiB
+      {1, 2, 4, 1, 256, 8192, 512, false},    // E2B sliding, Q = 2: 8 rows, 64 KiB
+      {32, 1, 32, 4, 512, 8192, 0, false},    // one split: nothing to merge
+  };
+  for (const Case& c : cases) {
+    const int rows = c.Q * c.Hq / c.Hkv;
+    const AttentionShape shape = attention_shape(2, c.D, rows);
+    const SplitPlan plan = attention_plan(shape, c.B, c.Hkv, rows, ceil_div(c.ctx, 16), 16, c.window, 132);
+    CHECK_EQ(attention_merges_in_kernel(shape, rows, c.D, plan.num_splits), c.in_kernel);
+  }
+  const AttentionShape tile32 = attention_shape(2, 128, 40);  // two tiles of 32 rows: a tile counts 32
+  CHECK(attention_merges_in_kernel(tile32, 40, 128, 2));
+  CHECK(!attention_merges_in_kernel(tile32, 40, 128, 3));
+  CHECK(attention_merges_in_kernel(attention_shape(2, 128, 17), 17, 128, 3));  // 17 rows x 3 x 512 B
+  CHECK_EQ(attention_units(tile32, 3, 2, 40), 3 * 2 * 2);
+}
+
 // Any batch: the grid is one wave at most (when a split is possible) and at least half of one, unless
 // the keys run out first (every split at its minimum length) or the batch alone fills the GPU.
 static void test_attention_plans_fill_one_wave() {
@@ -220,6 +250,7 @@ int main() {
   test_attention_shapes();
   test_attention_plans_of_the_drafters();
   test_attention_plans_fill_one_wave();
+  test_attention_merge_paths();
   test_rows_per_cta();
   test_glue_plans();
   return finish("test_plan");

@@ -24,11 +24,10 @@ C. The last row of each request to become final (a per-request counter) walks th
    from the published decisions and writes its outputs. Requests walk in parallel.
 Padding rows are read like the others (their decision is never visited): gating the loads on
 parents[u] would put a dependent DRAM round trip in front of every program's loads.
-Counters. One zeroed int32 buffer per device (B * N row counters for A, B * N for B, B * N row states,
-B request counters, the ticket), cached and grown on demand (`gemma4_mtp_kernels._counters`): every
-counter is reset to 0 by the program that consumed it last, so no per-call memset is needed and the
-launch replays in a CUDA graph. Launches that overlap in time on one device (concurrent streams or
-graph replays) would share the counters: they are not supported.
+Counters. One zeroed int32 buffer per device and stream (B * N row counters for A, B * N for B, B * N
+row states, B request counters, the ticket), cached and grown on demand (`gemma4_mtp_kernels._counters`,
+which says which overlapping launches it keeps apart): every counter is reset to 0 by the program that
+consumed it last, so no per-call memset is needed and the launch replays in a CUDA graph.
 Ordering (the interpreter runs programs one after another, in ticket order, so only this argument
 covers it). A program's published values are scalar stores; `tl.debug_barrier()` (bar.sync) then
 orders every thread's stores before the counter increment, an `atom.acq_rel.gpu` issued by one

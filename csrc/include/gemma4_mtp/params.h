@@ -45,7 +45,9 @@ struct AttentionParams {
   const int32_t* seq_lens;  // [B]
   void* out;                // [B, Q, Hq, D] contiguous
   float* lse;               // [B, Q, Hq] contiguous fp32
-  float* workspace;         // num_splits > 1: partial outputs and lse, attention_workspace_floats()
+  float* workspace;         // num_splits > 1: partial outputs and lse, attention::workspace_floats()
+  int32_t* counters;        // attention_counters_for() int32 (when the kernel merges the splits itself):
+                            // zero before the first launch, left zero; may be null when that is 0
   int B, Q, Hq, Hkv, D;
   int num_blocks, block_size, max_blocks;
   float scale;

@@ -76,14 +76,36 @@ inline AttentionShape attention_shape(int elem_bytes, int D, int rows_needed) {
   return {8, 16, 0, static_cast<int>(max64(1, min64(3, (227 * 1024) / max64(smem, 1))))};
 }
 
+// The CTAs of one split (grid.x): one per (request, KV head, row tile). The num_splits CTAs of such a
+// unit form a merge group: their partials make the unit's rows.
+inline int64_t attention_units(const AttentionShape& shape, int64_t B, int64_t Hkv, int64_t rows_needed) {
+  return B * Hkv * ceil_div(rows_needed, shape.rows);
+}
+
 // The split plan of one call: shapes, the window, the block table's capacity and the SM count.
 inline SplitPlan attention_plan(const AttentionShape& shape, int64_t B, int64_t Hkv, int64_t rows_needed,
                                 int64_t max_blocks, int64_t block_size, int64_t window, int num_sms) {
   int64_t bound = max_blocks * block_size;
   if (window > 0) bound = min64(bound, window);
-  const int64_t units = B * Hkv * ceil_div(rows_needed, shape.rows);
-  return plan_kv_splits(bound, units, int64_t{shape.ctas_per_sm} * num_sms, shape.keys,
-                        int64_t{kAttentionMinTiles} * shape.keys, kAttentionMaxSplits);
+  return plan_kv_splits(bound, attention_units(shape, B, Hkv, rows_needed), int64_t{shape.ctas_per_sm} * num_sms,
+                        shape.keys, int64_t{kAttentionMinTiles} * shape.keys, kAttentionMaxSplits);
+}
+
+// The fp32 partials (rows x splits x D x 4 bytes) up to which a merge group's last CTA merges them in
+// the attention kernel instead of a merge kernel: it reads them from L2 in one pass (an estimated
+// ~0.2-0.3 us for 32 KiB on an H200), where the merge kernel costs a dependent launch (~1.5-2.5 us).
+// Larger groups (a full layer's ~128 splits) keep the merge kernel, which spreads them over many CTAs.
+// Every drafter sliding layer at B = 1 is within it (E2B: 4 rows x 8 splits x D 256 = 32 KiB; 31B:
+// 2 x 8 x 256). The Triton backend applies the same bound (and caps the (row, split) pairs at 64, its
+// tile padded to powers of two: the same choice at every drafter shape, not always at D <= 128).
+constexpr int64_t kAttentionInKernelMergeBytes = 32 * 1024;
+
+// Whether the splits of a launch are merged in the attention kernel (one counter per merge group,
+// attention_units()) rather than by the merge kernel. constexpr: a kernel instantiation asks whether
+// any launch of it can merge (fewest rows, 2 splits).
+constexpr bool attention_merges_in_kernel(const AttentionShape& shape, int64_t rows_needed, int D, int num_splits) {
+  const int64_t rows_of_tile = rows_needed < shape.rows ? rows_needed : shape.rows;  // the rows one CTA holds
+  return num_splits > 1 && rows_of_tile * num_splits * D * 4 <= kAttentionInKernelMergeBytes;
 }
 
 // Keys per split for one request: its own attended range spread over the launch's splits (a multiple of

@@ -5,7 +5,10 @@
 // row tile, and there is one row tile whenever Q * Hq/Hkv <= 32 (bf16/fp16) -- every drafter step,
 // tree levels included. Only block-table columns inside the attended (windowed) range are read. The
 // split plan (plan.h attention_plan) sizes the grid to one wave of resident CTAs; with several splits
-// each CTA writes an fp32 partial (normalised output, lse) and a merge kernel combines them.
+// each CTA writes an fp32 partial (normalised output, lse) and they are merged: by the last CTA of the
+// unit's splits to finish, inside the attention kernel, when the unit's partials are small (plan.h
+// attention_merges_in_kernel: at most 32 KiB, every drafter sliding layer at B = 1), saving a dependent
+// launch; else by a merge kernel spread over many CTAs.
 //
 // bf16 / fp16: tensor-core kernel, one 256-thread CTA per SM.
 //   - Pipeline: stages of 8192 / D keys (16 KiB of K + 16 KiB of V), as many as the SM's shared memory
@@ -23,14 +26,17 @@
 //     O += P V on its 64 columns (P rounded to the input type, as tl.dot does in the Triton kernel).
 //     One __syncthreads per stage. Key groups keep separate (m, l, O) and are combined at the end.
 // fp32 (a test dtype): CUDA-core kernel, 8 rows x 16 keys per step, double-buffered cp.async.
-// sm_90: the kernels and the merge are launched with programmatic dependent launch, so the merge is
-// scheduled while the main grid runs and waits (griddepcontrol.wait) for it to finish.
+// sm_90: the kernels and the merge kernel (when there is one) are launched with programmatic dependent
+// launch, so the merge kernel is scheduled while the main grid runs and waits (griddepcontrol.wait) for
+// it to finish. A merge inside the attention kernel needs no such wait: the group's last CTA elects
+// itself through a counter (mma_gemv.cuh last_to_arrive) once the other CTAs' partials are published.
 #pragma once
 
 #include <cmath>
 
 #include "gemma4_mtp/common.cuh"
 #include "gemma4_mtp/launch.cuh"
+#include "gemma4_mtp/mma_gemv.cuh"
 #include "gemma4_mtp/params.h"
 #include "gemma4_mtp/plan.h"
 
@@ -75,6 +81,132 @@ __device__ __forceinline__ Work cta_work(const AttentionParams& p, int rows_per_
 __device__ __forceinline__ int64_t out_row(const AttentionParams& p, const Work& w, int r) {
   const int gr = w.row0 + r;
   return (static_cast<int64_t>(w.b) * p.Q + gr / w.group) * p.Hq + w.h * w.group + gr % w.group;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Merge of the splits: out = sum_s exp(lse_s - L) o_s / sum_s exp(lse_s - L), lse = L + log(sum), with
+// L = max_s lse_s. -inf partials (empty splits) weigh 0, a NaN lse (a poisoned request) makes the row
+// NaN, a row without keys gets out 0 and lse -inf. The merge kernel runs it for one row and 128
+// columns per CTA; the attention kernels' in-kernel merge for the group's rows and every column.
+// ------------------------------------------------------------------------------------------------
+
+// Shared floats of merge_splits for `rows` rows with row_splits partials (rows x splits) in all.
+constexpr int merge_scratch_floats(int threads, int rows, int row_splits) { return 4 * threads + row_splits + 3 * rows; }
+
+// Merges columns [col0, col0 + cols) of rows orow(0 .. rows - 1) of out (their lse too when write_lse)
+// over p.num_splits partials; every thread of the kThreads-thread CTA calls it, `scratch` is 16-byte
+// aligned shared memory of merge_scratch_floats(). All lse are loaded at once, then all partials: two
+// L2 latencies per call whatever the rows. Partials are read with .cg loads (the in-kernel merge reads
+// other CTAs' writes; L1 is not coherent). A float4 column of a row is one item; when there are fewer
+// items than threads, `ways` threads share an item, each taking every ways-th split, and their sums
+// meet in shared memory in way order (the merge kernel at 128 columns: lane = item, warp = way).
+template <class T, int kThreads, class RowOf>
+__device__ __forceinline__ void merge_splits(const AttentionParams& p, int rows, RowOf orow, int col0, int cols,
+                                             bool write_lse, float* scratch) {
+  static_assert(kThreads % 32 == 0, "whole warps");
+  constexpr int kWarps = kThreads / 32;
+  const int S = p.num_splits, D = p.D;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const float* wl = p.workspace + static_cast<int64_t>(p.B) * p.Q * p.Hq * S * D;
+  float4* red = reinterpret_cast<float4*>(scratch);  // [kThreads]: the ways' sums
+  float* weight = scratch + 4 * kThreads;            // [rows][S]: the lse, then the weights
+  float* row_max = weight + rows * S;
+  float* row_total = row_max + rows;
+  int* row_nan = reinterpret_cast<int*>(row_total + rows);
+
+  for (int i = tid; i < rows * S; i += kThreads) weight[i] = __ldcg(wl + orow(i / S) * S + i % S);
+  __syncthreads();
+  for (int r = warp; r < rows; r += kWarps) {  // a warp per row: max, NaN, weights, their sum
+    float mx = -INFINITY;
+    int nan = 0;
+    for (int s = lane; s < S; s += 32) {
+      const float x = weight[r * S + s];
+      mx = fmaxf(mx, x);
+      nan |= x != x;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      nan |= __shfl_xor_sync(0xffffffffu, nan, o);
+    }
+    float total = 0.f;
+    for (int s = lane; s < S; s += 32) {
+      const float wgt = mx != -INFINITY ? expf(weight[r * S + s] - mx) : 0.f;  // -inf partials weigh 0
+      weight[r * S + s] = wgt;
+      total += wgt;
+    }
+    total = warp_sum(total);
+    if (lane == 0) {
+      row_max[r] = mx;
+      row_total[r] = total;
+      row_nan[r] = nan;
+    }
+  }
+  __syncthreads();
+
+  const int vecs = cols / 4, items = rows * vecs;
+  const int ways = items < kThreads ? kThreads / items : 1;
+  auto store = [&](int item, float4 o) {
+    const int r = item / vecs, c = col0 + item % vecs * 4;
+    const float total = row_total[r];
+    const bool nan = row_nan[r];
+    const float v[4] = {o.x, o.y, o.z, o.w};
+    T* dst = static_cast<T*>(p.out) + orow(r) * D + c;  // out may sit at any element offset: scalar stores
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dst[e] = from_float<T>(nan ? NAN : (total > 0.f ? v[e] / total : 0.f));
+  };
+  for (int i = tid; i < items * ways; i += kThreads) {  // ways > 1: one pass
+    const int item = i % items, way = i / items;
+    const int r = item / vecs;
+    const float* src = p.workspace + orow(r) * S * D + col0 + item % vecs * 4;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+    for (int s = way; s < S; s += ways) {
+      const float ws = weight[r * S + s];
+      if (ws > 0.f) {
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * D));
+        o.x = fmaf(ws, v.x, o.x);
+        o.y = fmaf(ws, v.y, o.y);
+        o.z = fmaf(ws, v.z, o.z);
+        o.w = fmaf(ws, v.w, o.w);
+      }
+    }
+    if (ways == 1) {
+      store(item, o);
+    } else {
+      red[i] = o;  // way * items + item
+    }
+  }
+  if (ways > 1) {
+    __syncthreads();
+    if (tid < items) {
+      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int way = 0; way < ways; ++way) {
+        const float4 v = red[way * items + tid];
+        o.x += v.x;
+        o.y += v.y;
+        o.z += v.z;
+        o.w += v.w;
+      }
+      store(tid, o);
+    }
+  }
+  if (write_lse && p.lse != nullptr)
+    for (int r = tid; r < rows; r += kThreads)
+      p.lse[orow(r)] = row_nan[r] ? NAN : (row_total[r] > 0.f ? row_max[r] + logf(row_total[r]) : -INFINITY);
+}
+
+// The in-kernel merge (the launcher passes counters only then), after the CTA's partial stores: the
+// last CTA of its group (the splits of blockIdx.x) to arrive resets the group's counter for the next
+// launch and merges the group's `rows` rows. flag: a shared int; scratch: shared memory free from the
+// election's first __syncthreads on.
+template <class T, int kThreads>
+__device__ __forceinline__ void merge_if_last(const AttentionParams& p, const Work& w, int rows, int* flag,
+                                              float* scratch) {
+  int32_t* counter = p.counters + blockIdx.x;
+  if (!last_to_arrive(counter, p.num_splits, flag)) return;
+  if (threadIdx.x == 0) *counter = 0;
+  merge_splits<T, kThreads>(p, rows, [&](int r) { return out_row(p, w, r); }, 0, p.D, true, scratch);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -445,6 +577,15 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const AttentionParams p, c
       }
     }
   }
+  // Only instantiations that some launch merges in carry the merge code (their fewest rows over the
+  // fewest splits, 2: a 32-row CTA holds 17 rows at least, so not beyond D 128); in the 32-row kernel at
+  // D 512 it would cost registers (spills on sm_80).
+  if constexpr (attention_merges_in_kernel(AttentionShape{R, C::kKeys, MT, 1}, 16 * (MT - 1) + 1, D, 2)) {
+    // the merge's scratch: the stages (its first __syncthreads ends the epilogue's reads of them)
+    static_assert(4 * merge_scratch_floats(kThreads, R, static_cast<int>(kAttentionInKernelMergeBytes / (4 * D))) <=
+                      C::kStageBytes, "the in-kernel merge's scratch fits in a stage");
+    if (p.counters != nullptr) merge_if_last<T, kThreads>(p, w, rows, bad_flag, reinterpret_cast<float*>(stage_mem));
+  }
 }
 
 }  // namespace tc
@@ -681,87 +822,27 @@ __global__ void __launch_bounds__(kThreads, 3) kernel(const AttentionParams p) {
       }
     }
   }
+  // the merge's scratch: the K/V buffers (every copy has landed; its first __syncthreads ends their use)
+  static_assert(4 * merge_scratch_floats(kThreads, kRows, static_cast<int>(kAttentionInKernelMergeBytes / (4 * D))) <=
+                    static_cast<int>(sizeof(Smem<D>)), "the in-kernel merge's scratch fits in the K/V buffers");
+  if (p.counters != nullptr) merge_if_last<float, kThreads>(p, w, min(kRows, w.M - w.row0), &bad_block, &sm.k[0][0][0]);
 }
 
 }  // namespace f32
 
 // ------------------------------------------------------------------------------------------------
-// Merge of the splits: out = sum_s exp(lse_s - L) o_s / sum_s exp(lse_s - L), lse = L + log(sum).
-// CTA = one (b, q, head) row x up to 128 columns; warps take every 8th split, lanes 4 columns each.
+// Merge kernel (groups above the in-kernel bound): CTA = one (b, q, head) row x up to 128 columns.
 // ------------------------------------------------------------------------------------------------
 constexpr int kMergeThreads = 256;
 constexpr int kMergeCols = 128;
 
 template <class T>
 __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const AttentionParams p) {
-  __shared__ float weight[kAttentionMaxSplits];
-  __shared__ float red[kMergeThreads / 32][kMergeCols];
-  __shared__ float wmax[kMergeThreads / 32], wsum[kMergeThreads / 32];
-  __shared__ int wnan[kMergeThreads / 32];
+  __shared__ __align__(16) float scratch[merge_scratch_floats(kMergeThreads, 1, kAttentionMaxSplits)];
   griddep_wait();  // the partials are the previous grid's output
-
-  const int64_t orow = blockIdx.x;
-  const int S = p.num_splits, D = p.D;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const float* wo = p.workspace + orow * S * D;
-  const float* wl = p.workspace + static_cast<int64_t>(p.B) * p.Q * p.Hq * S * D + orow * S;
-
-  const float x = tid < S ? wl[tid] : -INFINITY;  // S <= kAttentionMaxSplits <= kMergeThreads
-  float mx = x;
-  int nan = x != x;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    nan |= __shfl_xor_sync(0xffffffffu, nan, o);
-  }
-  if (lane == 0) {
-    wmax[warp] = mx;
-    wnan[warp] = nan;
-  }
-  __syncthreads();
-  mx = -INFINITY;
-  nan = 0;
-#pragma unroll
-  for (int i = 0; i < kMergeThreads / 32; ++i) {
-    mx = fmaxf(mx, wmax[i]);
-    nan |= wnan[i];
-  }
-  const float wgt = (tid < S && mx != -INFINITY) ? expf(x - mx) : 0.f;  // -inf partials (empty splits) weigh 0
-  if (tid < S) weight[tid] = wgt;
-  const float s_part = warp_sum(wgt);
-  if (lane == 0) wsum[warp] = s_part;
-  __syncthreads();
-  float total = 0.f;
-#pragma unroll
-  for (int i = 0; i < kMergeThreads / 32; ++i) total += wsum[i];
-
-  const int col = blockIdx.y * kMergeCols + lane * 4;
-  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (col < D) {
-#pragma unroll 4
-    for (int s = warp; s < S; s += kMergeThreads / 32) {
-      const float ws = weight[s];
-      if (ws > 0.f) {
-        const float4 v = *reinterpret_cast<const float4*>(wo + static_cast<int64_t>(s) * D + col);
-        o.x = fmaf(ws, v.x, o.x);
-        o.y = fmaf(ws, v.y, o.y);
-        o.z = fmaf(ws, v.z, o.z);
-        o.w = fmaf(ws, v.w, o.w);
-      }
-    }
-    *reinterpret_cast<float4*>(&red[warp][lane * 4]) = o;
-  }
-  __syncthreads();
-  const int c = blockIdx.y * kMergeCols + tid;
-  if (tid < kMergeCols && c < D) {
-    float v = 0.f;
-#pragma unroll
-    for (int i = 0; i < kMergeThreads / 32; ++i) v += red[i][tid];
-    v = nan ? NAN : (total > 0.f ? v / total : 0.f);
-    static_cast<T*>(p.out)[orow * D + c] = from_float<T>(v);
-  }
-  if (blockIdx.y == 0 && tid == 0 && p.lse != nullptr)
-    p.lse[orow] = nan ? NAN : (total > 0.f ? mx + logf(total) : -INFINITY);
+  const int col0 = blockIdx.y * kMergeCols;
+  merge_splits<T, kMergeThreads>(p, 1, [](int) { return static_cast<int64_t>(blockIdx.x); }, col0,
+                                 min(kMergeCols, p.D - col0), blockIdx.y == 0, scratch);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -791,8 +872,12 @@ cudaError_t launch_d(const AttentionParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const int rows_needed = p.Q * (p.Hq / p.Hkv);
   const AttentionShape shape = attention_shape(static_cast<int>(sizeof(T)), D, rows_needed);
-  const dim3 grid(static_cast<unsigned>(ceil_div(rows_needed, shape.rows) * p.B * p.Hkv),
+  const dim3 grid(static_cast<unsigned>(attention_units(shape, p.B, p.Hkv, rows_needed)),
                   static_cast<unsigned>(p.num_splits));
+  // The kernels merge the splits themselves exactly when they are given counters.
+  const bool merge_in_kernel = attention_merges_in_kernel(shape, rows_needed, D, p.num_splits);
+  AttentionParams kp = p;
+  if (!merge_in_kernel) kp.counters = nullptr;
   if constexpr (sizeof(T) == 2) {
     auto run = [&](auto mt) -> cudaError_t {
       constexpr int MT = decltype(mt)::value;
@@ -801,15 +886,15 @@ cudaError_t launch_d(const AttentionParams& p, cudaStream_t stream) {
       const size_t smem = tc::Layout<D, MT>::bytes(stages);
       cudaError_t e = opt_in_smem<tc::kernel<T, D, MT>>(static_cast<int>(smem));
       if (e != cudaSuccess) return e;
-      return launch(tc::kernel<T, D, MT>, grid, tc::kThreads, smem, dev.pdl, stream, p, stages);
+      return launch(tc::kernel<T, D, MT>, grid, tc::kThreads, smem, dev.pdl, stream, kp, stages);
     };
     err = shape.m_tiles == 1 ? run(std::integral_constant<int, 1>{}) : run(std::integral_constant<int, 2>{});
   } else {
     const size_t smem = sizeof(f32::Smem<D>);
     err = opt_in_smem<f32::kernel<D>>(static_cast<int>(smem));
-    if (err == cudaSuccess) err = launch(f32::kernel<D>, grid, f32::kThreads, smem, dev.pdl, stream, p);
+    if (err == cudaSuccess) err = launch(f32::kernel<D>, grid, f32::kThreads, smem, dev.pdl, stream, kp);
   }
-  if (err != cudaSuccess || p.num_splits == 1) return err;
+  if (err != cudaSuccess || p.num_splits == 1 || merge_in_kernel) return err;
   return launch_merge<T>(p, dev, stream);
 }
 
@@ -824,6 +909,16 @@ inline SplitPlan attention_plan_for(int elem_bytes, const AttentionParams& p, in
                         p.block_size, p.window, num_sms);
 }
 
+// The int32 counters that p.counters must hold for a call of element size elem_bytes (after
+// attention_plan_for() set p.num_splits): one per merge group when the kernel merges the splits itself
+// (plan.h attention_merges_in_kernel), else none.
+inline int64_t attention_counters_for(int elem_bytes, const AttentionParams& p) {
+  if (p.Hkv <= 0 || p.Hq % p.Hkv) return 0;  // refused by the launcher
+  const int64_t rows = static_cast<int64_t>(p.Q) * (p.Hq / p.Hkv);
+  const AttentionShape shape = attention_shape(elem_bytes, p.D, static_cast<int>(rows));
+  return attention_merges_in_kernel(shape, rows, p.D, p.num_splits) ? attention_units(shape, p.B, p.Hkv, rows) : 0;
+}
+
 // Whether the cache/query layout allows the kernels' vector loads and copies of q, K and V (all strides
 // but D's a multiple of 16 bytes, 16-byte aligned bases). The kernels require it. out is written with
 // scalar stores and may sit at any element offset.
@@ -836,12 +931,14 @@ bool attention_layout_ok(const AttentionParams& p) {
 }
 
 // Launches the attention for element type T (float, __half, __nv_bfloat16); p.num_splits comes from
-// attention_plan_for() and p.workspace holds attention::workspace_floats() floats.
+// attention_plan_for(), p.workspace holds attention::workspace_floats() floats and p.counters
+// attention_counters_for() int32 (zero before the first launch; every launch leaves them zero).
 template <class T>
 cudaError_t q_only_paged_attention(const AttentionParams& p, cudaStream_t stream) {
   if (p.B <= 0 || p.Q <= 0 || p.Hq <= 0) return cudaSuccess;
   if (p.Hkv <= 0 || p.Hq % p.Hkv || p.block_size <= 0 || p.num_splits < 1 || p.num_splits > kAttentionMaxSplits ||
-      (p.num_splits > 1 && p.workspace == nullptr) || !attention_layout_ok<T>(p))
+      (p.num_splits > 1 && p.workspace == nullptr) || !attention_layout_ok<T>(p) ||
+      (p.counters == nullptr && attention_counters_for(static_cast<int>(sizeof(T)), p) > 0))
     return cudaErrorInvalidValue;
   switch (p.D) {
     case 64: return attention::launch_d<T, 64>(p, stream);
