@@ -68,27 +68,39 @@ int64_t stride(const at::Tensor& t, int i) { return t.size(i) == 1 ? int64_t{0} 
 
 int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 
-// At least n zeroed int32 counters on like's device for the kernels of `op` launched on the current
-// stream, which synchronise their CTAs through them (a grid barrier, last-CTA elections) and leave them
-// zero, so no per-call memset: one cached buffer per (op, device, stream), grown on demand, so that
-// launches on two streams, which may overlap in time, never share counters (launches on one stream
-// follow each other; torch keys its cuBLAS workspaces by stream for the same reason); outgrown buffers
-// stay alive because captured graphs hold their addresses. A call that needs a new buffer while its
-// stream is being captured gets a graph-private one in *fresh (its zeroing is captured with it, so
-// every replay starts from zero) that is not cached: zeroing the cache during capture would only
-// happen at replay. Replays of graphs captured on one stream use that stream's counters: replaying two
-// of them at once on two streams is not supported. Same policy as gemma4_mtp_kernels/_counters.py.
+// At least n zeroed int32 counters on like's device for the kernels of `op`, which synchronise their
+// CTAs through them (a grid barrier, last-CTA elections) and leave them zero, so no per-call memset.
+// Cached buffers, grown on demand, outgrown ones kept alive (captured graphs hold their addresses); the
+// same policy as gemma4_mtp_kernels/_counters.py:
+// - eager launches: one buffer per (op, device, stream), so launches on two streams, which may overlap
+//   in time, never share counters (launches on one stream follow each other; torch keys its cuBLAS
+//   workspaces by stream for the same reason);
+// - captured launches: one buffer per (op, device) for all graphs (a graph replays on whatever stream
+//   it is given), which every eager call also makes ready, so the warm-up before a capture leaves the
+//   capture nothing to allocate. Replays of two graphs that overlap in time would share it: not
+//   supported. A capture that still finds it too small gets a graph-private one in *fresh (its zeroing
+//   is captured with it, so every replay starts from zero) that is not cached.
 int32_t* zeroed_counters(const char* op, int64_t n, const at::Tensor& like, at::Tensor* fresh) {
   static std::mutex mutex;
   // never destroyed: tensors freed after CUDA's own teardown at exit would crash
-  static auto* cache = new std::map<std::tuple<std::string, int, c10::StreamId>, std::vector<at::Tensor>>();
+  static auto* cache = new std::map<std::tuple<std::string, int, int64_t>, std::vector<at::Tensor>>();
+  constexpr int64_t kGraphs = -1;  // the graphs' key (c10 stream ids are never negative)
   const std::lock_guard<std::mutex> lock(mutex);
-  const c10::StreamId stream = at::cuda::getCurrentCUDAStream(like.get_device()).id();
-  std::vector<at::Tensor>& buffers = (*cache)[{op, like.get_device(), stream}];
-  if (!buffers.empty() && buffers.back().numel() >= n) return buffers.back().data_ptr<int32_t>();
-  *fresh = at::zeros({std::max<int64_t>(n, 1024)}, like.options().dtype(at::kInt));
-  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) buffers.push_back(*fresh);
-  return fresh->data_ptr<int32_t>();
+  const int dev = like.get_device();
+  const int64_t size = std::max<int64_t>(n, 1024);
+  auto ready = [&](int64_t stream) -> at::Tensor& {
+    std::vector<at::Tensor>& buffers = (*cache)[{op, dev, stream}];
+    if (buffers.empty() || buffers.back().numel() < n) buffers.push_back(at::zeros({size}, like.options().dtype(at::kInt)));
+    return buffers.back();
+  };
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
+    std::vector<at::Tensor>& graphs = (*cache)[{op, dev, kGraphs}];
+    if (!graphs.empty() && graphs.back().numel() >= n) return graphs.back().data_ptr<int32_t>();
+    *fresh = at::zeros({size}, like.options().dtype(at::kInt));
+    return fresh->data_ptr<int32_t>();
+  }
+  ready(kGraphs);  // for a capture of this call
+  return ready(at::cuda::getCurrentCUDAStream(dev).id()).data_ptr<int32_t>();
 }
 
 void fused_concat_down_proj(const at::Tensor& token_ids, const at::Tensor& embed_table, const at::Tensor& hidden,

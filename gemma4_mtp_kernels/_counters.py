@@ -1,20 +1,25 @@
 """Zeroed int32 counters that one-launch Triton kernels synchronise their programs with (a grid-wide
 barrier, "last program done" elections; the CUDA ops keep theirs in csrc/torch_bindings.cpp). Every
 launch leaves its counters zero again, so no per-call memset is needed and the launch replays in a
-CUDA graph. One cached buffer per (device, stream, owner), grown on demand: launches on different
-streams may overlap in time (an engine running two micro-batches on two streams), launches on one
-stream follow each other, so neither shares counters with a launch still running (torch keys its
-cuBLAS workspaces by stream for the same reason). A call captured into a graph before the cache is big
-enough gets a graph-private buffer (its zeroing memset is captured too, so each replay starts from
-zero); outgrown buffers stay alive because captured graphs hold their addresses. Replays of graphs
-captured on one stream (torch.cuda.graph's shared capture stream by default) use that stream's
-buffers: replaying two of them at once, on two streams, is not supported."""
+CUDA graph. Cached buffers, grown on demand, outgrown ones kept alive (captured graphs hold their
+addresses):
+- eager launches use one buffer per (device, stream, owner): launches on different streams may
+  overlap in time (an engine running two micro-batches on two streams), launches on one stream follow
+  each other, so no launch shares counters with one still running (torch keys its cuBLAS workspaces
+  by stream for the same reason);
+- captured launches use one buffer per (device, owner) for all graphs (a graph replays on whatever
+  stream it is given, not the one it was captured on), which every eager call also makes ready, so
+  that the warm-up call before a capture leaves the capture nothing to allocate. Replays of two
+  graphs that overlap in time would share it: not supported. A capture that still finds it too small
+  gets a graph-private buffer whose zeroing is captured too (a memset node per replay).
+"""
 from __future__ import annotations
 
 import torch
 
 MIN_COUNTERS = 1024
-_CACHE: dict[tuple[torch.device, str], torch.Tensor] = {}
+_GRAPHS = -1  # the stream key of the captured launches' buffers (stream handles are never negative)
+_CACHE: dict[tuple[torch.device, int, str], torch.Tensor] = {}
 _OUTGROWN: list[torch.Tensor] = []
 
 
@@ -29,21 +34,28 @@ def _capturing() -> bool:
 @torch.compiler.assume_constant_result
 def _stream(device: torch.device) -> int:
     if device.type != "cuda":
-        return 0
+        return 0  # CPU (the interpreter) and meta tensors (launch recording): one stream
     return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def zeroed_counters(device: torch.device, n: int, owner: str) -> torch.Tensor:
-    """At least n zeroed int32 counters on `device` for the kernels of `owner` launched on the current
-    stream (which leave them zero)."""
-    key = (device, _stream(device), owner)
+def _ready(key: tuple, n: int) -> torch.Tensor:
     buf = _CACHE.get(key)
     if buf is not None and buf.numel() >= n:
         return buf
-    fresh = torch.zeros(max(n, MIN_COUNTERS), dtype=torch.int32, device=device)
-    if device.type == "cuda" and _capturing():
-        return fresh
     if buf is not None:
         _OUTGROWN.append(buf)
-    _CACHE[key] = fresh
-    return fresh
+    buf = _CACHE[key] = torch.zeros(max(n, MIN_COUNTERS), dtype=torch.int32, device=key[0])
+    return buf
+
+
+def zeroed_counters(device: torch.device, n: int, owner: str) -> torch.Tensor:
+    """At least n zeroed int32 counters on `device` for the kernels of `owner` (which leave them zero):
+    the current stream's, or the graphs' while the stream is being captured."""
+    if device.type == "cuda" and _capturing():
+        buf = _CACHE.get((device, _GRAPHS, owner))
+        if buf is not None and buf.numel() >= n:
+            return buf
+        return torch.zeros(max(n, MIN_COUNTERS), dtype=torch.int32, device=device)  # graph-private
+    if device.type == "cuda":
+        _ready((device, _GRAPHS, owner), n)  # for a capture of this call
+    return _ready((device, _stream(device), owner), n)

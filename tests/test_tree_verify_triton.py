@@ -232,6 +232,24 @@ def test_counters_are_per_stream():
     assert theirs is not mine and counters_module.zeroed_counters(dev, 1, "test.owner") is mine
 
 
+@pytest.mark.gpu
+def test_a_capture_after_its_warm_up_takes_the_graphs_counters():
+    """A graph replays on any stream: captured launches take the graphs' buffer, which the eager
+    warm-up made ready, so the capture allocates nothing (no zeroing node in the graph); without a
+    warm-up big enough the capture gets a graph-private buffer that is not cached."""
+    dev = torch.device("cuda")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        eager = counters_module.zeroed_counters(dev, 5000, "test.capture")
+    graphs = counters_module._CACHE[(dev, counters_module._GRAPHS, "test.capture")]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = counters_module.zeroed_counters(dev, 5000, "test.capture")
+        bigger = counters_module.zeroed_counters(dev, 9000, "test.capture")
+    assert captured is graphs and captured is not eager and int(graphs.count_nonzero()) == 0
+    assert bigger.numel() >= 9000 and counters_module._CACHE[(dev, counters_module._GRAPHS, "test.capture")] is graphs
+
+
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float32])
 def test_rejections_draw_from_the_residual_in_parallel(q_dtype):
     """Most nodes reject (q unrelated to p): each rejected row's residual mass is summed per granule

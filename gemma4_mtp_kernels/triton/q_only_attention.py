@@ -46,7 +46,8 @@ Design. The op is a pure K/V stream: every attended cache entry is read once, th
   in griddepcontrol.wait, which hides most of its launch latency (not the dependency: the in-kernel
   merge removes that too); the main kernel waits the same way for whatever kernel ran before it.
 - The in-kernel merge's counters (one per (request, KV head, row tile)) are the cached ones of
-  `gemma4_mtp_kernels._counters`, one buffer per stream: calls on concurrent streams do not share them.
+  `gemma4_mtp_kernels._counters` (one buffer per stream for eager calls: calls on concurrent streams
+  do not share them).
 Expected on H200 (bf16): see benchmarks/README.md, "Attention, round 2".
 """
 from __future__ import annotations
