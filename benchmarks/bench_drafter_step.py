@@ -31,6 +31,7 @@ from unittest import mock
 import torch
 
 import gemma4_mtp_kernels as gk
+from gemma4_mtp_kernels.triton import _common, q_only_attention
 
 from . import roofline
 from .common import Case, external
@@ -115,26 +116,13 @@ def ours(backend, kind):
     return factory
 
 
-def ours_without_pdl(kind):
-    """`ours("triton")` with every launch (warm-up and capture included) made without programmatic
-    dependent launch."""
-    from gemma4_mtp_kernels.triton import _common
-
+def ours_with(kind, module, switch: str, value):
+    """`ours("triton")` with `module.switch` set to `value` for every launch (warm-up and capture
+    included): `_common.PDL` False launches without programmatic dependent launch,
+    `q_only_attention.IN_KERNEL_MERGE` False merges every split attention with its merge kernel."""
     def factory(inp):
         def call():
-            with mock.patch.object(_common, "PDL", False):
-                return run_ours(inp, "triton", kind)
-        return call
-    return factory
-
-
-def ours_with_merge_kernel(kind):
-    """`ours("triton")` with every split attention merged by its merge kernel (a second launch)."""
-    from gemma4_mtp_kernels.triton import q_only_attention
-
-    def factory(inp):
-        def call():
-            with mock.patch.object(q_only_attention, "IN_KERNEL_MERGE", False):
+            with mock.patch.object(module, switch, value):
                 return run_ours(inp, "triton", kind)
         return call
     return factory
@@ -210,9 +198,9 @@ def cases(dry: bool) -> list[Case]:
             baselines["hf_assistant"] = hf_assistant(shape, B, ctx)
         baselines.update({"triton": ours("triton", kind), "cuda": ours("cuda", kind)})
         if B == 1 or kind == "step":  # on a CPU (the interpreter) the same code as "triton"; run for its wiring
-            baselines["triton_no_pdl"] = ours_without_pdl(kind)
+            baselines["triton_no_pdl"] = ours_with(kind, _common, "PDL", False)
         if B == 1 and kind == "step":
-            baselines["triton_merge_kernel"] = ours_with_merge_kernel(kind)
+            baselines["triton_merge_kernel"] = ours_with(kind, q_only_attention, "IN_KERNEL_MERGE", False)
         if not dry:  # the same calls as "triton" / "cuda", timed eagerly: nothing more to exercise on a CPU
             baselines["triton_eager"] = ours("triton", kind)
             baselines["cuda_eager"] = ours("cuda", kind)
