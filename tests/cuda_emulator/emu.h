@@ -7,7 +7,9 @@
 // instructions (shuffles, ldmatrix, mma.m16n8k16) follow the PTX ISA's definitions of their operand
 // fragments; cp.async groups and bulk copies complete either at issue ("early") or as late as the
 // program's waits allow ("late"), which exposes missing waits. Global memory is host memory: a read
-// outside an allocation is an AddressSanitizer error. What this cannot show: timing, memory-model
+// outside an allocation is an AddressSanitizer error. Data one block reads of another's (__ldcg) must
+// still hold what it read when the launch ends (check_published_reads): a block that reads other
+// blocks' partials before its election, run before them, fails. What this cannot show: timing, memory-model
 // races between warps that real hardware would reorder, bank conflicts, or a misreading of the PTX
 // fragment layouts shared by this file and the kernel.
 #pragma once
@@ -145,6 +147,32 @@ struct LaunchRecord {
 inline std::vector<LaunchRecord>& launch_log() {
   static std::vector<LaunchRecord> log;
   return log;
+}
+
+// Loads of data other blocks of the launch write (__ldcg: the kernels read such data only once the
+// election or grid barrier that completes it has passed), with the bytes each returned. At the end of
+// the launch each must still find those bytes: a value rewritten after it was read was read too early,
+// by a block that merges without being elected or reads before the barrier. Blocks run one after
+// another, so such a block reads the partials of the blocks still to come.
+struct PublishedRead {
+  const void* addr;
+  unsigned bytes;
+  unsigned char value[16];
+  unsigned block[3];
+};
+inline std::vector<PublishedRead>& published_reads() {
+  static std::vector<PublishedRead> reads;
+  return reads;
+}
+inline void check_published_reads() {
+  for (const PublishedRead& r : published_reads())
+    if (std::memcmp(r.addr, r.value, r.bytes) != 0) {
+      std::fprintf(stderr, "emulator: block (%u, %u, %u) read %u bytes at %p that another block wrote after the read "
+                   "(a read of other blocks' data before the election or barrier that completes it)\n",
+                   r.block[0], r.block[1], r.block[2], r.bytes, r.addr);
+      std::abort();
+    }
+  published_reads().clear();
 }
 
 struct Barrier {
@@ -477,6 +505,15 @@ inline unsigned atomicInc(unsigned* p, unsigned limit) {
 // blocks of a cooperative launch, run. A spin that can never end (a wait for a block that runs after
 // this one, or a deadlock) makes a scheduling round without progress, which fails the run.
 inline void __nanosleep(unsigned) { emu::yield(); }
+namespace emu {
+// The load of `bytes` bytes at p that returned `value`, for check_published_reads.
+inline void note_published_read(const void* p, const void* value, unsigned bytes) {
+  if (bytes > sizeof(PublishedRead::value)) fail("a published read wider than 16 bytes");
+  PublishedRead r{p, bytes, {}, {blockIdx.x, blockIdx.y, blockIdx.z}};
+  std::memcpy(r.value, value, bytes);
+  published_reads().push_back(r);
+}
+}  // namespace emu
 
 // ---- kernel launch ----
 inline cudaError_t cudaGetDevice(int* d) {
@@ -547,6 +584,7 @@ cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* cfg, void (*kernel)(P..
       emu::init_block(blocks[i], index(order(i)), threads, smem[i].get(), cfg->dynamicSmemBytes, body, i * threads);
     }
     emu::run_blocks(blocks);
+    emu::check_published_reads();
     return cudaSuccess;
   }
   for (size_t j = 0; j < n; ++j) {
@@ -556,5 +594,6 @@ cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* cfg, void (*kernel)(P..
     emu::init_block(one[0], index(i), threads, smem.get(), cfg->dynamicSmemBytes, body, 0);
     emu::run_blocks(one);
   }
+  emu::check_published_reads();
   return cudaSuccess;
 }

@@ -101,9 +101,12 @@ inline uint4 __ldg(const uint4* p) {
   return v;
 }
 
+// Data other blocks of the launch wrote: checked at the launch's end (emu::check_published_reads).
 template <class V>
 inline V __ldcg(const V* p) {
-  return *p;
+  const V v = *p;
+  emu::note_published_read(p, &v, sizeof(V));
+  return v;
 }
 
 inline void prefetch_l2(const void*) {}
