@@ -8,6 +8,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from published_reads import install
+
+    PUBLISHED_READS_CHECKED = install()  # every interpreted launch: .cg reads must be of final data
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
