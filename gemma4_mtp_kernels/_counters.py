@@ -35,7 +35,7 @@ def _capturing() -> bool:
 def _stream(device: torch.device) -> int:
     if device.type != "cuda":
         return 0  # CPU (the interpreter) and meta tensors (launch recording): one stream
-    return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else torch.cuda.current_device())
+    return torch._C._cuda_getCurrentRawStream(device.index)
 
 
 def _ready(key: tuple, n: int) -> torch.Tensor:
@@ -51,6 +51,8 @@ def _ready(key: tuple, n: int) -> torch.Tensor:
 def zeroed_counters(device: torch.device, n: int, owner: str) -> torch.Tensor:
     """At least n zeroed int32 counters on `device` for the kernels of `owner` (which leave them zero):
     the current stream's, or the graphs' while the stream is being captured."""
+    if device.type == "cuda" and device.index is None:  # torch.device("cuda") != torch.device("cuda", 0)
+        device = torch.device("cuda", torch.cuda.current_device())  # a tensor's device names its index
     if device.type == "cuda" and _capturing():
         buf = _CACHE.get((device, _GRAPHS, owner))
         if buf is not None and buf.numel() >= n:

@@ -230,6 +230,8 @@ def test_counters_are_per_stream():
         theirs = counters_module.zeroed_counters(dev, 1, "test.owner")
         assert counters_module.zeroed_counters(dev, 1, "test.owner") is theirs
     assert theirs is not mine and counters_module.zeroed_counters(dev, 1, "test.owner") is mine
+    # a tensor's device names its index, a caller's may not: both are the one device's buffer
+    assert counters_module.zeroed_counters(torch.empty(1, device=dev).device, 1, "test.owner") is mine
 
 
 @pytest.mark.gpu
@@ -241,13 +243,14 @@ def test_a_capture_after_its_warm_up_takes_the_graphs_counters():
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         eager = counters_module.zeroed_counters(dev, 5000, "test.capture")
-    graphs = counters_module._CACHE[(dev, counters_module._GRAPHS, "test.capture")]
+    graphs = counters_module._CACHE[(torch.device("cuda", torch.cuda.current_device()), counters_module._GRAPHS,
+                                     "test.capture")]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = counters_module.zeroed_counters(dev, 5000, "test.capture")
         bigger = counters_module.zeroed_counters(dev, 9000, "test.capture")
     assert captured is graphs and captured is not eager and int(graphs.count_nonzero()) == 0
-    assert bigger.numel() >= 9000 and counters_module._CACHE[(dev, counters_module._GRAPHS, "test.capture")] is graphs
+    assert bigger.numel() >= 9000 and counters_module._CACHE[(graphs.device, counters_module._GRAPHS, "test.capture")] is graphs
 
 
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float32])
