@@ -65,7 +65,7 @@ def time_calls(calls: Sequence[Callable[[], object]], *, warmup: int = 5, runs: 
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
-                for c in calls:  # allocator warm-up on the capture stream
+                for c in calls:  # warm-up off the default stream, as torch.cuda.graph asks (it captures on a stream of its own)
                     c()
             torch.cuda.current_stream().wait_stream(stream)
             g = torch.cuda.CUDAGraph()

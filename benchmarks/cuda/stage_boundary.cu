@@ -70,8 +70,11 @@ struct Timing {
 std::string time_chain(Mode mode, Chain c, int programs, int replays, int repeats, cudaStream_t stream, Timing* t) {
   const size_t bytes = static_cast<size_t>(c.n) * sizeof(uint32_t);
   const std::vector<uint32_t> start = initial(c.n);
-  TRY(cudaMemcpy(c.vec[0], start.data(), bytes, cudaMemcpyHostToDevice));
-  TRY(cudaMemset(c.vec[1], 0, bytes));
+  // on the chain's stream: a non-blocking stream does not wait for the legacy stream's memset, nor for a
+  // pageable copy's DMA, which cudaMemcpy may return before
+  TRY(cudaMemcpyAsync(c.vec[0], start.data(), bytes, cudaMemcpyHostToDevice, stream));
+  TRY(cudaMemsetAsync(c.vec[1], 0, bytes, stream));
+  TRY(cudaStreamSynchronize(stream));
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));

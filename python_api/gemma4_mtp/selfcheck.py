@@ -80,6 +80,8 @@ def run(device: str | None = None) -> list[tuple[str, str, str, str]]:
             try:
                 t0 = time.perf_counter()
                 got = _flat(fn(*args, **kwargs, backend=backend))
+                if got[0].is_cuda:
+                    torch.cuda.synchronize()  # the first call's whole time (compile included), not its launch
                 dt = time.perf_counter() - t0
             except Exception as e:  # the table reports it; nothing is hidden
                 rows.append((op, backend, "ERROR", f"{type(e).__name__}: {e}"[:100]))
