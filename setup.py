@@ -12,56 +12,32 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import subprocess
 import sys
 
 from setuptools import find_packages, setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 STATUS_FILE = os.path.join(ROOT, "gemma4_mtp_kernels", "_build_status.txt")
-DEFAULT_ARCHS = "80;90a"
 
 
-def arch_flags(spec: str) -> list[str]:
-    flags = []
-    for arch in filter(None, (a.strip() for a in spec.split(";"))):
-        num = arch.replace(".", "")
-        if not num.rstrip("af").isdigit():
-            raise SystemExit(f"GEMMA4_MTP_CUDA_ARCHS: bad entry {arch!r} (expected e.g. '80;90a')")
-        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
-    return flags
+def _load_toolchain():
+    """gemma4_mtp_kernels/_toolchain.py by path: the package itself imports torch."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_gemma4_mtp_toolchain",
+                                                  os.path.join(ROOT, "gemma4_mtp_kernels", "_toolchain.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def find_cuda_home() -> None:
-    """Point CUDA_HOME at the real toolkit when the environment does not.
-
-    torch guesses CUDA_HOME as the folder above `which nvcc`, which is wrong when nvcc on PATH is a
-    wrapper script (e.g. /usr/local/bin/nvcc exec-ing /usr/local/cuda-13.0/bin/nvcc); nvcc's own
-    dry run names its install (TOP=...)."""
-    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
-        return
-    nvcc = shutil.which("nvcc")
-    if not nvcc:
-        return
-    candidates = [os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))]
-    try:
-        dry = subprocess.run([nvcc, "-dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
-                             capture_output=True, text=True, timeout=60)
-        tops = [ln.split("TOP=", 1)[1].strip() for ln in (dry.stdout + dry.stderr).splitlines() if "TOP=" in ln]
-        candidates = [os.path.realpath(t) for t in tops] + candidates
-    except (OSError, subprocess.SubprocessError):
-        pass
-    for home in candidates:
-        if os.path.exists(os.path.join(home, "include", "cuda_runtime_api.h")):
-            os.environ["CUDA_HOME"] = home
-            return
+toolchain = _load_toolchain()
 
 
 def cuda_extension():
     """(extension list, cmdclass, reason it was not built or None)."""
     if os.environ.get("GEMMA4_MTP_NO_CUDA", "0") not in ("", "0"):
         return [], {}, "GEMMA4_MTP_NO_CUDA is set"
-    find_cuda_home()  # before cpp_extension computes its CUDA_HOME at import
+    toolchain.find_cuda_home()  # before cpp_extension computes its CUDA_HOME at import
     try:
         import torch
         from torch.utils import cpp_extension
@@ -83,8 +59,11 @@ def cuda_extension():
     nvidia_inc = os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "cu13", "include")
     if os.path.isdir(nvidia_inc):
         cxx_flags += ["-idirafter", nvidia_inc]
-    archs = os.environ.get("GEMMA4_MTP_CUDA_ARCHS", DEFAULT_ARCHS)
-    nvcc_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xptxas=-v", "-lineinfo"] + arch_flags(archs)
+    try:
+        archs = toolchain.archs()
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    nvcc_flags = [*toolchain.NVCC_FLAGS, "-Xptxas=-v", "-lineinfo", *toolchain.gencode_flags(archs)]
     ext = cpp_extension.CUDAExtension(
         name="gemma4_mtp_kernels._C",
         sources=sources,

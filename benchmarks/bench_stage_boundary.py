@@ -11,32 +11,29 @@ the prediction is in benchmarks/README.md ("Stage boundaries").
 Builds benchmarks/cuda/stage_boundary.cu with nvcc for GEMMA4_MTP_CUDA_ARCHS (default "80;90a"), runs
 it (CUDA graphs, cudaEvent timing: each result is the slope of a 1-stage and an N-stage chain, the
 graph's own launch taken out, each chain's first replay checked against the host), writes the JSON
-with the environment, and prints a table with what 27 such boundaries cost."""
+with the environment, and prints a table with what a drafter step's 24 such boundaries cost."""
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from gemma4_mtp_kernels import _toolchain as toolchain
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "benchmarks" / "cuda" / "stage_boundary.cu"
-STEP_STAGES = 6 * 4 + 3  # a chain step's dependent launches: tests/test_launch_budget.py's budget for 4 layers
+STEP_STAGES = 24  # a B = 1 chain step's dependent launches on every drafter (tests/test_launch_budget.py)
 
 
 def build(out_dir: Path) -> Path:
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    nvcc = str(Path(home) / "bin" / "nvcc") if home and (Path(home) / "bin" / "nvcc").exists() else shutil.which("nvcc")
+    nvcc = toolchain.nvcc()
     if nvcc is None:
         raise SystemExit("nvcc not found (put it on PATH or set CUDA_HOME)")
-    archs = [a.strip() for a in os.environ.get("GEMMA4_MTP_CUDA_ARCHS", "80;90a").split(";") if a.strip()]
     exe = out_dir / "stage_boundary"
     out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [nvcc, "-O3", "-std=c++17", "--expt-relaxed-constexpr",
-           *(f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs),
+    cmd = [nvcc, *toolchain.NVCC_FLAGS, *toolchain.gencode_flags(toolchain.archs()),
            f"-I{ROOT / 'csrc' / 'include'}", str(SOURCE), "-o", str(exe)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:

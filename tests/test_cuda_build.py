@@ -17,18 +17,25 @@ from pathlib import Path
 import pytest
 import torch
 
+from gemma4_mtp_kernels import _toolchain as toolchain
 from gemma4_mtp_kernels import cuda as cuda_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted((ROOT / "csrc" / "ops").glob("*.cu")) + sorted((ROOT / "benchmarks" / "cuda").glob("*.cu"))
-ARCHS = [a.strip() for a in os.environ.get("GEMMA4_MTP_CUDA_ARCHS", "80;90a").split(";") if a.strip()]
+ARCHS = toolchain.archs()
 
 
-def nvcc_path():
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home and (Path(home) / "bin" / "nvcc").exists():
-        return str(Path(home) / "bin" / "nvcc")
-    return shutil.which("nvcc")
+def test_architectures_come_from_the_environment_never_the_machine(monkeypatch):
+    monkeypatch.delenv("GEMMA4_MTP_CUDA_ARCHS", raising=False)
+    assert toolchain.archs() == ["80", "90a"]
+    monkeypatch.setenv("GEMMA4_MTP_CUDA_ARCHS", " 8.6; 90a;100a ;")
+    assert toolchain.gencode_flags(toolchain.archs()) == [
+        "-gencode=arch=compute_86,code=sm_86", "-gencode=arch=compute_90a,code=sm_90a",
+        "-gencode=arch=compute_100a,code=sm_100a"]
+    for bad in ("sm_90", "90x", ";"):
+        monkeypatch.setenv("GEMMA4_MTP_CUDA_ARCHS", bad)
+        with pytest.raises(ValueError, match="GEMMA4_MTP_CUDA_ARCHS"):
+            toolchain.archs()
 
 
 def test_extension_built_where_the_toolchain_allows():
@@ -37,7 +44,7 @@ def test_extension_built_where_the_toolchain_allows():
     if status == "built":
         assert ok, f"setup.py recorded a build but the extension does not load: {why}"
         return
-    can_build = (torch.version.cuda is not None and nvcc_path() is not None
+    can_build = (torch.version.cuda is not None and toolchain.nvcc() is not None
                  and os.environ.get("GEMMA4_MTP_NO_CUDA", "0") in ("", "0"))
     assert not can_build, f"nvcc and a CUDA build of torch are present, but the extension is {status}"
     pytest.skip(f"the extension is {status}")
@@ -63,8 +70,7 @@ USED = re.compile(r"Used (\d+) registers")
 
 def ptxas_report(nvcc: str, source: Path) -> list[dict]:
     """One record per (kernel, arch): registers, stack, spill stores and loads."""
-    gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS]
-    cmd = [nvcc, "-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xptxas=-v", *gencode,
+    cmd = [nvcc, *toolchain.NVCC_FLAGS, "-Xptxas=-v", *toolchain.gencode_flags(ARCHS),
            f"-I{ROOT / 'csrc' / 'include'}", "-c", str(source), "-o", os.devnull]
     run = subprocess.run(cmd, capture_output=True, text=True)
     assert run.returncode == 0, f"nvcc failed on {source.name}:\n{run.stderr[-4000:]}"
@@ -88,9 +94,9 @@ def demangle(names: list[str]) -> list[str]:
     return out if len(out) == len(names) else names
 
 
-@pytest.mark.skipif(nvcc_path() is None, reason="nvcc not found")
+@pytest.mark.skipif(toolchain.nvcc() is None, reason="nvcc not found")
 def test_no_register_spills():
-    nvcc = nvcc_path()
+    nvcc = toolchain.nvcc()
     jobs = max(1, int(os.environ.get("MAX_JOBS", "2")))
     with ThreadPoolExecutor(jobs) as pool:
         records = [r for rs in pool.map(lambda s: ptxas_report(nvcc, s), SOURCES) for r in rs]

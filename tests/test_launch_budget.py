@@ -70,6 +70,12 @@ def test_a_chain_steps_sliding_layers_merge_in_the_attention_kernel(counts):
             assert r["sliding_layers"] == 3 and r["launches"] <= budget, r
 
 
+def test_the_stage_boundary_table_prices_a_chain_steps_launches(counts):
+    """bench_stage_boundary's "x N" column is a B = 1 chain step's dependent launches, as counted here."""
+    from benchmarks.bench_stage_boundary import STEP_STAGES
+    assert {r["launches"] for r in counts if (r["B"], r["Q"], r["k"]) == (1, 1, 1)} == {STEP_STAGES}
+
+
 def test_a_tree_level_is_within_budget(counts):
     from gemma4_mtp_kernels.drafter_shapes import DRAFTERS
     for r in counts:
