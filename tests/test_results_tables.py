@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from benchmarks import make_verified, readme_tables, run_all
+from benchmarks.bench_stage_boundary import STEP_STAGES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = sorted(p for p in glob.glob(os.path.join(ROOT, "benchmarks", "results", "*", "results.json"))
@@ -79,7 +80,8 @@ def test_rewrite_needs_the_markers_and_replaces_only_between_them():
 
 def test_stage_boundary_table_of_the_newest_run_that_has_one(tmp_path):
     """A run's stage_boundary.json (bench_stage_boundary) becomes the stage-boundary table of
-    benchmarks/README.md: µs per stage and 27 of them per (mode, programs), skips and errors by name;
+    benchmarks/README.md: µs per stage and a B = 1 step's STEP_STAGES of them per (mode, programs), skips and
+    errors by name;
     a run without one is passed over, and with none at all the table says so."""
     sb = {"device": "GPU", "sms": 132, "cc": "9.0", "n": 2048, "stages": 32, "env": {"commit": "1234567abc"},
           "results": [{"mode": "pdl", "programs": 132, "ok": True, "graph": True, "us_one_stage": 4.0,
@@ -92,7 +94,7 @@ def test_stage_boundary_table_of_the_newest_run_that_has_one(tmp_path):
     old.stage_boundary = sb
     text = readme_tables.stage_boundary_table([old, new])  # the newer run has none: the older one's table
     assert text.startswith("`benchmarks/results/r/stage_boundary.json`, commit 1234567: GPU (132 SMs, sm_90)")
-    assert "| pdl | 132 | 1.50 | 4.00 | 40.5 | ok |" in text
+    assert f"| pdl | 132 | 1.50 | 4.00 | {1.5 * STEP_STAGES:.1f} | ok |" in text  # 24 stages: 36.0
     assert "| barrier | 264 | - | - | - | skipped: not resident at once |" in text
     assert "| barrier_fence | 8 | - | - | - | ERROR: cudaGraphLaunch: boom |" in text
     # load_runs reads it from the run's directory
