@@ -19,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "check_message.h"
 #include "ops/dense_lm_head.h"
 #include "ops/launchers.h"
 
@@ -31,36 +32,36 @@ DType float_dtype(const at::Tensor& t, const char* name) {
     case at::kFloat: return DType::kFloat32;
     case at::kHalf: return DType::kFloat16;
     case at::kBFloat16: return DType::kBFloat16;
-    default: TORCH_CHECK(false, "gemma4_mtp: ", name, " must be float32, float16 or bfloat16, got ", t.scalar_type());
+    default: G4_CHECK(false, "gemma4_mtp: ", name, " must be float32, float16 or bfloat16, got ", t.scalar_type());
   }
 }
 
 void check_tensor(const at::Tensor& t, const char* name, int64_t ndim, const at::Device& device) {
-  TORCH_CHECK(t.is_cuda(), "gemma4_mtp: ", name, " must be a CUDA tensor, got one on ", t.device());
-  TORCH_CHECK(t.device() == device, "gemma4_mtp: ", name, " must be on ", device, ", got ", t.device());
-  TORCH_CHECK(t.dim() == ndim, "gemma4_mtp: ", name, " must have ", ndim, " dimensions, got shape ", t.sizes());
+  G4_CHECK(t.is_cuda(), "gemma4_mtp: ", name, " must be a CUDA tensor, got one on ", t.device());
+  G4_CHECK(t.device() == device, "gemma4_mtp: ", name, " must be on ", device, ", got ", t.device());
+  G4_CHECK(t.dim() == ndim, "gemma4_mtp: ", name, " must have ", ndim, " dimensions, got shape ", t.sizes());
 }
 
 void check_dtype(const at::Tensor& t, const char* name, at::ScalarType a, at::ScalarType b = at::ScalarType::Undefined) {
-  TORCH_CHECK(t.scalar_type() == a || t.scalar_type() == b, "gemma4_mtp: ", name, " has dtype ", t.scalar_type(),
+  G4_CHECK(t.scalar_type() == a || t.scalar_type() == b, "gemma4_mtp: ", name, " has dtype ", t.scalar_type(),
               ", expected ", a, b == at::ScalarType::Undefined ? "" : " or ", b == at::ScalarType::Undefined ? "" : c10::toString(b));
 }
 
 void check_inner(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, "gemma4_mtp: ", name, " needs stride 1 in its last dimension, got strides ",
+  G4_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, "gemma4_mtp: ", name, " needs stride 1 in its last dimension, got strides ",
               t.strides());
 }
 
 void check_contiguous(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.is_contiguous(), "gemma4_mtp: ", name, " must be contiguous, got strides ", t.strides());
+  G4_CHECK(t.is_contiguous(), "gemma4_mtp: ", name, " must be contiguous, got strides ", t.strides());
 }
 
 void check_shape(const at::Tensor& t, const char* name, at::IntArrayRef shape) {
-  TORCH_CHECK(t.sizes() == shape, "gemma4_mtp: ", name, " must have shape ", shape, ", got ", t.sizes());
+  G4_CHECK(t.sizes() == shape, "gemma4_mtp: ", name, " must have shape ", shape, ", got ", t.sizes());
 }
 
 void check_launch(cudaError_t err, const char* op) {
-  TORCH_CHECK(err == cudaSuccess, "gemma4_mtp::", op, ": kernel launch failed: ", cudaGetErrorString(err));
+  G4_CHECK(err == cudaSuccess, "gemma4_mtp::", op, ": kernel launch failed: ", cudaGetErrorString(err));
 }
 
 // The stride of a size-1 dimension is never applied; 0 keeps it out of the kernels' 16-byte checks.
@@ -118,7 +119,7 @@ void fused_concat_down_proj(const at::Tensor& token_ids, const at::Tensor& embed
   check_dtype(out, "out", hidden.scalar_type());
   const int64_t T = hidden.size(0), Hb = hidden.size(1), Hd = weight.size(0);
   check_shape(token_ids, "token_ids", {T});
-  TORCH_CHECK(embed_table.size(1) == Hb, "gemma4_mtp: embed_table must have Hb = ", Hb, " columns, got ", embed_table.sizes());
+  G4_CHECK(embed_table.size(1) == Hb, "gemma4_mtp: embed_table must have Hb = ", Hb, " columns, got ", embed_table.sizes());
   check_shape(weight, "weight", {Hd, 2 * Hb});
   check_shape(out, "out", {T, Hd});
   check_contiguous(token_ids, "token_ids");
@@ -127,7 +128,7 @@ void fused_concat_down_proj(const at::Tensor& token_ids, const at::Tensor& embed
   check_inner(weight, "weight");
   check_contiguous(out, "out");
   // the kernel indexes rows and the 2 * Hb input columns with 32-bit ints
-  TORCH_CHECK(T <= INT32_MAX && 2 * Hb <= INT32_MAX && Hd <= INT32_MAX,
+  G4_CHECK(T <= INT32_MAX && 2 * Hb <= INT32_MAX && Hd <= INT32_MAX,
               "gemma4_mtp: fused_concat_down_proj sizes must fit 32-bit indices: hidden ", hidden.sizes(), ", weight ",
               weight.sizes());
 
@@ -171,7 +172,7 @@ void fused_concat_down_proj(const at::Tensor& token_ids, const at::Tensor& embed
 void check_16_byte_rows(const at::Tensor& t, const char* name) {
   bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
   for (int i = 0; i < 3; ++i) ok = ok && stride(t, i) * t.element_size() % 16 == 0;
-  TORCH_CHECK(ok, "gemma4_mtp: ", name, " needs a 16-byte aligned data pointer and strides of its first three "
+  G4_CHECK(ok, "gemma4_mtp: ", name, " needs a 16-byte aligned data pointer and strides of its first three "
               "dimensions that are multiples of 16 bytes, got strides ", t.strides(), " (element size ",
               t.element_size(), ", storage offset ", t.storage_offset(), ")");
 }
@@ -195,13 +196,13 @@ void q_only_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   check_dtype(block_table, "block_table", at::kInt);
   check_dtype(seq_lens, "seq_lens", at::kInt);
   const int64_t B = q.size(0), Q = q.size(1), Hq = q.size(2), D = q.size(3);
-  TORCH_CHECK(k_cache.size(3) == D, "gemma4_mtp: k_cache head dim must be ", D, ", got shape ", k_cache.sizes());
+  G4_CHECK(k_cache.size(3) == D, "gemma4_mtp: k_cache head dim must be ", D, ", got shape ", k_cache.sizes());
   check_shape(v_cache, "v_cache", k_cache.sizes());
   const int64_t Hkv = k_cache.size(2);
-  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "gemma4_mtp: k_cache KV heads (", Hkv, ") must divide Hq = ", Hq);
-  TORCH_CHECK(D == 64 || D == 128 || D == 256 || D == 512, "gemma4_mtp: q head dim must be 64, 128, 256 or 512, got ", D);
-  TORCH_CHECK(k_cache.size(1) > 0, "gemma4_mtp: k_cache block size must be positive, got shape ", k_cache.sizes());
-  TORCH_CHECK(block_table.size(0) == B, "gemma4_mtp: block_table must have B = ", B, " rows, got ", block_table.sizes());
+  G4_CHECK(Hkv > 0 && Hq % Hkv == 0, "gemma4_mtp: k_cache KV heads (", Hkv, ") must divide Hq = ", Hq);
+  G4_CHECK(D == 64 || D == 128 || D == 256 || D == 512, "gemma4_mtp: q head dim must be 64, 128, 256 or 512, got ", D);
+  G4_CHECK(k_cache.size(1) > 0, "gemma4_mtp: k_cache block size must be positive, got shape ", k_cache.sizes());
+  G4_CHECK(block_table.size(0) == B, "gemma4_mtp: block_table must have B = ", B, " rows, got ", block_table.sizes());
   check_shape(seq_lens, "seq_lens", {B});
   check_shape(out, "out", q.sizes());
   check_shape(lse, "lse", {B, Q, Hq});
@@ -216,7 +217,7 @@ void q_only_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   check_16_byte_rows(k_cache, "k_cache");
   check_16_byte_rows(v_cache, "v_cache");
   // the kernels index rows, blocks and table columns with 32-bit ints
-  TORCH_CHECK(B * Q * Hq <= INT32_MAX && k_cache.size(0) <= INT32_MAX && block_table.size(1) <= INT32_MAX,
+  G4_CHECK(B * Q * Hq <= INT32_MAX && k_cache.size(0) <= INT32_MAX && block_table.size(1) <= INT32_MAX,
               "gemma4_mtp: q_only_paged_attention sizes must fit 32-bit indices: q ", q.sizes(), ", k_cache ",
               k_cache.sizes(), ", block_table ", block_table.sizes());
   if (out.numel() == 0) return;
@@ -274,12 +275,12 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
   check_dtype(lm_head, "lm_head", hidden.scalar_type());
   check_dtype(token_ordering, "token_ordering", at::kInt, at::kLong);
   const int64_t T = hidden.size(0), Hd = hidden.size(1), C = centroids.size(0), V = token_ordering.size(0);
-  TORCH_CHECK(centroids.size(1) == Hd, "gemma4_mtp: centroids must have Hd = ", Hd, " columns, got ", centroids.sizes());
+  G4_CHECK(centroids.size(1) == Hd, "gemma4_mtp: centroids must have Hd = ", Hd, " columns, got ", centroids.sizes());
   check_shape(lm_head, "lm_head", {V, Hd});
-  TORCH_CHECK(C >= 1 && C <= gemma4_mtp::kMaxCentroids && V % C == 0,
+  G4_CHECK(C >= 1 && C <= gemma4_mtp::kMaxCentroids && V % C == 0,
               "gemma4_mtp: centroids must number 1..", gemma4_mtp::kMaxCentroids, " and divide V = ", V, ", got ", C);
-  TORCH_CHECK(V >= C, "gemma4_mtp: token_ordering must hold at least one token per centroid (", C, "), got length ", V);
-  TORCH_CHECK(top_k >= 1 && top_k <= C, "gemma4_mtp: top_k must be in [1, ", C, "], got ", top_k);
+  G4_CHECK(V >= C, "gemma4_mtp: token_ordering must hold at least one token per centroid (", C, "), got length ", V);
+  G4_CHECK(top_k >= 1 && top_k <= C, "gemma4_mtp: top_k must be in [1, ", C, "], got ", top_k);
   const int64_t K = top_k * (V / C);
   gemma4_mtp::CentroidOutput mode;
   if (output == "argmax") {
@@ -294,7 +295,7 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
     mode = gemma4_mtp::CentroidOutput::kDense;
     check_shape(logits, "logits", {T, V});
   } else {
-    TORCH_CHECK(false, "gemma4_mtp: output must be 'argmax', 'sparse' or 'dense', got '", std::string(output), "'");
+    G4_CHECK(false, "gemma4_mtp: output must be 'argmax', 'sparse' or 'dense', got '", std::string(output), "'");
   }
   check_tensor(logits, "logits", logits.dim(), dev);
   check_dtype(logits, "logits", at::kFloat);
@@ -308,7 +309,7 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
   check_inner(hidden, "hidden");
   check_inner(centroids, "centroids");
   check_inner(lm_head, "lm_head");
-  TORCH_CHECK(T <= INT32_MAX && Hd <= INT32_MAX, "gemma4_mtp: hidden sizes must fit 32-bit ints, got ", hidden.sizes());
+  G4_CHECK(T <= INT32_MAX && Hd <= INT32_MAX, "gemma4_mtp: hidden sizes must fit 32-bit ints, got ", hidden.sizes());
   // hidden, centroids and lm_head rows are read with 16-byte loads when their data pointers and row
   // strides allow it; otherwise the launcher takes the element-wise path (never a misaligned load).
 
@@ -351,7 +352,7 @@ void tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents, cons
   check_dtype(draft_tokens, "draft_tokens", at::kInt, at::kLong);
   check_dtype(parents, "parents", at::kInt);
   const int64_t B = target_logits.size(0), N = target_logits.size(1), V = target_logits.size(2);
-  TORCH_CHECK(N >= 1 && V >= 1 && V <= INT32_MAX, "gemma4_mtp: target_logits must have N >= 1 and 1 <= V < 2^31, got ",
+  G4_CHECK(N >= 1 && V >= 1 && V <= INT32_MAX, "gemma4_mtp: target_logits must have N >= 1 and 1 <= V < 2^31, got ",
               target_logits.sizes());
   check_shape(draft_tokens, "draft_tokens", {B, N});
   check_shape(parents, "parents", {B, N});
@@ -363,7 +364,7 @@ void tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents, cons
     check_dtype(*temperature, "temperature", at::kFloat);
     check_shape(*temperature, "temperature", {B});
     check_contiguous(*temperature, "temperature");
-    TORCH_CHECK(uniforms.has_value(), "gemma4_mtp: uniforms are required when temperature is given");
+    G4_CHECK(uniforms.has_value(), "gemma4_mtp: uniforms are required when temperature is given");
   }
   if (uniforms) {
     check_tensor(*uniforms, "uniforms", 3, dev);
@@ -372,7 +373,7 @@ void tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents, cons
     check_contiguous(*uniforms, "uniforms");
   }
   if (draft_probs) {
-    TORCH_CHECK(temperature.has_value(), "gemma4_mtp: draft_probs need temperature");
+    G4_CHECK(temperature.has_value(), "gemma4_mtp: draft_probs need temperature");
     check_tensor(*draft_probs, "draft_probs", 3, dev);
     check_dtype(*draft_probs, "draft_probs", at::kFloat, target_logits.scalar_type());
     check_shape(*draft_probs, "draft_probs", {B, N, V});
@@ -419,7 +420,7 @@ void tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents, cons
   p.output_tokens = output_tokens.data_ptr<int64_t>();
   p.last_node = last_node.data_ptr<int32_t>();
   const int64_t ws_bytes = gemma4_mtp::prepare_tree_verify(dt, p, sm_count());
-  TORCH_CHECK(ws_bytes >= 0, "gemma4_mtp::tree_verify: unsupported dtype");
+  G4_CHECK(ws_bytes >= 0, "gemma4_mtp::tree_verify: unsupported dtype");
   at::Tensor ws = at::empty({ws_bytes}, target_logits.options().dtype(at::kByte));
   p.workspace = ws.data_ptr();
   at::Tensor fresh;  // graph-private counters, alive until the launch is enqueued
@@ -437,18 +438,18 @@ void dense_lm_head(const at::Tensor& hidden, const at::Tensor& lm_head, int64_t 
   const DType dt = float_dtype(hidden, "hidden");
   check_dtype(lm_head, "lm_head", hidden.scalar_type());
   const int64_t T = hidden.size(0), Hd = hidden.size(1), V = lm_head.size(0);
-  TORCH_CHECK(lm_head.size(1) == Hd, "gemma4_mtp: lm_head must have Hd = ", Hd, " columns, got ", lm_head.sizes());
-  TORCH_CHECK(V >= 1 && T <= INT32_MAX && V <= INT32_MAX && Hd <= INT32_MAX,
+  G4_CHECK(lm_head.size(1) == Hd, "gemma4_mtp: lm_head must have Hd = ", Hd, " columns, got ", lm_head.sizes());
+  G4_CHECK(V >= 1 && T <= INT32_MAX && V <= INT32_MAX && Hd <= INT32_MAX,
               "gemma4_mtp: dense_lm_head sizes must fit 32-bit indices (and V >= 1): hidden ", hidden.sizes(),
               ", lm_head ", lm_head.sizes());
   check_inner(hidden, "hidden");
   check_inner(lm_head, "lm_head");
-  TORCH_CHECK(gemma4_mtp::dense_lm_head_smem_bytes(dt, Hd) <= 48 * 1024,
+  G4_CHECK(gemma4_mtp::dense_lm_head_smem_bytes(dt, Hd) <= 48 * 1024,
               "gemma4_mtp: dense_lm_head stages 8 hidden rows in 48 KiB of shared memory: Hd ", Hd, " is too wide");
   const bool is_dense = output == "dense";
-  TORCH_CHECK(is_dense || output == "topk", "gemma4_mtp: dense_lm_head output must be 'topk' or 'dense', got ",
+  G4_CHECK(is_dense || output == "topk", "gemma4_mtp: dense_lm_head output must be 'topk' or 'dense', got ",
               std::string(output));
-  TORCH_CHECK(1 <= k && k <= gemma4_mtp::kMaxDenseHeadK && k <= V, "gemma4_mtp: dense_lm_head k must be in [1, min(",
+  G4_CHECK(1 <= k && k <= gemma4_mtp::kMaxDenseHeadK && k <= V, "gemma4_mtp: dense_lm_head k must be in [1, min(",
               gemma4_mtp::kMaxDenseHeadK, ", V)], got ", k);
   gemma4_mtp::DenseHeadParams p{};
   if (is_dense) {
@@ -511,10 +512,10 @@ void check_rows(const OptTensor& t, const char* name, const at::Tensor& x) {
 void check_weight(const at::Tensor& w, const char* name, int64_t rows, const at::Tensor& x) {
   check_tensor(w, name, 2, x.device());
   check_dtype(w, name, x.scalar_type());
-  TORCH_CHECK(w.size(1) == x.size(1) && (rows < 0 || w.size(0) == rows), "gemma4_mtp: ", name, " must have ",
+  G4_CHECK(w.size(1) == x.size(1) && (rows < 0 || w.size(0) == rows), "gemma4_mtp: ", name, " must have ",
               rows < 0 ? "" : std::to_string(rows) + " rows and ", "H = ", x.size(1), " columns, got shape ", w.sizes());
   check_inner(w, name);
-  TORCH_CHECK(w.size(0) <= INT32_MAX, "gemma4_mtp: ", name, " rows must fit 32-bit indices, got ", w.sizes());
+  G4_CHECK(w.size(0) <= INT32_MAX, "gemma4_mtp: ", name, " rows must fit 32-bit indices, got ", w.sizes());
 }
 
 // Checks x and the prologue's tensors (naming each) and fills their part of p; returns x's dtype.
@@ -526,15 +527,15 @@ DType glue_prologue(gemma4_mtp::GlueParams& p, gemma4_mtp::GlueKind kind, const 
   const DType dt = float_dtype(x, "x");
   check_inner(x, "x");
   const int64_t T = x.size(0), H = x.size(1);
-  TORCH_CHECK(T <= INT32_MAX && H <= INT32_MAX, "gemma4_mtp: x sizes must fit 32-bit indices, got ", x.sizes());
+  G4_CHECK(T <= INT32_MAX && H <= INT32_MAX, "gemma4_mtp: x sizes must fit 32-bit indices, got ", x.sizes());
   check_vector(norm_weight, "norm_weight", H, x);
   check_rows(residual, "residual", x);
   check_vector(residual_norm_weight, "residual_norm_weight", H, x);
   check_vector(layer_scalar, "layer_scalar", 1, x);
-  TORCH_CHECK(!residual || residual_norm_weight, "gemma4_mtp: residual_norm_weight is required with residual");
-  TORCH_CHECK(residual || (!residual_norm_weight && !layer_scalar && !residual_out),
+  G4_CHECK(!residual || residual_norm_weight, "gemma4_mtp: residual_norm_weight is required with residual");
+  G4_CHECK(residual || (!residual_norm_weight && !layer_scalar && !residual_out),
               "gemma4_mtp: residual_norm_weight, layer_scalar and residual_out need residual");
-  TORCH_CHECK(!normed_out || norm_weight, "gemma4_mtp: normed_out needs norm_weight");
+  G4_CHECK(!normed_out || norm_weight, "gemma4_mtp: normed_out needs norm_weight");
   check_rows(residual_out, "residual_out", x);
   check_rows(normed_out, "normed_out", x);
   auto ptr = [](const OptTensor& t) -> void* { return t ? t->data_ptr() : nullptr; };
@@ -627,15 +628,15 @@ void rms_norm_q_rope(const at::Tensor& x, const at::Tensor& weight, const at::Te
   check_tensor(q_norm_weight, "q_norm_weight", 1, x.device());
   const int64_t D = q_norm_weight.size(0), N = weight.size(0);
   check_vector(q_norm_weight, "q_norm_weight", D, x);
-  TORCH_CHECK(D == 64 || D == 128 || D == 256 || D == 512, "gemma4_mtp: q_norm_weight must have a head dim of 64, "
+  G4_CHECK(D == 64 || D == 128 || D == 256 || D == 512, "gemma4_mtp: q_norm_weight must have a head dim of 64, "
               "128, 256 or 512 elements, got ", D);
-  TORCH_CHECK(N > 0 && N % D == 0, "gemma4_mtp: weight must have a positive multiple of the head dim ", D,
+  G4_CHECK(N > 0 && N % D == 0, "gemma4_mtp: weight must have a positive multiple of the head dim ", D,
               " rows, got shape ", weight.sizes());
   check_tensor(positions, "positions", 1, x.device());
   check_dtype(positions, "positions", at::kInt, at::kLong);
   check_contiguous(positions, "positions");
   const int64_t T = x.size(0), P = positions.size(0);
-  TORCH_CHECK(T == 0 || (P > 0 && T % P == 0), "gemma4_mtp: positions must have a length dividing T = ", T,
+  G4_CHECK(T == 0 || (P > 0 && T % P == 0), "gemma4_mtp: positions must have a length dividing T = ", T,
               ", got ", P);
   check_tensor(inv_freq, "inv_freq", 1, x.device());
   check_dtype(inv_freq, "inv_freq", at::kFloat);
