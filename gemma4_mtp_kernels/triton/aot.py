@@ -428,11 +428,35 @@ def _compile_row(launch: Launch, arch: int) -> dict:
     return row
 
 
+# torch.compile (inductor, torch 2.11) launches a user Triton kernel with its Python float arguments typed
+# fp64, where Triton's own launcher types them fp32: on the first GPU run of a compiled step an fp64
+# softmax scale made the attention's probabilities fp64, which tl.dot refused. Each specialisation of a
+# kernel with float scalars is also compiled that way (on sm_90, the type rules are the same on sm_80).
+INDUCTOR_FLOAT = "fp64"
+
+
+def inductor_launches(recorded: list[Launch]) -> list[Launch]:
+    """One launch per (kernel, constexprs, options) with float scalars, its fp32 scalars typed fp64."""
+    seen: dict[tuple, Launch] = {}
+    for launch in recorded:
+        rec = launch.launch
+        if "fp32" not in rec.signature.values() or 90 not in launch.archs:
+            continue
+        key = (rec.kernel.__module__, rec.kernel.__name__, rec.key[3], rec.key[5])
+        sig = {k: INDUCTOR_FLOAT if v == "fp32" else v for k, v in rec.signature.items()}
+        seen.setdefault(key, launch._replace(name=f"{launch.name} [float scalars {INDUCTOR_FLOAT}, as torch.compile]",
+                                             launch=rec._replace(signature=sig), archs=(90,)))
+    return list(seen.values())
+
+
 def report(archs=ARCHS) -> list[dict]:
-    """Every recorded launch compiled for each of `archs` that makes it: resources, and what is wrong
-    (does not compile, spills in bf16/fp16, more shared memory than a block may have, a programmatic
-    dependent launch that touches global memory before it waits for the kernel before it)."""
-    return [_compile_row(launch, arch) for launch in launches() for arch in archs if arch in launch.archs]
+    """Every recorded launch compiled for each of `archs` that makes it, and on sm_90 each specialisation
+    with float scalars once more as torch.compile types them: resources, and what is wrong (does not
+    compile, spills in bf16/fp16, more shared memory than a block may have, a programmatic dependent
+    launch that touches global memory before it waits for the kernel before it)."""
+    recorded = launches()
+    extra = inductor_launches(recorded) if 90 in archs else []
+    return [_compile_row(launch, arch) for launch in recorded + extra for arch in archs if arch in launch.archs]
 
 
 if __name__ == "__main__":

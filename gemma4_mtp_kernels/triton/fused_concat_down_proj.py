@@ -44,6 +44,8 @@ def _down_proj_kernel(tok_ptr, emb_ptr, hid_ptr, w_ptr, out_ptr, part_ptr, cnt_p
                       BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                       PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
     wait_for_inputs(USE_PDL)
+    # torch.compile's launcher passes a Python float as an fp64 scalar: the kernel's math stays fp32
+    scale = tl.cast(scale, tl.float32)
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
     pid_s = tl.program_id(2)

@@ -77,6 +77,8 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, lse_ptr, fin
                  MERGE_LSE: tl.constexpr,
                  PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
     wait_for_inputs(USE_PDL)
+    # torch.compile's launcher passes a Python float as an fp64 scalar: the kernel's math stays fp32
+    scale_log2, softcap = tl.cast(scale_log2, tl.float32), tl.cast(softcap, tl.float32)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b = pid_bh // Hkv

@@ -39,6 +39,8 @@ def _gate_up_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, g_ptr, u_ptr, out_pt
                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
                     PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
     wait_for_inputs(USE_PDL)
+    # torch.compile's launcher passes a Python float as an fp64 scalar: the kernel's math stays fp32
+    eps = tl.cast(eps, tl.float32)
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
     dt = out_ptr.dtype.element_ty

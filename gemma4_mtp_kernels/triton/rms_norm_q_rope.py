@@ -85,6 +85,8 @@ def _q_rope_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, qw_ptr, pos_pt
                    D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
                    EPI_T: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
     wait_for_inputs(USE_PDL)
+    # torch.compile's launcher passes a Python float as an fp64 scalar: the kernel's math stays fp32
+    eps = tl.cast(eps, tl.float32)
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
     dt = out_ptr.dtype.element_ty

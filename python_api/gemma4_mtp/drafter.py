@@ -227,9 +227,12 @@ class Gemma4MTPDrafter(nn.Module):
                                      self.pre_projection.weight, embed_scale=ctx.embed_scale, backend=be)
         weights = [self._layer_weights(i) for i in range(t.num_layers)]
         post_projection, final_norm = self.post_projection.weight, self.norm.weight
-        key = (be, x.device, x.dtype, post_projection.data_ptr(), post_projection.shape, final_norm.data_ptr(),
-               final_norm.shape, *((w.data_ptr(), w.shape) for lw in weights for w in lw))
-        if key == self._checked_glue:
+        # Traced by torch.compile, the step takes the checked ops every time (the checks run at trace time,
+        # not per call) and keeps no cache: dynamo (torch 2.11) cannot compare data pointers.
+        key = None if torch.compiler.is_compiling() else (
+            be, x.device, x.dtype, post_projection.data_ptr(), post_projection.shape, final_norm.data_ptr(),
+            final_norm.shape, *((w.data_ptr(), w.shape) for lw in weights for w in lw))
+        if key is not None and key == self._checked_glue:
             q_rope, linear, gate_up = self._glue_impls
             check_positions(ctx.positions, T, x.device)
         else:
@@ -256,7 +259,7 @@ class Gemma4MTPDrafter(nn.Module):
         last = x.new_empty(x.shape)
         proj = linear(delta, post_projection, norm_weight=final_norm, eps=eps, normed_out=last,
                       **self._glue(prev, residual, keep=False))
-        if key != self._checked_glue:  # every glue call of this step passed the checks
+        if key is not None and key != self._checked_glue:  # every glue call of this step passed the checks
             self._glue_impls = tuple(_Unchecked(op, self.backend, x.device, x.dtype) for op in _GLUE_OPS)
             self._checked_glue = key
         return last.view(B, Q, -1), proj.view(B, Q, Hb)
