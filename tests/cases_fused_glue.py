@@ -157,9 +157,14 @@ def check_glue(op, backend, device, T, H, N, dtype, kind, *, gen, D=None, per_po
     ref_extra = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in extra.items()}
     ref = getattr(g, op)(x, *args, eps=EPS, backend="torch", **kw, **ref_extra)
     what = f"{op} {backend} T={T} H={H} N={N} {dtype} {kind}"
-    assert_matches(got, exact, ref, dtype, what)
+    # With few tokens one flipped element of a token's normed input moves all of its outputs: on the
+    # H200 (2026-12-04) the Triton q_rope of one token (H 1024, "layer") differed from the reference in
+    # 8.94% of its 4096 outputs, exactly what the reference gives with its input norm's 1 / rms one fp32
+    # ulp lower (an approximate rsqrt, another summation order). A misplaced rounding flips 25-33%.
+    mismatch = 0.05 if T >= 8 else 0.15
+    assert_matches(got, exact, ref, dtype, what, max_mismatch=mismatch)
     for name, exact_t in (("residual_out", h_exact), ("normed_out", n_exact)):
         if name in extra:
-            assert_matches(extra[name], exact_t, ref_extra[name], dtype, f"{what} {name}")
+            assert_matches(extra[name], exact_t, ref_extra[name], dtype, f"{what} {name}", max_mismatch=mismatch)
     return got
 
