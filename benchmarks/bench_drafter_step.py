@@ -36,6 +36,10 @@ from gemma4_mtp_kernels.triton import _common, q_only_attention
 from . import roofline
 from .common import Case, external
 
+# Our own drafter with a switch off, timed eagerly, or on the reference backend: what our choices are
+# worth, never an anchor to beat (benchmarks.readme_tables).
+OUR_VARIANTS = frozenset({"triton_no_pdl", "triton_merge_kernel", "triton_eager", "cuda_eager", "torch_eager"})
+
 SHAPES = {"step": None, "chain": (1, 1, 1, 1), "tree": (2, 2, 1)}
 # the dry run's drafter: the real layer pattern at toy sizes (head dims the attention supports)
 TINY = dict(Hb=64, Hd=32, inter=64, Hq=4, Hkv_swa=2, Hkv_full=1, D_swa=64, D_full=128, window=8, centroids=None,

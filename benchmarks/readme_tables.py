@@ -8,7 +8,7 @@ README.md gets one line per op (how close to the floor each backend gets, how ou
 fastest anchor); benchmarks/README.md one line per case, and the stage-boundary table of the newest run
 per device that has one (stage_boundary.json, bench_stage_boundary). "Anchor" = any baseline that is not ours
 and computes the op (or the function it replaces, e.g. the dense LM head), except the calls labelled
-as not what an engine runs (NOT_ANCHORS).
+as not what an engine runs and our own drafter's variants (NOT_ANCHORS).
 """
 from __future__ import annotations
 
@@ -18,9 +18,11 @@ import os
 import statistics
 import sys
 
+from .bench_drafter_step import OUR_VARIANTS
 from .make_verified import CANDIDATES, ROOT, Run, load_runs
 
-NOT_ANCHORS = {"vllm_unified_2d"}  # vLLM's 2D path: not what vLLM runs for decode (bench_q_only_attention)
+# vLLM's 2D path (not what vLLM runs for decode: bench_q_only_attention) and our own drafter's variants
+NOT_ANCHORS = {"vllm_unified_2d"} | OUR_VARIANTS
 FILES = {"summary": os.path.join(ROOT, "README.md"), "cases": os.path.join(ROOT, "benchmarks", "README.md"),
          "stage_boundary": os.path.join(ROOT, "benchmarks", "README.md")}
 

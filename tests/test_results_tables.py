@@ -70,6 +70,18 @@ def test_tables_pick_the_fastest_real_anchor_and_show_failures():
     assert "| q_only_paged_attention | 2 | 50% (1) | - | 1 of 2 | 1.41 | triton |" in summary
 
 
+def test_our_own_drafter_variants_are_never_the_anchor():
+    """A step's triton_no_pdl / eager / torch rows are our drafter under other switches: the anchor to
+    beat is Hugging Face's assistant (on 2026-12-04 triton_no_pdl beat triton on 31B and the table said
+    ours never beat an anchor)."""
+    case = {"op": "drafter_step", "case": "31B step", "floor_s": 2.5e-4, "results": [
+        _r("hf_assistant", 6800.0, ok=None), _r("triton", 523.0), _r("cuda", 598.0), _r("triton_no_pdl", 506.0),
+        _r("triton_merge_kernel", 531.0), _r("triton_eager", 2700.0), _r("cuda_eager", 1600.0),
+        _r("torch_eager", 8800.0)]}
+    text = readme_tables.cases_table([_run([case])])
+    assert "| hf_assistant | 6800.0 |" in text
+
+
 def test_rewrite_needs_the_markers_and_replaces_only_between_them():
     begin, end = readme_tables._begin("cases"), readme_tables._end("cases")
     text = f"a\n{begin}\nold\n{end}\nb\n"
