@@ -11,8 +11,48 @@ of those that passed, in the newest run there that timed the op. Every other CUD
 # results directories read: (directory, device, date, commit, the GPU suite there)
 SOURCES = (
     ('2026-12-01-h200', 'NVIDIA H200', '2026-12-01T00:22:24+00:00', 'fe3e5a3d6f', "crashed: pytest -m gpu stopped at its first failure (tests/test_centroid_logits_cuda.py::test_torch_compile_fullgraph, torch 2.11's dynamo refused importlib in dispatch) after 28 passes; a rerun without -x died of a segmentation fault in tests/test_cuda_review.py; no op passed the GPU suite"),
+    ('2026-12-04-h200', 'NVIDIA H200', '2026-12-04T10:30:23+00:00', '7332e2b95d', 'complete; passed: centroid_logits/cuda, centroid_logits/triton, dense_lm_head/cuda, dense_lm_head/triton, fused_concat_down_proj/cuda, fused_concat_down_proj/triton, q_only_paged_attention/triton, rms_norm_gate_up/cuda, rms_norm_linear/cuda, rms_norm_q_rope/cuda, tree_verify/cuda, tree_verify/triton'),
 )
 
 # (device, op, dtype) -> ((exact (name, value) pairs), (range name, lo, hi), backend, evidence), ...
 EVIDENCE = {
+    ('NVIDIA H200', 'dense_lm_head', 'bfloat16'): (
+        ((('Hd', 1024), ('V', 262144), ('k', 1), ('output', 'topk')), ('T', 1, 32), 'triton', '2026-12-04-h200: 31B top1 T=1: triton 133.0 us, cuda 188.1 us; 26B-A4B top1 T=1: triton 133.9 us, cuda 189.4 us; 31B top1 T=8: triton 133.4 us, cuda 421.9 us; 26B-A4B top1 T=8: triton 132.5 us, cuda 420.8 us; 31B top1 T=32: triton 164.1 us, cuda 1640.2 us; 26B-A4B top1 T=32: triton 163.9 us, cuda 1639.8 us'),
+        ((('Hd', 1024), ('V', 262144), ('k', 2), ('output', 'topk')), ('T', 1, 32), 'triton', '2026-12-04-h200: 31B top2 T=1: triton 146.0 us, cuda 189.9 us; 26B-A4B top2 T=1: triton 146.8 us, cuda 191.2 us; 31B top2 T=8: triton 146.5 us, cuda 441.1 us; 26B-A4B top2 T=8: triton 145.2 us, cuda 439.6 us; 31B top2 T=32: triton 216.6 us, cuda 1715.6 us; 26B-A4B top2 T=32: triton 217.6 us, cuda 1715.3 us'),
+        ((('Hd', 1024), ('V', 262144), ('k', 8), ('output', 'topk')), ('T', 1, 1), 'cuda', '2026-12-04-h200: 31B top8 T=1: cuda 212.6 us, triton 567.0 us; 26B-A4B top8 T=1: cuda 211.4 us, triton 567.6 us'),
+        ((('Hd', 1024), ('V', 262144), ('k', 8), ('output', 'topk')), ('T', 8, 32), 'triton', '2026-12-04-h200: 31B top8 T=8: triton 565.7 us, cuda 609.4 us; 26B-A4B top8 T=8: triton 568.2 us, cuda 608.1 us; 31B top8 T=32: triton 916.1 us, cuda 2361.5 us; 26B-A4B top8 T=32: triton 915.0 us, cuda 2355.2 us'),
+    ),
+    ('NVIDIA H200', 'fused_concat_down_proj', 'bfloat16'): (
+        ((('Hb', 1536), ('Hd', 256)), ('T', 1, 8), 'cuda', '2026-12-04-h200: E2B T=1: cuda 4.7 us, triton 5.2 us; E2B T=8: cuda 4.6 us, triton 5.4 us'),
+        ((('Hb', 1536), ('Hd', 256)), ('T', 64, 64), 'triton', '2026-12-04-h200: E2B T=64: triton 11.2 us, cuda 11.5 us'),
+        ((('Hb', 2560), ('Hd', 256)), ('T', 1, 64), 'cuda', '2026-12-04-h200: E4B T=1: cuda 4.7 us, triton 5.5 us; E4B T=8: cuda 4.7 us, triton 5.7 us; E4B T=64: cuda 10.6 us, triton 11.8 us'),
+        ((('Hb', 2816), ('Hd', 1024)), ('T', 1, 8), 'cuda', '2026-12-04-h200: 26B-A4B T=1: cuda 8.6 us, triton 10.0 us; 26B-A4B T=8: cuda 7.8 us, triton 10.8 us'),
+        ((('Hb', 2816), ('Hd', 1024)), ('T', 64, 64), 'triton', '2026-12-04-h200: 26B-A4B T=64: triton 15.8 us, cuda 16.9 us'),
+        ((('Hb', 5376), ('Hd', 1024)), ('T', 1, 8), 'cuda', '2026-12-04-h200: 31B T=1: cuda 12.1 us, triton 13.2 us; 31B T=8: cuda 11.5 us, triton 14.2 us'),
+        ((('Hb', 5376), ('Hd', 1024)), ('T', 64, 64), 'triton', '2026-12-04-h200: 31B T=64: triton 21.4 us, cuda 26.3 us'),
+    ),
+    ('NVIDIA H200', 'q_only_paged_attention', 'bfloat16'): (
+        ((('Q', 1), ('Hq', 4), ('Hkv', 1), ('D', 256), ('sliding', True)), ('B', 1, 1), 'triton', '2026-12-04-h200: E2B sliding D=256 B=1 Q=1 ctx=8192: triton 9.2 us'),
+        ((('Q', 1), ('Hq', 4), ('Hkv', 1), ('D', 512), ('sliding', False)), ('B', 1, 1), 'triton', '2026-12-04-h200: E2B full D=512 B=1 Q=1 ctx=8192: triton 23.4 us; E2B full D=512 B=1 Q=1 ctx=32768: triton 45.7 us'),
+    ),
+    ('NVIDIA H200', 'rms_norm_gate_up', 'bfloat16'): (
+        ((('H', 1024), ('N', 8192)), ('T', 1, 8), 'cuda', '2026-12-04-h200: 31B gate_up T=1: cuda 20.0 us; 31B gate_up T=8: cuda 31.8 us'),
+        ((('H', 256), ('N', 2048)), ('T', 1, 1), 'cuda', '2026-12-04-h200: E2B gate_up T=1: cuda 5.9 us'),
+    ),
+    ('NVIDIA H200', 'rms_norm_linear', 'bfloat16'): (
+        ((('H', 1024), ('N', 5376)), ('T', 1, 8), 'cuda', '2026-12-04-h200: 31B post_projection T=1: cuda 9.9 us; 31B post_projection T=8: cuda 16.1 us'),
+        ((('H', 16384), ('N', 1024)), ('T', 1, 8), 'cuda', '2026-12-04-h200: 31B o_proj full T=1: cuda 23.5 us; 31B o_proj full T=8: cuda 76.9 us'),
+        ((('H', 2048), ('N', 256)), ('T', 1, 1), 'cuda', '2026-12-04-h200: E2B o_proj full T=1: cuda 5.2 us; E2B down_proj T=1: cuda 5.1 us'),
+        ((('H', 256), ('N', 1536)), ('T', 1, 1), 'cuda', '2026-12-04-h200: E2B post_projection T=1: cuda 5.5 us'),
+        ((('H', 8192), ('N', 1024)), ('T', 1, 8), 'cuda', '2026-12-04-h200: 31B down_proj T=1: cuda 11.5 us; 31B down_proj T=8: cuda 25.5 us'),
+    ),
+    ('NVIDIA H200', 'rms_norm_q_rope', 'bfloat16'): (
+        ((('H', 1024), ('N', 16384), ('D', 512)), ('T', 1, 8), 'cuda', '2026-12-04-h200: 31B q_proj full T=1: cuda 23.8 us; 31B q_proj full T=8: cuda 38.1 us'),
+        ((('H', 256), ('N', 2048), ('D', 512)), ('T', 1, 1), 'cuda', '2026-12-04-h200: E2B q_proj full T=1: cuda 10.5 us'),
+    ),
+    ('NVIDIA H200', 'tree_verify', 'bfloat16'): (
+        ((('N', 16), ('V', 262144), ('sampling', False), ('draft_probs', False)), ('B', 8, 8), 'triton', '2026-12-04-h200: greedy tree b=4 B=8 N=16: triton 28.3 us, cuda 30.4 us'),
+        ((('N', 5), ('V', 262144), ('sampling', False), ('draft_probs', False)), ('B', 1, 64), 'triton', '2026-12-04-h200: greedy chain B=1 N=5: triton 5.9 us, cuda 7.3 us; greedy chain B=8 N=5: triton 12.5 us, cuda 15.8 us; greedy chain B=64 N=5: triton 52.0 us, cuda 56.3 us'),
+        ((('N', 5), ('V', 262144), ('sampling', True), ('draft_probs', True)), ('B', 8, 8), 'triton', '2026-12-04-h200: sampling chain B=8 N=5: triton 28.1 us, cuda 51.2 us'),
+    ),
 }
