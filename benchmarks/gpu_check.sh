@@ -8,7 +8,7 @@
 #
 # Every stage is time-boxed so that one hang cannot eat the device budget (a device command may run
 # 10 minutes, 600 s; with every box spent, kill grace included, the script ends by ~580 s): build 60 s,
-# GPU suite 200 s (four files at a time, each at most 120 s; 160 s measured), main command 120 s, stage boundaries 60 s, memcheck 90 s or
+# GPU suite 200 s (four files at a time, each at most 120 s; 160 s measured), main command 120 s, stage boundaries 60 s, step profile 60 s, memcheck 60 s or
 # what is left before 470 s (skipped under 20 s), benchmarks what is left before 520 s (skipped under
 # 30 s; + 20 s grace), the summary table, the plot 20 s if it can start by 550 s, then the HF
 # assisted-generation benchmark only if at least 60 s remain before 540 s.
@@ -149,9 +149,13 @@ done
 stage stage-boundary 60 "$OUT/stage_boundary.log" "$PY" -m benchmarks.bench_stage_boundary \
     --out "$OUT/stage_boundary.json"
 
+# Where a graph-replayed step's time goes, kernel by kernel (E2B and 31B, triton with and without PDL,
+# cuda): ~30 s, issue 11's next question (benchmarks/README.md, "Kernel by kernel").
+stage step-profile 60 "$OUT/step_profile.log" "$PY" -m benchmarks.profile_step --out "$OUT/step_profile.json"
+
 # The op tests once under compute-sanitizer memcheck (out-of-bounds and misaligned accesses, errors of
 # the kernels we launch); time-boxed, what finished is in the log.
-left=$(( 470 - SECONDS )); [ $left -gt 90 ] && left=90
+left=$(( 470 - SECONDS )); [ $left -gt 60 ] && left=60
 if ! command -v compute-sanitizer > /dev/null; then
     say "compute-sanitizer not found: memcheck stage skipped"
     status=1
@@ -214,5 +218,6 @@ fi
 say "done in ${SECONDS}s, status $status; files in $OUT"
 { echo "GPU suite (per file):"; cat "$OUT/gpu_suite.txt"; } >> "$OUT/summary.txt" 2>/dev/null
 { echo "Stage boundaries:"; cat "$OUT/stage_boundary.log"; } >> "$OUT/summary.txt" 2>/dev/null
+{ echo "Step profile:"; cat "$OUT/step_profile.log"; } >> "$OUT/summary.txt" 2>/dev/null
 [ -f "$OUT/summary.txt" ] && cat "$OUT/summary.txt"
 exit $status
