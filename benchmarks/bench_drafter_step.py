@@ -14,6 +14,10 @@ A step is `Gemma4MTPDrafter.step` + `top_tokens(last, 1)`; a round is `gemma4_mt
 - `triton_merge_kernel` (steps at B = 1): `triton` with every attention's splits merged by the merge
   kernel (`q_only_attention.IN_KERNEL_MERGE` off), graph-replayed: what the in-kernel merge of the
   sliding layers saves (prediction in benchmarks/README.md, "The attention merges its own splits");
+- `triton_pdl_at_exit` (steps at B = 1): `triton` with each kernel letting the next be scheduled when it
+  exits, not as soon as it has waited for its inputs (`_common.PDL_EARLY_TRIGGER` off), graph-replayed:
+  whether the waiting programs of the next kernel slow the wide 31B kernels (benchmarks/README.md, "Kernel
+  by kernel");
 - `triton_eager`, `cuda_eager`: the same calls eagerly, timed with events around them: on a GPU this
   is the host time per call (Python, validation, launches), the GPU waiting on it (`cuda_eager`: torch
   custom-op dispatch instead of Triton's launcher);
@@ -38,7 +42,8 @@ from .common import Case, external
 
 # Our own drafter with a switch off, timed eagerly, or on the reference backend: what our choices are
 # worth, never an anchor to beat (benchmarks.readme_tables).
-OUR_VARIANTS = frozenset({"triton_no_pdl", "triton_merge_kernel", "triton_eager", "cuda_eager", "torch_eager"})
+OUR_VARIANTS = frozenset({"triton_no_pdl", "triton_merge_kernel", "triton_pdl_at_exit", "triton_eager", "cuda_eager",
+                          "torch_eager"})
 
 SHAPES = {"step": None, "chain": (1, 1, 1, 1), "tree": (2, 2, 1)}
 # the dry run's drafter: the real layer pattern at toy sizes (head dims the attention supports)
@@ -205,6 +210,7 @@ def cases(dry: bool) -> list[Case]:
             baselines["triton_no_pdl"] = ours_with(kind, _common, "PDL", False)
         if B == 1 and kind == "step":
             baselines["triton_merge_kernel"] = ours_with(kind, q_only_attention, "IN_KERNEL_MERGE", False)
+            baselines["triton_pdl_at_exit"] = ours_with(kind, _common, "PDL_EARLY_TRIGGER", False)
         if not dry:  # the same calls as "triton" / "cuda", timed eagerly: nothing more to exercise on a CPU
             baselines["triton_eager"] = ours("triton", kind)
             baselines["cuda_eager"] = ours("cuda", kind)

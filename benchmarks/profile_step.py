@@ -11,8 +11,9 @@ overlap, as programmatic dependent launch allows) are medians over the replays.
 
     python -m benchmarks.profile_step --out step_profile.json [--drafters E2B,31B] [--replays 20]
 
-Variants: `triton`, `triton_no_pdl` (`_common.PDL` off: clean per-kernel durations and launch gaps)
-and `cuda`. Under PDL a kernel's recorded start is when its programs became resident, so its duration
+Variants: `triton`, `triton_no_pdl` (`_common.PDL` off: clean per-kernel durations and launch gaps),
+`triton_pdl_at_exit` (`_common.PDL_EARLY_TRIGGER` off: the next kernel scheduled when each exits) and
+`cuda`. Under PDL a kernel's recorded start is when its programs became resident, so its duration
 includes its wait for the kernel before it: compare a kernel's duration with and without PDL to find
 the kernel that PDL slows (a dependent's waiting programs take SM slots its predecessor wanted).
 The prediction is in benchmarks/README.md ("Kernel by kernel").
@@ -34,7 +35,7 @@ from gemma4_mtp_kernels.triton import _common
 from .bench_drafter_step import _inputs, run_ours
 
 B, CTX = 1, 8192
-VARIANTS = ("triton", "triton_no_pdl", "cuda")
+VARIANTS = ("triton", "triton_no_pdl", "triton_pdl_at_exit", "cuda")
 
 
 def short_name(kernel: str) -> str:
@@ -83,9 +84,11 @@ def split_replays(events: list[tuple[str, float, float]], n: int) -> list[list[t
 def _call(variant: str, inp: dict):
     backend = "cuda" if variant == "cuda" else "triton"
     pdl = variant != "triton_no_pdl"
+    early = variant != "triton_pdl_at_exit"
 
     def call():
-        with mock.patch.object(_common, "PDL", pdl and _common.PDL):
+        with mock.patch.object(_common, "PDL", pdl and _common.PDL), \
+                mock.patch.object(_common, "PDL_EARLY_TRIGGER", early and _common.PDL_EARLY_TRIGGER):
             return run_ours(inp, backend, "step")
     return call
 

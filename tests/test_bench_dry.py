@@ -299,6 +299,9 @@ def test_gpu_case_grid_is_well_formed():
     assert "triton_merge_kernel" in baselines["E2B step B=1 ctx=8192"]
     assert "triton_merge_kernel" in baselines["31B step B=1 ctx=32768"]
     assert "triton_merge_kernel" not in baselines["E2B step B=8 ctx=8192"]
+    # the next kernel scheduled at each kernel's exit instead of after its wait: the B = 1 steps
+    assert "triton_pdl_at_exit" in baselines["31B step B=1 ctx=8192"]
+    assert "triton_pdl_at_exit" not in baselines["31B step B=8 ctx=8192"]
 
 
 def test_rotating_sets_cover_three_l2s():

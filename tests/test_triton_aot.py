@@ -115,9 +115,16 @@ def test_programmatic_dependent_launch_on_sm90_only(compiled):
     kernels whose programs wait on each other never are."""
     compiled, kernels = compiled
     assert PDL_KERNELS <= kernels
+    late = set()
     for r in compiled:
         want = r["arch"] == "sm_90" and r["kernel"] in PDL_KERNELS
-        assert r["pdl"] is want and r["constexprs"].get("USE_PDL", False) is want, (r["name"], r["arch"])
+        use = r["constexprs"].get("USE_PDL", 0)
+        assert r["pdl"] is want and bool(use) is want, (r["name"], r["arch"])
+        # USE_PDL 1 triggers the next kernel once its own wait is over, 2 leaves it to the kernel's exit
+        assert r["pdl_early_trigger"] is (use == 1), (r["name"], r["arch"], use)
+        if use == 2:
+            late.add(r["kernel"])
+    assert late == PDL_KERNELS, late  # the PDL-at-exit step scenarios of aot
 
 
 def test_the_pdl_check_finds_an_early_global_access():

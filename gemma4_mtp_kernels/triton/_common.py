@@ -59,17 +59,24 @@ def _recorded(value: int | None) -> int:
 # Programmatic dependent launch (sm_90+) for every kernel of a drafter step. GEMMA4_MTP_PDL=0 turns it
 # off (read once; benchmarks compare both by patching this flag around a capture).
 PDL = os.environ.get("GEMMA4_MTP_PDL", "1") != "0"
+# When a kernel lets the next one be scheduled: True, as soon as it has waited for its own inputs (the
+# next grid's programs then sit resident in their wait while this kernel works); False, when it exits.
+# On the H200 PDL saved 9 µs of the E2B step and cost 17 µs of the 31B one (2026-12-04), whose wide
+# GEMVs may want the SM slots the waiting programs hold: bench_drafter_step's `triton_pdl_at_exit`
+# measures the other choice (benchmarks/README.md, "Kernel by kernel").
+PDL_EARLY_TRIGGER = True
 
 
 def pdl_args(device: torch.device) -> dict:
     """The kernel flag and launch option of a launch on `device`: with programmatic dependent launch
     (sm_90 and newer, not the interpreter) a kernel is scheduled while the kernel before it on the
     stream still runs and waits for it in `wait_for_inputs`, which hides the launch latency between
-    the ~27 dependent launches of a drafter step. A kernel launched this way must call
-    `wait_for_inputs` before touching global memory (aot checks the PTX)."""
+    the 24 dependent launches of a drafter step. A kernel launched this way must call
+    `wait_for_inputs` before touching global memory (aot checks the PTX). USE_PDL: 0 off, 1 wait and
+    trigger the next kernel at once, 2 wait only (the next kernel is triggered when this one exits)."""
     if PDL and sm_arch(device) >= 90:
-        return dict(USE_PDL=True, launch_pdl=True)
-    return dict(USE_PDL=False)
+        return dict(USE_PDL=1 if PDL_EARLY_TRIGGER else 2, launch_pdl=True)
+    return dict(USE_PDL=0)
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -93,11 +100,12 @@ def device_helper(fn):
 @device_helper
 def wait_for_inputs(USE_PDL: tl.constexpr):
     """First statement of a kernel launched with `pdl_args`: wait until the previous kernel's writes
-    are visible (everything it reads may be one), then let the next kernel be scheduled (it waits the
-    same way). Without programmatic dependent launch it does nothing."""
+    are visible (everything it reads may be one), then (USE_PDL 1) let the next kernel be scheduled (it
+    waits the same way). Without programmatic dependent launch it does nothing."""
     if USE_PDL:
         gdc_wait()
-        gdc_launch_dependents()
+        if USE_PDL == 1:
+            gdc_launch_dependents()
 
 
 @device_helper

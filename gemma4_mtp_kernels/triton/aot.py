@@ -17,6 +17,7 @@ import re
 import subprocess
 import tempfile
 from typing import Callable, Iterator, NamedTuple
+from unittest import mock
 
 import torch
 import triton
@@ -25,6 +26,7 @@ from triton.compiler import ASTSource
 
 import gemma4_mtp_kernels as g
 from ..drafter_shapes import DRAFTERS
+from . import _common
 from ._common import cdiv
 from .record import RecordedLaunch, recording
 
@@ -296,6 +298,15 @@ def _step_scenarios() -> Iterator[Scenario]:
             last, _ = drafter.step(ctx, _meta((B, Q), torch.int64), _meta((B, Q, Hb), torch.bfloat16))
             return drafter.top_tokens(last, k)
         yield Scenario(f"drafter step bf16 {name} B={B} Q={Q} top {k}", "bf16", call)
+    for name in DRAFTERS:  # bench_drafter_step's triton_pdl_at_exit: the B = 1 step, next kernels triggered at exit
+        def late(name=name):
+            drafter = random_drafter(name, device="meta", backend="triton")
+            ctx = synthetic_context(drafter, 1, 8192, device="meta")
+            Hb = drafter.config.backbone_hidden_size
+            with mock.patch.object(_common, "PDL_EARLY_TRIGGER", False):
+                last, _ = drafter.step(ctx, _meta((1, 1), torch.int64), _meta((1, 1, Hb), torch.bfloat16))
+                return drafter.top_tokens(last, 1)
+        yield Scenario(f"drafter step bf16 {name} B=1 Q=1 top 1, PDL trigger at exit", "bf16", late)
 
 
 # What a decode's batch size and context sweep over: an engine's batch moves one request at a time, the
@@ -425,6 +436,7 @@ def _compile_row(launch: Launch, arch: int) -> dict:
         row["problems"].append(f"shared memory {res.shared_bytes} B > {SHARED_LIMIT[arch]} B")
     if row["pdl"] and (problem := pdl_problem(compiled.asm["ptx"])):
         row["problems"].append(problem)
+    row["pdl_early_trigger"] = "griddepcontrol.launch_dependents" in compiled.asm["ptx"]
     return row
 
 
