@@ -441,7 +441,7 @@ def _compile_row(launch: Launch, arch: int) -> dict:
 
 
 # torch.compile (inductor, torch 2.11) launches a user Triton kernel with its Python float arguments typed
-# fp64, where Triton's own launcher types them fp32: on the first GPU run of a compiled step an fp64
+# fp64, where Triton's own launcher types them fp32: on the H200 (2026-12-04) a compiled step's fp64
 # softmax scale made the attention's probabilities fp64, which tl.dot refused. Each specialisation of a
 # kernel with float scalars is also compiled that way (on sm_90, the type rules are the same on sm_80).
 INDUCTOR_FLOAT = "fp64"
