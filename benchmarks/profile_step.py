@@ -33,6 +33,7 @@ from gemma4_mtp_kernels.drafter_shapes import DRAFTERS
 from gemma4_mtp_kernels.triton import _common
 
 from .bench_drafter_step import _inputs, run_ours
+from .timer import capture_graph
 
 B, CTX = 1, 8192
 VARIANTS = ("triton", "triton_no_pdl", "triton_pdl_at_exit", "cuda")
@@ -99,15 +100,8 @@ def profile(name: str, variant: str, replays: int) -> dict:
 
     inp = _inputs(DRAFTERS[name], B, CTX, "step")(torch.device("cuda"), torch.bfloat16, 0)
     call = _call(variant, inp)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the default stream (compiles, caches), as the timer does
-        for _ in range(2):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
+    call()  # compiles, fills the caches
+    graph = capture_graph([call])
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()

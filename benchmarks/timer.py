@@ -62,16 +62,7 @@ def time_calls(calls: Sequence[Callable[[], object]], *, warmup: int = 5, runs: 
     torch.cuda.synchronize()
     if graph:
         try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for c in calls:  # warm-up off the default stream, as torch.cuda.graph asks (it captures on a stream of its own)
-                    c()
-            torch.cuda.current_stream().wait_stream(stream)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for c in calls:
-                    c()
+            g = capture_graph(calls)
             g.replay()
             torch.cuda.synchronize()
             times = _events_time([g.replay], runs)
@@ -81,6 +72,22 @@ def time_calls(calls: Sequence[Callable[[], object]], *, warmup: int = 5, runs: 
             torch.cuda.synchronize()
     times = _events_time(calls, runs)
     return Timing(statistics.median(times), min(times), runs, "events")
+
+
+def capture_graph(calls: Sequence[Callable[[], object]]) -> torch.cuda.CUDAGraph:
+    """The calls captured in one CUDA graph, after a run of them off the default stream (as
+    torch.cuda.graph asks: it captures on a stream of its own)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    return g
 
 
 def _wallclock(calls, warmup: int, runs: int) -> Timing:
