@@ -44,12 +44,12 @@ void check_tensor(const at::Tensor& t, const char* name, int64_t ndim, const at:
 
 void check_dtype(const at::Tensor& t, const char* name, at::ScalarType a, at::ScalarType b = at::ScalarType::Undefined) {
   G4_CHECK(t.scalar_type() == a || t.scalar_type() == b, "gemma4_mtp: ", name, " has dtype ", t.scalar_type(),
-              ", expected ", a, b == at::ScalarType::Undefined ? "" : " or ", b == at::ScalarType::Undefined ? "" : c10::toString(b));
+           ", expected ", a, b == at::ScalarType::Undefined ? "" : " or ", b == at::ScalarType::Undefined ? "" : c10::toString(b));
 }
 
 void check_inner(const at::Tensor& t, const char* name) {
   G4_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, "gemma4_mtp: ", name, " needs stride 1 in its last dimension, got strides ",
-              t.strides());
+           t.strides());
 }
 
 void check_contiguous(const at::Tensor& t, const char* name) {
@@ -129,8 +129,8 @@ void fused_concat_down_proj(const at::Tensor& token_ids, const at::Tensor& embed
   check_contiguous(out, "out");
   // the kernel indexes rows and the 2 * Hb input columns with 32-bit ints
   G4_CHECK(T <= INT32_MAX && 2 * Hb <= INT32_MAX && Hd <= INT32_MAX,
-              "gemma4_mtp: fused_concat_down_proj sizes must fit 32-bit indices: hidden ", hidden.sizes(), ", weight ",
-              weight.sizes());
+           "gemma4_mtp: fused_concat_down_proj sizes must fit 32-bit indices: hidden ", hidden.sizes(), ", weight ",
+           weight.sizes());
 
   const c10::cuda::CUDAGuard guard(dev);
   gemma4_mtp::DownProjParams p{};
@@ -173,8 +173,8 @@ void check_16_byte_rows(const at::Tensor& t, const char* name) {
   bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
   for (int i = 0; i < 3; ++i) ok = ok && stride(t, i) * t.element_size() % 16 == 0;
   G4_CHECK(ok, "gemma4_mtp: ", name, " needs a 16-byte aligned data pointer and strides of its first three "
-              "dimensions that are multiples of 16 bytes, got strides ", t.strides(), " (element size ",
-              t.element_size(), ", storage offset ", t.storage_offset(), ")");
+           "dimensions that are multiples of 16 bytes, got strides ", t.strides(), " (element size ",
+           t.element_size(), ", storage offset ", t.storage_offset(), ")");
 }
 
 void q_only_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -218,8 +218,8 @@ void q_only_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   check_16_byte_rows(v_cache, "v_cache");
   // the kernels index rows, blocks and table columns with 32-bit ints
   G4_CHECK(B * Q * Hq <= INT32_MAX && k_cache.size(0) <= INT32_MAX && block_table.size(1) <= INT32_MAX,
-              "gemma4_mtp: q_only_paged_attention sizes must fit 32-bit indices: q ", q.sizes(), ", k_cache ",
-              k_cache.sizes(), ", block_table ", block_table.sizes());
+           "gemma4_mtp: q_only_paged_attention sizes must fit 32-bit indices: q ", q.sizes(), ", k_cache ",
+           k_cache.sizes(), ", block_table ", block_table.sizes());
   if (out.numel() == 0) return;
 
   gemma4_mtp::AttentionParams p{};
@@ -278,7 +278,7 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
   G4_CHECK(centroids.size(1) == Hd, "gemma4_mtp: centroids must have Hd = ", Hd, " columns, got ", centroids.sizes());
   check_shape(lm_head, "lm_head", {V, Hd});
   G4_CHECK(C >= 1 && C <= gemma4_mtp::kMaxCentroids && V % C == 0,
-              "gemma4_mtp: centroids must number 1..", gemma4_mtp::kMaxCentroids, " and divide V = ", V, ", got ", C);
+           "gemma4_mtp: centroids must number 1..", gemma4_mtp::kMaxCentroids, " and divide V = ", V, ", got ", C);
   G4_CHECK(V >= C, "gemma4_mtp: token_ordering must hold at least one token per centroid (", C, "), got length ", V);
   G4_CHECK(top_k >= 1 && top_k <= C, "gemma4_mtp: top_k must be in [1, ", C, "], got ", top_k);
   const int64_t K = top_k * (V / C);
@@ -353,7 +353,7 @@ void tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents, cons
   check_dtype(parents, "parents", at::kInt);
   const int64_t B = target_logits.size(0), N = target_logits.size(1), V = target_logits.size(2);
   G4_CHECK(N >= 1 && V >= 1 && V <= INT32_MAX, "gemma4_mtp: target_logits must have N >= 1 and 1 <= V < 2^31, got ",
-              target_logits.sizes());
+           target_logits.sizes());
   check_shape(draft_tokens, "draft_tokens", {B, N});
   check_shape(parents, "parents", {B, N});
   check_contiguous(draft_tokens, "draft_tokens");
@@ -440,17 +440,17 @@ void dense_lm_head(const at::Tensor& hidden, const at::Tensor& lm_head, int64_t 
   const int64_t T = hidden.size(0), Hd = hidden.size(1), V = lm_head.size(0);
   G4_CHECK(lm_head.size(1) == Hd, "gemma4_mtp: lm_head must have Hd = ", Hd, " columns, got ", lm_head.sizes());
   G4_CHECK(V >= 1 && T <= INT32_MAX && V <= INT32_MAX && Hd <= INT32_MAX,
-              "gemma4_mtp: dense_lm_head sizes must fit 32-bit indices (and V >= 1): hidden ", hidden.sizes(),
-              ", lm_head ", lm_head.sizes());
+           "gemma4_mtp: dense_lm_head sizes must fit 32-bit indices (and V >= 1): hidden ", hidden.sizes(),
+           ", lm_head ", lm_head.sizes());
   check_inner(hidden, "hidden");
   check_inner(lm_head, "lm_head");
   G4_CHECK(gemma4_mtp::dense_lm_head_smem_bytes(dt, Hd) <= 48 * 1024,
-              "gemma4_mtp: dense_lm_head stages 8 hidden rows in 48 KiB of shared memory: Hd ", Hd, " is too wide");
+           "gemma4_mtp: dense_lm_head stages 8 hidden rows in 48 KiB of shared memory: Hd ", Hd, " is too wide");
   const bool is_dense = output == "dense";
   G4_CHECK(is_dense || output == "topk", "gemma4_mtp: dense_lm_head output must be 'topk' or 'dense', got ",
-              std::string(output));
+           std::string(output));
   G4_CHECK(1 <= k && k <= gemma4_mtp::kMaxDenseHeadK && k <= V, "gemma4_mtp: dense_lm_head k must be in [1, min(",
-              gemma4_mtp::kMaxDenseHeadK, ", V)], got ", k);
+           gemma4_mtp::kMaxDenseHeadK, ", V)], got ", k);
   gemma4_mtp::DenseHeadParams p{};
   if (is_dense) {
     check_tensor(dense, "dense", 2, dev);
@@ -513,7 +513,7 @@ void check_weight(const at::Tensor& w, const char* name, int64_t rows, const at:
   check_tensor(w, name, 2, x.device());
   check_dtype(w, name, x.scalar_type());
   G4_CHECK(w.size(1) == x.size(1) && (rows < 0 || w.size(0) == rows), "gemma4_mtp: ", name, " must have ",
-              rows < 0 ? "" : std::to_string(rows) + " rows and ", "H = ", x.size(1), " columns, got shape ", w.sizes());
+           rows < 0 ? "" : std::to_string(rows) + " rows and ", "H = ", x.size(1), " columns, got shape ", w.sizes());
   check_inner(w, name);
   G4_CHECK(w.size(0) <= INT32_MAX, "gemma4_mtp: ", name, " rows must fit 32-bit indices, got ", w.sizes());
 }
@@ -534,7 +534,7 @@ DType glue_prologue(gemma4_mtp::GlueParams& p, gemma4_mtp::GlueKind kind, const 
   check_vector(layer_scalar, "layer_scalar", 1, x);
   G4_CHECK(!residual || residual_norm_weight, "gemma4_mtp: residual_norm_weight is required with residual");
   G4_CHECK(residual || (!residual_norm_weight && !layer_scalar && !residual_out),
-              "gemma4_mtp: residual_norm_weight, layer_scalar and residual_out need residual");
+           "gemma4_mtp: residual_norm_weight, layer_scalar and residual_out need residual");
   G4_CHECK(!normed_out || norm_weight, "gemma4_mtp: normed_out needs norm_weight");
   check_rows(residual_out, "residual_out", x);
   check_rows(normed_out, "normed_out", x);
@@ -629,15 +629,15 @@ void rms_norm_q_rope(const at::Tensor& x, const at::Tensor& weight, const at::Te
   const int64_t D = q_norm_weight.size(0), N = weight.size(0);
   check_vector(q_norm_weight, "q_norm_weight", D, x);
   G4_CHECK(D == 64 || D == 128 || D == 256 || D == 512, "gemma4_mtp: q_norm_weight must have a head dim of 64, "
-              "128, 256 or 512 elements, got ", D);
+           "128, 256 or 512 elements, got ", D);
   G4_CHECK(N > 0 && N % D == 0, "gemma4_mtp: weight must have a positive multiple of the head dim ", D,
-              " rows, got shape ", weight.sizes());
+           " rows, got shape ", weight.sizes());
   check_tensor(positions, "positions", 1, x.device());
   check_dtype(positions, "positions", at::kInt, at::kLong);
   check_contiguous(positions, "positions");
   const int64_t T = x.size(0), P = positions.size(0);
   G4_CHECK(T == 0 || (P > 0 && T % P == 0), "gemma4_mtp: positions must have a length dividing T = ", T,
-              ", got ", P);
+           ", got ", P);
   check_tensor(inv_freq, "inv_freq", 1, x.device());
   check_dtype(inv_freq, "inv_freq", at::kFloat);
   check_shape(inv_freq, "inv_freq", {D / 2});
