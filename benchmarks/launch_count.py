@@ -338,7 +338,8 @@ def main(argv=None) -> int:
     names = args.drafter or list(DRAFTERS)
     if args.decode:
         rows = [count_decode(shape) for shape in (dict(num_draft_tokens=4), dict(num_draft_tokens=None, tree=(2, 2, 1)),
-                                                   dict(num_draft_tokens=0))]
+                                                   dict(num_draft_tokens=0),
+                                                   dict(num_draft_tokens=4, temperature=0.8))]
     elif args.rounds:
         rows = [count_round(n, w, B) for n in names for B in args.batch for w in ((1, 1, 1, 1), (2, 2, 1))]
     else:

@@ -5,13 +5,14 @@
 rounds were captured); `DraftGraphs(capture=False)` runs the same round from its static buffers
 (bucket padding, block tables widened, stale rows of a larger earlier batch) and must agree with it.
 The capture itself and the replay are checked on a GPU in test_graphs_cuda.py."""
+import numpy as np
 import pytest
 import torch
 
 import hf_tiny
 from helpers import tree_path
 from gemma4_mtp import load_drafter, load_target, speculative_generate
-from gemma4_mtp.graphs import DraftGraphs, TargetGraphs, draft_tree, level_sizes, tree_parents
+from gemma4_mtp.graphs import DraftGraphs, DraftSampling, TargetGraphs, draft_tree, level_sizes, tree_parents
 
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.usefixtures("one_thread")]
 
@@ -84,6 +85,67 @@ def test_static_buffers_agree_with_the_round(pair):
             for r in reqs:
                 target.release(r)
     assert len(runner.rounds) == 4 and runner.captures == 0
+
+
+@torch.no_grad()
+def per_request_sampled_chain(drafter, ctx, pending, hidden, temperature, uniforms):
+    """The reference of a sampled chain: each request alone, q = softmax(logits / T) in fp64 from the
+    drafter's dense logits, the token where numpy's cumulative sum of q first exceeds the uniform.
+    Returns (tokens [B, 1 + depth], q [B, depth, V] fp64)."""
+    tokens, probs = [], []
+    for b in range(pending.shape[0]):
+        one = ctx.select([b])
+        row, qs, tok, hid = [int(pending[b])], [], pending[b].view(1, 1), hidden[b].view(1, 1, -1)
+        for u in uniforms[b].tolist():
+            last, proj = drafter.step(one, tok, hid)
+            q = torch.softmax(drafter.logits(last)[0, 0].double() / float(temperature[b]), dim=0)
+            t = int(np.searchsorted(np.cumsum(q.numpy()), u, side="right"))
+            row.append(t)
+            qs.append(q)
+            tok, hid = torch.tensor([[t]]), proj
+        tokens.append(row)
+        probs.append(torch.stack(qs))
+    return torch.tensor(tokens), torch.stack(probs)
+
+
+def test_sampled_chain_is_the_per_request_draw(pair):
+    """A sampled chain (DraftSampling) drafts, request by request, the inverse-CDF draw of the drafter's
+    q at the given uniforms and hands back q (the leaf row untouched); the graph runner's static
+    buffers (3 rows in a bucket of 4, then 1 after them) draft the same; a tree is refused."""
+    target, drafter = pair
+    runner = DraftGraphs(drafter, table_width=target.num_blocks, buckets=(1, 4), capture=False, keep_after=1)
+    V = drafter.config.text.vocab_size
+    for lengths, temperature in (((13, 5, 9), (0.7, 1.0, 1.6)), ((8,), (1.3,)), ((6, 11, 4), (1.0, 0.5, 2.0))):
+        reqs, pending, hidden = prefilled(target, lengths, seed=sum(lengths))
+        B, depth = len(lengths), 3
+        temps = torch.tensor(temperature)
+        uniforms = torch.rand(B, depth, dtype=torch.float64, generator=torch.Generator().manual_seed(B))
+        uniforms[0, 0] = 0.0  # the first id with probability
+        try:
+            ctx = drafter.context(target, reqs)
+            want_tokens, want_q = per_request_sampled_chain(drafter, ctx, pending, hidden, temps, uniforms)
+            # a given buffer is written (the leaf row left as it was), or the round hands out its own
+            for run, given in ((draft_tree, True), (draft_tree, False), (runner.draft, True), (runner.draft, False)):
+                probs = torch.full((B, depth + 1, V), float("nan")) if given else None
+                s = DraftSampling(temps, uniforms, probs)
+                got = run(drafter, ctx, pending, hidden, (1,) * depth, sampling=s) if run is draft_tree else \
+                    run(ctx, pending, hidden, (1,) * depth, s)
+                assert torch.equal(got, want_tokens), (lengths, run)
+                assert s.probs.shape == (B, depth + 1, V) and (s.probs is probs or not given)
+                torch.testing.assert_close(s.probs[:, :depth].double(), want_q, atol=1e-6, rtol=1e-5)
+                leaf = s.probs[:, depth]
+                assert bool(leaf.isnan().all() if given and run is draft_tree else (leaf == 0).all())
+        finally:
+            for r in reqs:
+                target.release(r)
+    assert len(runner.rounds) == 2 and runner.captures == 0
+    reqs, pending, hidden = prefilled(target, (5,), seed=1)
+    try:
+        s = DraftSampling(torch.ones(1), torch.full((1, 2), 0.5, dtype=torch.float64), torch.zeros(1, 4, V))
+        with pytest.raises(ValueError, match="chains only"):
+            draft_tree(drafter, drafter.context(target, reqs), pending, hidden, (2, 1), sampling=s)
+    finally:
+        target.release(reqs[0])
 
 
 def test_batch_beyond_the_buckets_runs_eagerly(pair):
@@ -224,6 +286,28 @@ def test_decode_loop_with_static_target_forwards(pair, shape):
         for out in (static, static_base, off, base):
             assert torch.equal(out.ids[b], eager.ids[b]), b
     assert static.stats.accepted_per_round == eager.stats.accepted_per_round
+
+
+def test_sampled_decode_with_static_rounds(pair):
+    """Sampled drafts (the default of a sampling chain) go through the drafter's static rounds, keyed
+    apart from argmax rounds, and decode what the eager loop decodes for the same seed."""
+    target, drafter = pair
+    prompts = [torch.randint(3, hf_tiny.VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (14, 9, 21)]
+    kw = dict(max_new_tokens=14, num_draft_tokens=3, temperature=0.9, seed=11)
+    eager = speculative_generate(target, drafter, prompts, **kw)
+    target.graph_runner = TargetGraphs(target, capture=False)
+    drafter.graph_runner = DraftGraphs(drafter, table_width=target.num_blocks, capture=False)
+    try:
+        static = speculative_generate(target, drafter, prompts, **kw)
+        argmax = speculative_generate(target, drafter, prompts, sample_drafts=False, **kw)
+        sampled = {key[2] for key in drafter.graph_runner.kept}
+    finally:
+        target.graph_runner = drafter.graph_runner = None
+    assert sampled == {True, False}
+    for b in range(len(prompts)):
+        assert torch.equal(static.ids[b], eager.ids[b]), b
+    assert static.stats.accepted_per_round == eager.stats.accepted_per_round
+    assert argmax.stats.accepted_per_round != eager.stats.accepted_per_round
 
 
 def test_target_graphs_refuse_moe_and_cpu_capture(tmp_path, pair):

@@ -9,7 +9,7 @@ from gemma4_mtp import load_drafter, load_target, speculative_generate
 from gemma4_mtp import train as T
 from helpers import held_out_prompts
 from gemma4_mtp.drafter import random_drafter, synthetic_context
-from gemma4_mtp.graphs import DraftGraphs, draft_tree
+from gemma4_mtp.graphs import DraftGraphs, DraftSampling, draft_tree
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -44,6 +44,43 @@ def test_replay_equals_eager_round(target, prompts, backend, widths):
             for r in reqs:
                 target.release(r)
     assert runner.captures == 2  # buckets 2 and 4, each captured once and replayed after
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_sampled_round_replay_equals_eager(target, prompts, backend):
+    """A sampled chain (DraftSampling: softmax, inverse CDF, q rows, all inside the graph) replays the
+    eager round's tokens and q bit for bit, over padded buckets and new inputs."""
+    drafter = load_drafter(T.ASSETS / "drafter", device=DEV, backend=backend)
+    runner = DraftGraphs(drafter, table_width=target.num_blocks, buckets=(2, 4), keep_after=1)
+    g = torch.Generator().manual_seed(0)
+    for batch in (prompts[:3], prompts[:2], prompts[1:4], prompts[:3]):
+        reqs = [target.new_request() for _ in batch]
+        try:
+            out = target.prefill(reqs, [p.to(DEV) for p in batch], last_only=True)
+            pending, hidden = out.logits[:, 0].argmax(-1), out.hidden[:, 0]
+            ctx = drafter.context(target, reqs)
+            temps = torch.full((len(batch),), 0.8, device=DEV)
+            uniforms = torch.rand(len(batch), 4, dtype=torch.float64, generator=g).to(DEV)
+            eager = DraftSampling(temps, uniforms)
+            want = draft_tree(drafter, ctx, pending, hidden, (1, 1, 1, 1), sampling=eager)
+            replayed = DraftSampling(temps, uniforms)
+            got = runner.draft(ctx, pending, hidden, (1, 1, 1, 1), replayed)
+            assert torch.equal(got, want) and torch.equal(replayed.probs, eager.probs), f"batch of {len(batch)}"
+        finally:
+            for r in reqs:
+                target.release(r)
+    assert runner.captures == 2
+
+
+def test_sampled_decode_loop_with_graphs(target, prompts):
+    """Sampled drafts through captured rounds draw what the eager loop draws for the same seed."""
+    drafter = load_drafter(T.ASSETS / "drafter", device=DEV, backend="triton")
+    kw = dict(max_new_tokens=40, num_draft_tokens=4, temperature=0.8, seed=5)
+    graphed = speculative_generate(target, drafter, prompts, cuda_graphs=True, **kw)
+    eager = speculative_generate(target, drafter, prompts, cuda_graphs=False, **kw)
+    for b in range(len(prompts)):
+        assert torch.equal(graphed.ids[b], eager.ids[b])
+    assert graphed.stats.accepted_per_round == eager.stats.accepted_per_round
 
 
 @pytest.mark.parametrize("name", ["E2B", "31B"])

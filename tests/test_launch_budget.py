@@ -27,7 +27,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PER_LAYER, PER_STEP, TREE_SORT = 6, 3, 5
 # A decode round whose draft and target forward replay their graphs launches its bookkeeping from the
 # host: the copies into the graphs' static buffers, tree_verify, the next round's pending tokens and
-# hidden states (35 for a draft round of the embedded pair, 21 target-only, at this budget's writing).
+# hidden states (35 for a draft round of the embedded pair, 39 for a sampled chain round, 21 target-only,
+# at this budget's writing).
 EAGER_PER_REPLAYED_ROUND = 40
 
 
@@ -130,7 +131,8 @@ def test_a_decode_round_waits_for_the_device_once(decode):
     raises there except the round's one result read (`speculative._read_round`), so reaching the end
     means no round read the device anywhere else; and no copy to the device is a blocking one (a
     blocking copy makes a CUDA host wait for the stream to drain, as a read does)."""
-    assert [r["shape"] for r in decode] == [{"num_draft_tokens": 4}, {"tree": [2, 2, 1]}, {"num_draft_tokens": 0}]
+    assert [r["shape"] for r in decode] == [{"num_draft_tokens": 4}, {"tree": [2, 2, 1]}, {"num_draft_tokens": 0},
+                                            {"num_draft_tokens": 4, "temperature": 0.8}]
     for r in decode:
         assert r["rounds"] == len(r["per_round"]) - 1 >= 5, r["shape"]  # round 0: the prefill
         for i, rnd in enumerate(r["per_round"]):

@@ -137,9 +137,10 @@ def test_heuristic_schedule(agreeing_pair):
 
 @pytest.mark.parametrize("kw,temperature", [
     (dict(num_draft_tokens=3), 0.0), (dict(num_draft_tokens=None, tree=(2, 2)), 0.0),
-    (dict(num_draft_tokens=3), 1.0), (dict(num_draft_tokens=None, tree=(2, 2)), 1.0),
-    (dict(num_draft_tokens=3, sample_drafts=True), 1.0),
-], ids=["chain-greedy", "tree-greedy", "chain-sampling", "tree-sampling", "chain-sampled-drafts"])
+    (dict(num_draft_tokens=3, sample_drafts=False), 1.0), (dict(num_draft_tokens=None, tree=(2, 2)), 1.0),
+    (dict(num_draft_tokens=3), 1.0), (dict(num_draft_tokens=3, draft_schedule="heuristic"), 1.0),
+], ids=["chain-greedy", "tree-greedy", "chain-sampling-argmax-drafts", "tree-sampling", "chain-sampled-drafts",
+        "heuristic-sampled-drafts"])
 def test_batched_equals_alone(agreeing_pair, kw, temperature):
     _, target, drafter = agreeing_pair
     ps = prompts(seed=5)
@@ -187,9 +188,9 @@ def test_bf16_greedy_follows_hf_bf16(tmp_path):
                 assert int(ids[i]) == int(top.indices[1]) and float(top.values[0] - top.values[1]) <= 0.25
 
 
-@pytest.mark.parametrize("kw", [dict(num_draft_tokens=2), dict(num_draft_tokens=2, sample_drafts=True),
+@pytest.mark.parametrize("kw", [dict(num_draft_tokens=2, sample_drafts=False), dict(num_draft_tokens=2),
                                 dict(num_draft_tokens=None, tree=(2, 2))],
-                         ids=["chain", "chain-sampled-drafts", "tree"])
+                         ids=["chain-argmax-drafts", "chain-sampled-drafts", "tree"])
 def test_sampling_matches_target_distribution(agreeing_pair, kw):
     """600 sampled 4-token continuations against the target's exact joint distribution (chi-square)."""
     hf, target, drafter = agreeing_pair

@@ -4,14 +4,19 @@ import torch
 from .._types import VerifyResult
 
 
-def inverse_cdf(probs: torch.Tensor, u: float) -> int:
-    """The first id whose cumulative probability exceeds u; the last id with nonzero probability if
-    rounding leaves the total at or below u."""
-    cdf = torch.cumsum(probs.double(), dim=0)
-    hit = (cdf > u).nonzero()
-    if hit.numel():
-        return int(hit[0])
-    return int((probs > 0).nonzero()[-1])
+def inverse_cdf(probs: torch.Tensor, u) -> torch.Tensor:
+    """Per row of probs [..., V], the first id whose cumulative probability (fp64) exceeds u [...] (or a
+    float); the last id with nonzero probability where rounding leaves the total at or below u. Device
+    ops only (no host read): the decode loop draws its draft chains with it inside a captured round."""
+    cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)
+    if isinstance(u, torch.Tensor):
+        u = u.to(torch.float64).expand(cdf.shape[:-1])
+    else:
+        u = torch.full(cdf.shape[:-1], u, dtype=torch.float64, device=probs.device)
+    hit = torch.searchsorted(cdf, u.unsqueeze(-1).contiguous(), right=True).squeeze(-1)
+    ids = torch.arange(probs.shape[-1], device=probs.device)
+    last = torch.where(probs > 0, ids, -1).amax(dim=-1)
+    return torch.where(hit < probs.shape[-1], hit, last)
 
 
 def _distribution(logits: torch.Tensor, temp: float, b: int, u: int) -> torch.Tensor:
@@ -53,7 +58,7 @@ def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, unifo
                 t = int(torch.argmax(logits))  # first maximum = lowest id
                 child = by_token.get(t)
             elif draft_probs is None:
-                t = inverse_cdf(_distribution(logits, temp, b, u), float(uniforms[b, u, 0]))
+                t = int(inverse_cdf(_distribution(logits, temp, b, u), float(uniforms[b, u, 0])))
                 child = by_token.get(t)
             else:
                 p = _distribution(logits, temp, b, u)
@@ -68,9 +73,9 @@ def tree_verify(draft_tokens, parents, target_logits, *, temperature=None, unifo
                         residual = (p - q).clamp(min=0)
                         total = residual.sum()
                         # p == q leaves no residual; rejection is then impossible in exact arithmetic
-                        t = inverse_cdf(residual / total if total > 0 else p, float(uniforms[b, u, 1]))
+                        t = int(inverse_cdf(residual / total if total > 0 else p, float(uniforms[b, u, 1])))
                 else:
-                    t = inverse_cdf(p, float(uniforms[b, u, 1]))
+                    t = int(inverse_cdf(p, float(uniforms[b, u, 1])))
             if child is None:
                 bonus = t
             else:

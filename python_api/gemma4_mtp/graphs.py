@@ -12,7 +12,11 @@ nothing (sequence length 0) and their drafts are dropped.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from gemma4_mtp_kernels.reference.tree_verify import inverse_cdf
 
 from .drafter import DraftContext, Gemma4MTPDrafter
 from .target import Gemma4Target, TargetOutput
@@ -44,23 +48,50 @@ def tree_parents(widths) -> list[int]:
     return parents
 
 
+@dataclass
+class DraftSampling:
+    """Draft chains drawn from the drafter's distribution q = softmax(logits / temperature) instead of
+    its argmax, all on the device (inside a captured round): temperature [B] fp32 (> 0), uniforms
+    [B, depth] fp64 in [0, 1) (depth d's token is the inverse CDF of q at uniforms[:, d]). probs
+    [B, N, V] fp32 receives q of each drafted depth (row d: the distribution node d + 1 was drawn
+    from, what `tree_verify`'s draft_probs takes; the leaf row N - 1 is left as it was): given, it is
+    written; None, the round sets it (zeros and the rows, or a view of a replayed round's static buffer,
+    valid until that round's next replay)."""
+
+    temperature: torch.Tensor
+    uniforms: torch.Tensor
+    probs: torch.Tensor | None = None
+
+
+@torch.no_grad()
 def draft_tree(drafter: Gemma4MTPDrafter, ctx: DraftContext, pending: torch.Tensor, hidden: torch.Tensor,
-               widths, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Draft a tree per request: the drafter's top-`widths[d]` tokens of every node of depth d.
+               widths, out: torch.Tensor | None = None, sampling: DraftSampling | None = None) -> torch.Tensor:
+    """Draft a tree per request: the drafter's top-`widths[d]` tokens of every node of depth d (with
+    `sampling`, a chain: widths all 1, each token drawn from q instead).
 
     pending [B] int64 (node 0), hidden [B, Hb] (the target's hidden state at the last accepted
     position). Returns tokens [B, N] int64 in the order of `tree_parents(widths)`. The Q nodes of a
     level share one drafter step (one attention call per request)."""
     B = pending.shape[0]
     N = 1 + sum(level_sizes(widths))
+    if sampling is not None and any(w != 1 for w in widths):
+        raise ValueError(f"sampling: drafts are drawn for chains only (widths all 1), got widths {tuple(widths)}")
     tokens = torch.empty(B, N, dtype=torch.long, device=pending.device) if out is None else out
+    if sampling is not None and sampling.probs is None:
+        V = drafter.config.text.vocab_size
+        sampling.probs = torch.zeros(B, N, V, dtype=torch.float32, device=pending.device)
     tokens[:, 0] = pending
     level_tok, level_hid = pending.view(B, 1), hidden.view(B, 1, -1)
     at = 1
-    for w in widths:
+    for d, w in enumerate(widths):
         last, proj = drafter.step(ctx, level_tok, level_hid)
         Q = level_tok.shape[1]
-        level_tok = drafter.top_tokens(last, w).view(B, Q * w)
+        if sampling is None:
+            level_tok = drafter.top_tokens(last, w).view(B, Q * w)
+        else:
+            q = torch.softmax(drafter.logits(last)[:, 0].float() / sampling.temperature[:, None], dim=-1)
+            sampling.probs[:, d] = q
+            level_tok = inverse_cdf(q, sampling.uniforms[:, d]).view(B, 1)
         tokens[:, at:at + Q * w] = level_tok
         level_hid = proj[:, :, None, :].expand(B, Q, w, proj.shape[-1]).reshape(B, Q * w, -1)
         at += Q * w
@@ -121,9 +152,9 @@ class _Replays:
 
 
 class _Round:
-    """The static buffers and the graph of one (bucket, tree shape)."""
+    """The static buffers and the graph of one (bucket, tree shape, sampled or not)."""
 
-    def __init__(self, runner: "DraftGraphs", ctx: DraftContext, bucket: int, widths: tuple):
+    def __init__(self, runner: "DraftGraphs", ctx: DraftContext, bucket: int, widths: tuple, sampled: bool):
         dev, Hb = runner.device, runner.drafter.config.backbone_hidden_size
         self.drafter = runner.drafter
         self.pending = torch.zeros(bucket, dtype=torch.long, device=dev)
@@ -134,10 +165,18 @@ class _Round:
                        for t in ctx.block_table}
         self.ctx = DraftContext(ctx.k_cache, ctx.v_cache, self.tables, ctx.window, self.seq_lens, self.positions,
                                 ctx.embed_table, ctx.embed_scale)
-        self.out = torch.zeros(bucket, 1 + sum(level_sizes(widths)), dtype=torch.long, device=dev)
+        N = 1 + sum(level_sizes(widths))
+        self.out = torch.zeros(bucket, N, dtype=torch.long, device=dev)
+        self.sampling = None
+        if sampled:  # rows past the batch draw from a valid distribution at a valid uniform
+            V = runner.drafter.config.text.vocab_size
+            self.sampling = DraftSampling(torch.ones(bucket, dtype=torch.float32, device=dev),
+                                          torch.full((bucket, len(widths)), 0.5, dtype=torch.float64, device=dev),
+                                          torch.zeros(bucket, N, V, dtype=torch.float32, device=dev))
         self.widths, self.graph = widths, None
 
-    def load(self, ctx: DraftContext, pending: torch.Tensor, hidden: torch.Tensor) -> None:
+    def load(self, ctx: DraftContext, pending: torch.Tensor, hidden: torch.Tensor,
+             sampling: DraftSampling | None) -> None:
         """This round's inputs into the static buffers; rows past the batch attend nothing."""
         B = pending.shape[0]
         self.pending[:B].copy_(pending)
@@ -149,9 +188,13 @@ class _Round:
             self.tables[t][:B, table.shape[1]:].fill_(-1)
         if B < self.pending.shape[0]:
             self.seq_lens[B:].zero_()
+        if sampling is not None:
+            self.sampling.temperature[:B].copy_(sampling.temperature)
+            self.sampling.uniforms[:B].copy_(sampling.uniforms)
 
     def run(self):
-        return draft_tree(self.drafter, self.ctx, self.pending, self.hidden, self.widths, out=self.out)
+        return draft_tree(self.drafter, self.ctx, self.pending, self.hidden, self.widths, out=self.out,
+                          sampling=self.sampling)
 
 
 class DraftGraphs(_Replays):
@@ -170,26 +213,34 @@ class DraftGraphs(_Replays):
     def rounds(self) -> dict:
         return self.kept
 
-    def draft(self, ctx: DraftContext, pending: torch.Tensor, hidden: torch.Tensor, widths) -> torch.Tensor:
+    def draft(self, ctx: DraftContext, pending: torch.Tensor, hidden: torch.Tensor, widths,
+              sampling: DraftSampling | None = None) -> torch.Tensor:
         """`draft_tree` for this round by replaying the captured graph of its bucket and shape (captured
-        at its `keep_after`-th use); a batch beyond the largest bucket, a block table wider than the
-        static one, a round's first uses or a new round once `max_rounds` are kept (a growing heuristic
-        chain) run eagerly."""
+        at its `keep_after`-th use; with `sampling`, the round's q rows are copied into sampling.probs,
+        or handed out as sampling.probs when it is None); a batch beyond the largest bucket, a block
+        table wider than the static one, a round's first uses or a new round once `max_rounds` are kept
+        (a growing heuristic chain) run eagerly."""
         widths = tuple(widths)
         B = pending.shape[0]
         bucket = self.bucket(B)
         if bucket is None or any(t.shape[1] > self.table_width for t in ctx.block_table.values()):
-            return draft_tree(self.drafter, ctx, pending, hidden, widths)
+            return draft_tree(self.drafter, ctx, pending, hidden, widths, sampling=sampling)
         # a round reads the target's caches and embedding table where they were at capture, and bakes in
         # the sliding windows (query-position convention) and the embedding scale
         where = tuple((t, ctx.k_cache[t].data_ptr(), ctx.v_cache[t].data_ptr(), ctx.window[t])
                       for t in sorted(ctx.k_cache))
-        key = (bucket, widths, where, ctx.embed_table.data_ptr(), ctx.embed_scale)
-        rnd = self.entry(key, lambda: _Round(self, ctx, bucket, widths))
+        sampled = sampling is not None
+        key = (bucket, widths, sampled, where, ctx.embed_table.data_ptr(), ctx.embed_scale)
+        rnd = self.entry(key, lambda: _Round(self, ctx, bucket, widths, sampled))
         if rnd is None:
-            return draft_tree(self.drafter, ctx, pending, hidden, widths)
-        rnd.load(ctx, pending, hidden)
+            return draft_tree(self.drafter, ctx, pending, hidden, widths, sampling=sampling)
+        rnd.load(ctx, pending, hidden, sampling)
         self.replay(rnd)
+        if sampled:
+            if sampling.probs is None:
+                sampling.probs = rnd.sampling.probs[:B]
+            else:
+                sampling.probs.copy_(rnd.sampling.probs[:B])
         return rnd.out[:B]
 
 

@@ -18,7 +18,7 @@ import torch
 import gemma4_mtp_kernels as K
 
 from .drafter import QUERY_POSITIONS
-from .graphs import DraftGraphs, TargetGraphs, draft_tree, level_sizes, tree_parents
+from .graphs import DraftGraphs, DraftSampling, TargetGraphs, draft_tree, level_sizes, tree_parents
 from .transfer import tensor_to, to_device
 
 SCHEDULES = ("constant", "heuristic")
@@ -108,87 +108,52 @@ def _check_args(max_new_tokens, num_draft_tokens, tree, temperature, query_posit
         raise ValueError(f"draft_schedule: expected one of {SCHEDULES}, got {draft_schedule!r}")
 
 
-def _draft(drafter, target, reqs, pending, hidden, shapes, query_position, sampler=None, graphs=None):
+def _draft(drafter, target, reqs, pending, hidden, shapes, query_position, sampling=None, graphs=None):
     """Draft a tree per request. shapes[b] = per-depth branch counts of request b, all prefixes of one
     shape (a chain length or the tree cut to what the token budget can still take).
 
-    Children are the drafter's top-k tokens: every request drafts the longest shape on the device in
-    one `draft_tree` round (replayed as a CUDA graph when `graphs` is given) and keeps the prefix of
-    its own shape, whose nodes come first in breadth-first order. With `sampler(b, q) -> token`
-    (chains only) one token is drawn per step from the drafter distribution q on the host, which is
-    then recorded for the node it was drawn at. Returns (tokens [B, >= N] int64 on the device, row b
-    beginning with request b's nodes; per request its parents list[int]; per request the draft q of
-    each node or None), node 0 being the pending token. Without a sampler nothing is read back: the
-    tokens stay on the device for the target's forward and the verification."""
+    Every request drafts the longest shape on the device in one `draft_tree` round (replayed as a CUDA
+    graph when `graphs` is given) and keeps the prefix of its own shape, whose nodes come first in
+    breadth-first order. Children are the drafter's top-k tokens, or with `sampling` (a
+    graphs.DraftSampling, chains only) tokens drawn from the drafter's distribution q, whose rows it
+    receives. Returns (tokens [B, >= N] int64 on the device, row b beginning with request b's nodes;
+    per request its parents list[int]). Nothing is read back: the tokens stay on the device for the
+    target's forward and the verification."""
     if not any(shapes):  # nothing to draft (target-only decoding, or no token budget left)
-        return pending.view(-1, 1), [[-1] for _ in reqs], None if sampler is None else [[]] * len(reqs)
+        return pending.view(-1, 1), [[-1] for _ in reqs]
     ctx = drafter.context(target, reqs, query_position)
-    if sampler is not None:
-        return _draft_sampled(drafter, ctx, pending, hidden, shapes, sampler, target.device)
     widths = tuple(max(shapes, key=len))
     hidden = hidden.view(len(reqs), -1)
     if graphs is not None:
-        tokens = graphs.draft(ctx, pending, hidden, widths)
+        tokens = graphs.draft(ctx, pending, hidden, widths, sampling)
     else:
-        tokens = draft_tree(drafter, ctx, pending, hidden, widths)
+        tokens = draft_tree(drafter, ctx, pending, hidden, widths, sampling=sampling)
     parents = tree_parents(widths)
-    return tokens, [parents[:1 + sum(level_sizes(shape))] for shape in shapes], None
-
-
-def _draft_sampled(drafter, ctx, pending, hidden, shapes, sampler, dev):
-    """Chains whose tokens are drawn on the host from each request's generator: a request takes
-    part in exactly as many steps as its own chain is long, so it draws the same numbers in a batch
-    as alone."""
-    tokens = [[int(t)] for t in pending]
-    probs = [[] for _ in shapes]
-    level_tok = pending.view(-1, 1).to(dev)  # [B, 1]
-    level_hid = hidden.view(len(shapes), 1, -1).clone()  # [B, 1, Hb]
-    rows = list(range(len(shapes)))
-    depth = 0
-    while True:
-        rows = [b for b in rows if len(shapes[b]) > depth]
-        if not rows:
-            break
-        sel = tensor_to(rows, torch.long, dev)
-        last, proj = drafter.step(ctx.select(rows), level_tok[sel], level_hid[sel])
-        q = sampler.distribution(drafter.logits(last)[:, 0])
-        drawn = [sampler.draw(b, q[r]) for r, b in enumerate(rows)]
-        for r, b in enumerate(rows):
-            tokens[b].append(drawn[r])
-            probs[b].append(q[r])
-        level_tok[sel] = tensor_to(drawn, torch.long, dev).view(-1, 1)
-        level_hid[sel] = proj
-        depth += 1
-    parents = [list(range(-1, len(t) - 1)) for t in tokens]
-    return tensor_to(_pad(tokens, max(map(len, tokens)), 0), torch.long, dev), parents, probs
+    return tokens, [parents[:1 + sum(level_sizes(shape))] for shape in shapes]
 
 
 class _Sampler:
     """Seeded per-request draws: one torch.Generator per request, so a request draws the same numbers
-    in a batch as alone."""
+    in a batch as alone (each round, its draft uniforms first, one per token it drafts, then its
+    verification's)."""
 
-    def __init__(self, temperature: float, seed: int, batch: int, device):
-        self.temperature, self.device = temperature, device
+    def __init__(self, seed: int, batch: int, device):
+        self.device = device
         self.gens = [torch.Generator().manual_seed(seed + b) for b in range(batch)]
 
-    def uniforms(self, b: int, n: int) -> torch.Tensor:
-        return torch.rand(n, 2, generator=self.gens[b])
-
-    def distribution(self, logits: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(logits.float() / self.temperature, dim=-1)
-
-    def draw(self, b: int, probs: torch.Tensor) -> int:
-        """Inverse CDF over ascending ids with one uniform of request b's generator."""
-        u = float(torch.rand((), generator=self.gens[b]))
-        cdf = torch.cumsum(probs.double().cpu(), dim=0)
-        i = int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64), right=True)[0])
-        # rounding can leave the total at or below u: take the last id with nonzero probability
-        return i if i < len(probs) else int((probs > 0).nonzero()[-1])
-
     def padded_uniforms(self, bs: list[int], counts: list[int], N: int) -> torch.Tensor:
+        """[len(bs), N, 2] fp32 for tree_verify: request bs[i] draws counts[i] nodes' pairs."""
         out = torch.zeros(len(bs), N, 2, dtype=torch.float32)
         for i, (b, n) in enumerate(zip(bs, counts)):
-            out[i, :n] = self.uniforms(b, n)
+            out[i, :n] = torch.rand(n, 2, generator=self.gens[b])
+        return to_device(out, self.device)
+
+    def draft_uniforms(self, bs: list[int], counts: list[int], depth: int) -> torch.Tensor:
+        """[len(bs), depth] fp64 for a sampled draft chain: request bs[i] draws counts[i] (its own chain
+        length; the rest of its row, drafted past its budget and never verified, reads 0.5)."""
+        out = torch.full((len(bs), depth), 0.5, dtype=torch.float64)
+        for i, (b, n) in enumerate(zip(bs, counts)):
+            out[i, :n] = torch.rand(n, dtype=torch.float64, generator=self.gens[b])
         return to_device(out, self.device)
 
 
@@ -200,7 +165,7 @@ def _pad(rows: list[list], width: int, fill) -> list[list]:
 def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, num_draft_tokens: int | None,
                          tree: Sequence[int] | None = None, temperature: float = 0.0, seed: int | None = None,
                          query_position: str = "last_cached", draft_schedule: str = "constant",
-                         eos_token_id=_FROM_TARGET, sample_drafts: bool = False,
+                         eos_token_id=_FROM_TARGET, sample_drafts: bool | None = None,
                          verify_backend: str | None = None, cuda_graphs: bool | None = None,
                          on_tokens: Callable[[int, list[int]], None] | None = None) -> SpeculativeOutput:
     """Generate up to max_new_tokens tokens per prompt with speculative decoding.
@@ -219,16 +184,19 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
     eos_token_id: int, ids, or None; defaults to the target config's eos_token_id. A request stops
         after emitting one.
     sample_drafts: with temperature > 0 and a chain, draw each draft token from the drafter's
-        softmax(logits / temperature) instead of taking its argmax, and verify with those draft
-        probabilities (rejection sampling). Exact either way; acceptance differs.
+        softmax(logits / temperature) on the device (inside the captured round, with uniforms from the
+        request's generator) instead of taking its argmax, and verify with those draft probabilities
+        (rejection sampling). None (the default): True for a sampling chain, False otherwise; False
+        drafts the argmax at any temperature (then a draft is accepted with the target's probability
+        of it). Exact either way; acceptance differs (the embedded pair at temperature 0.8, 4 drafts:
+        ~2.0 tokens per target forward sampled against ~1.4 argmax).
     verify_backend: backend of tree_verify (default: the drafter's backend).
     cuda_graphs: replay each draft round and each target forward as a CUDA graph (graphs.DraftGraphs
         and graphs.TargetGraphs, one graph per batch bucket and shape, captured at a shape's second use
         and kept on the models). None: the drafter's rounds on a CUDA drafter whose backend is not
         "torch" (the reference attention reads sequence lengths on the host), the target's forwards
         on a CUDA target without an MoE block (its expert dispatch reads the routing on the host).
-        Drafts drawn with sample_drafts always run eagerly (host random numbers). The prefill runs
-        eagerly. Same tokens either way. A `target.graph_runner` set by the caller (a TargetGraphs,
+        The prefill runs eagerly. Same tokens either way. A `target.graph_runner` set by the caller (a TargetGraphs,
         e.g. with capture=False on CPU) serves the target's forwards unless cuda_graphs is False, and
         a `drafter.graph_runner` (a DraftGraphs over this target) the draft rounds.
     on_tokens: called as on_tokens(request_index, tokens) with each request's newly emitted tokens,
@@ -256,14 +224,16 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
     temps = torch.full((B,), float(temperature), dtype=torch.float32, device=dev) if sampling else None
     if seed is None:
         seed = int(torch.randint(0, 2**62, ()).item())
-    sampler = _Sampler(float(temperature), seed, B, dev) if sampling else None
+    sampler = _Sampler(seed, B, dev) if sampling else None
     if sample_drafts and (not sampling or tree is not None):
         raise ValueError("sample_drafts: needs temperature > 0 and a chain (tree=None)")
+    if sample_drafts is None:
+        sample_drafts = sampling and tree is None and drafter is not None
     if tree is not None and max(tree) > drafter.max_branch:
         raise ValueError(f"tree: branch count {max(tree)} exceeds the drafter head's candidate count "
                          f"{drafter.max_branch}")
     graphs = None
-    if drafter is not None and not sample_drafts:
+    if drafter is not None:
         graphs = _graphs(drafter, target, cuda_graphs)
     forward = _target_forward(target, cuda_graphs)
 
@@ -298,22 +268,21 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
             # a round queues all its device work (draft, target forward, verification, the next
             # round's inputs) and reads the device once, at _read_round: every copy to the device
             # before it goes through gemma4_mtp.transfer, so the host never waits for the GPU sooner
-            drafted, parents, q = _draft(drafter, target, act_reqs, pending[sel], hidden[sel], shapes,
-                                         query_position, _ActSampler(sampler, act) if sample_drafts else None,
-                                         graphs)
+            act_temps = None if temps is None else temps[:len(act)]  # every request's temperature is the same
+            draft_sampling = None
+            if sample_drafts and any(shapes):
+                depth = max(map(len, shapes))
+                draft_sampling = DraftSampling(act_temps, sampler.draft_uniforms(act, [len(s) for s in shapes], depth))
+            drafted, parents = _draft(drafter, target, act_reqs, pending[sel], hidden[sel], shapes, query_position,
+                                      draft_sampling, graphs)
             out = forward(act_reqs, drafted, parents)
             sizes = [len(p) for p in parents]
             N = max(sizes)
-            draft_probs = None
-            if q is not None:
-                draft_probs = torch.zeros(len(act), N, target.config.vocab_size, dtype=torch.float32, device=dev)
-                for i, rows_q in enumerate(q):
-                    if rows_q:
-                        draft_probs[i, :len(rows_q)] = torch.stack(rows_q)
+            draft_probs = None if draft_sampling is None else draft_sampling.probs
             # a row's nodes past its own tree are padding (parent -1): verification ignores their tokens
             res = K.tree_verify(
                 drafted[:, :N].contiguous(), tensor_to(_pad(parents, N, -1), torch.int32, dev),
-                out.logits, temperature=None if temps is None else temps[sel],
+                out.logits, temperature=act_temps,
                 uniforms=sampler.padded_uniforms(act, sizes, N) if sampling else None,
                 draft_probs=draft_probs, backend=backend)
             stats.rounds += 1
@@ -386,19 +355,6 @@ def _target_forward(target, cuda_graphs: bool | None):
             return target.forward_tree
         runner = target.graph_runner = TargetGraphs(target)
     return runner.forward
-
-
-class _ActSampler:
-    """A _Sampler seen through the rows of the requests still running (row i is request act[i])."""
-
-    def __init__(self, sampler: _Sampler, act: list[int]):
-        self.sampler, self.act = sampler, act
-
-    def distribution(self, logits):
-        return self.sampler.distribution(logits)
-
-    def draw(self, row: int, probs) -> int:
-        return self.sampler.draw(self.act[row], probs)
 
 
 def _emit(out: list[int], tokens: list[int], eos: set, max_new_tokens: int, b: int, on_tokens) -> bool:
