@@ -183,8 +183,8 @@ fi
 
 # The benchmarks get what the stages above left before 520 s (none under 30 s). The vLLM anchor runs when
 # GEMMA4_MTP_VLLM_UNIFIED_ATTENTION names a copy of its kernel (benchmarks/vllm_anchor.py). run_all stops starting
-# new cases after its budget (an equal share per op) and records the rest as "not run"; the JSON is
-# rewritten after every case, so even a kill leaves the finished cases.
+# new cases after its budget (its share per op: half for the drafter step and rounds, run_all.WEIGHTS) and
+# records the rest as "not run"; the JSON is rewritten after every case, so even a kill leaves the finished cases.
 budget=$(( 520 - SECONDS ))
 rc=0
 if [ $budget -ge 30 ]; then

@@ -435,3 +435,12 @@ def test_stage_boundary_builds_and_fails_cleanly_without_a_gpu(tmp_path):
     assert bench_stage_boundary.main(["--out", str(out), "--build-dir", str(tmp_path / "build")]) == 1
     assert (tmp_path / "build" / "stage_boundary").exists()
     assert not out.exists()
+
+
+def test_the_drafter_step_module_gets_half_the_budget():
+    from benchmarks import run_all
+    mods = list(run_all.MODULES)
+    assert mods[0] == "bench_drafter_step"
+    assert run_all.share(mods, 120.0) == pytest.approx(60.0)
+    assert run_all.share(mods[1:], 60.0) == pytest.approx(10.0)  # the other six share the rest equally
+    assert run_all.share(mods[-1:], 7.0) == pytest.approx(7.0)
