@@ -54,7 +54,7 @@ def install() -> bool:
     def recording_load(ptrs, mask, other, cache_modifier, eviction_policy, is_volatile):
         ret = load(ptrs, mask, other, cache_modifier, eviction_policy, is_volatile)
         if _reads is not None and cache_modifier == cg:
-            live = np.broadcast_to(mask.data, ptrs.data.shape)
+            live = np.broadcast_to(mask.data.astype(bool), ptrs.data.shape)  # a mask may come as int32
             values = np.ascontiguousarray(ret.data[live])
             _reads.append((np.ascontiguousarray(ptrs.data[live]), values.dtype.itemsize, values))
         return ret

@@ -85,3 +85,14 @@ def test_out_of_range_token_gives_nan_row_not_a_read():
     got = triton_impl(token_ids, embed_table, hidden, weight, embed_scale=1.0)
     assert torch.isnan(got[1]).all()
     assert not torch.isnan(got[[0, 2]]).any()
+
+
+def test_more_splits_than_loaded_at_once(monkeypatch):
+    """An H200's split count on CPU (the interpreter's SM count raised to 132): 11 partials summed 8 at
+    a time (sum_splits), the second group three partials and five masked."""
+    from gemma4_mtp_kernels.triton import _common
+    from gemma4_mtp_kernels.triton.fused_concat_down_proj import launch_config
+    monkeypatch.setattr(_common, "INTERPRETER_SMS", 132)
+    cfg = launch_config(1, 704, 32, num_sms(torch.device("cpu")))
+    assert (cfg["split_k"], cfg["SPLIT_LOADS"]) == (11, 8)
+    check(1, 704, 32, torch.bfloat16)

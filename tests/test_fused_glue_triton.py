@@ -154,3 +154,14 @@ def test_compiled_drafter_step_on_gpu():
     got = torch.compile(lambda t, h: drafter.step(ctx, t, h), fullgraph=True)(tokens, hidden)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+def test_linear_sums_more_splits_than_it_loads_at_once(monkeypatch):
+    """An H200's split count on CPU (the interpreter's SM count raised to 132): 11 partials of one tile
+    summed 8 at a time (sum_splits), the second group three partials and five masked."""
+    from gemma4_mtp_kernels.triton import _common
+    monkeypatch.setattr(_common, "INTERPRETER_SMS", 132)
+    cfg = launch_config(1, 5632, 32, num_sms(torch.device("cpu")))
+    assert (cfg["split_k"], cfg["SPLIT_LOADS"]) == (11, 8)
+    linear(1, 5632, 32, torch.bfloat16, "none")
+    linear(1, 5632, 32, torch.float32, "layer")

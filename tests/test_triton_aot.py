@@ -102,6 +102,17 @@ def test_the_awkward_paths_are_recorded(compiled):
     assert {r["constexprs"]["DENSE"] for r in names["_head_kernel"]} == {True, False}
 
 
+def test_split_k_epilogues_load_their_partials_at_once(compiled):
+    """The decode steps' split-K launches on sm_90 (rms_norm_linear, fused_concat_down_proj at token tiles
+    <= 16, with the 128-register cap) issue a group of partial loads before any add: one wave in the
+    SASS after the election (the row's problem otherwise), where a tile-at-a-time loop made one
+    dependent L2 round trip per split."""
+    compiled, _ = compiled
+    rows = [r for r in compiled if "split_load_waves" in r]
+    assert {r["kernel"] for r in rows} == {"_norm_linear_kernel", "_down_proj_kernel"}
+    assert all(r["split_load_waves"] == 1 for r in rows)
+
+
 # The kernels of a drafter step launched with programmatic dependent launch on sm_90 (`_common.pdl_args`).
 # Not the centroid head (a cooperative launch: its grid barrier needs every program resident) nor
 # tree_verify (once per round, after the target's forward).

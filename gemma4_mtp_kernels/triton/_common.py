@@ -143,3 +143,62 @@ def cast(x, dtype: tl.constexpr, INTERP: tl.constexpr):
         return bits.to(tl.float32, bitcast=True).to(dtype)
     else:
         return x.to(dtype)
+
+
+# fp32 values per thread of a split-K epilogue's partials in flight at once (sum_splits), at 4 warps
+SPLIT_LOAD_VALUES = 64
+# Register cap of the split-K kernels. Left alone, ptxas kept them at 34-48 registers and issued the
+# epilogue's partial loads a tile or two at a time, each wave waiting on the previous one's adds (the
+# 31B down_proj's 16 partials: 10 dependent L2 round trips with sum_splits, 16 before it); capped at
+# 128 it issues all 16 before the first add (sm_90 SASS). One or two programs per SM run these grids,
+# so the registers cost no occupancy they use. Token tiles of at most 16 (decode steps) only: with 64,
+# the cap made the sm_80 main loops spill (24-80 stack bytes, the AOT check), and their partial tiles
+# are 4x larger, two at a time in flight anyway.
+SPLIT_MAXNREG = 128
+
+
+def split_loads(block_n: int, block_t: int, num_warps: int = 4) -> int:
+    """How many partial tiles sum_splits loads before adding them: up to 8, SPLIT_LOAD_VALUES fp32
+    registers per thread in all."""
+    per_tile = max(1, block_n * block_t // (32 * num_warps))
+    return max(1, min(8, SPLIT_LOAD_VALUES // per_tile))
+
+
+@device_helper
+def _partial(ptr, s, split_stride, splits, mask):
+    return tl.load(ptr + s * split_stride, mask=mask & (s < splits), other=0.0, cache_modifier=".cg")
+
+
+@device_helper
+def sum_splits(ptr, split_stride, splits, mask, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+               LOADS: tl.constexpr):
+    """The sum over s in [0, splits) of the fp32 tiles at ptr + s * split_stride (another program
+    wrote them: read from L2), added in split order. LOADS (1, 2, 4 or 8) tiles are loaded before any
+    is added: a loop that adds each tile as it comes makes one L2 round trip per split, because ptxas
+    issues a tile's loads only after the previous tile's adds (sm_90 SASS of the 31B down_proj, 16
+    splits: 16 dependent round trips in its epilogue); a split past the end adds 0.0."""
+    total = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+    for s0 in range(0, splits, LOADS):
+        p0 = _partial(ptr, s0, split_stride, splits, mask)
+        if LOADS > 1:
+            p1 = _partial(ptr, s0 + 1, split_stride, splits, mask)
+        if LOADS > 2:
+            p2 = _partial(ptr, s0 + 2, split_stride, splits, mask)
+            p3 = _partial(ptr, s0 + 3, split_stride, splits, mask)
+        if LOADS > 4:
+            p4 = _partial(ptr, s0 + 4, split_stride, splits, mask)
+            p5 = _partial(ptr, s0 + 5, split_stride, splits, mask)
+            p6 = _partial(ptr, s0 + 6, split_stride, splits, mask)
+            p7 = _partial(ptr, s0 + 7, split_stride, splits, mask)
+        total += p0
+        if LOADS > 1:
+            total += p1
+        if LOADS > 2:
+            total += p2
+            total += p3
+        if LOADS > 4:
+            total += p4
+            total += p5
+            total += p6
+            total += p7
+    return total

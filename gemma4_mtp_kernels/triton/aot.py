@@ -56,6 +56,29 @@ def _cuobjdump() -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 
+def sass(cubin: bytes) -> str:
+    """The cubin's SASS (nvdisasm)."""
+    nvdisasm = os.path.join(os.path.dirname(_cuobjdump()), "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([nvdisasm, "-c", f.name], check=True, capture_output=True, text=True).stdout
+
+
+def split_load_waves(code: str) -> int:
+    """In a split-K kernel's SASS, the runs of global loads after its election (the last ATOMG) that an
+    FADD ends: each is a dependent L2 round trip of the epilogue that sums the partials. 1: every
+    partial tile of a group is loaded before the first add (`_common.sum_splits`)."""
+    waves, loading = 0, False
+    for line in code[code.rfind("ATOMG"):].splitlines():
+        if "LDG" in line:
+            waves += not loading
+            loading = True
+        elif "FADD" in line:
+            loading = False
+    return waves
+
+
 def resource_usage(cubin: bytes) -> Resources:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
@@ -437,6 +460,11 @@ def _compile_row(launch: Launch, arch: int) -> dict:
     if row["pdl"] and (problem := pdl_problem(compiled.asm["ptx"])):
         row["problems"].append(problem)
     row["pdl_early_trigger"] = "griddepcontrol.launch_dependents" in compiled.asm["ptx"]
+    if arch == 90 and constexprs.get("SPLIT") and rec.options.get("maxnreg"):  # the decode steps' split-K
+        row["split_load_waves"] = split_load_waves(sass(compiled.asm["cubin"]))
+        if row["split_load_waves"] != 1:
+            row["problems"].append(f"the split-K epilogue loads its partials in {row['split_load_waves']} dependent "
+                                   "waves (one L2 round trip each) where sum_splits issues a group at once")
     return row
 
 

@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 
 from .._counters import zeroed_counters
-from ._common import cast, cdiv, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least, wait_for_inputs
+from ._common import (cast, cdiv, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least, split_loads,
+                      SPLIT_MAXNREG, sum_splits, wait_for_inputs)
 
 
 # T is not specialised: Triton turns an integer argument equal to 1 into a constant, and `T.to(...)` of a
@@ -42,6 +43,7 @@ def _down_proj_kernel(tok_ptr, emb_ptr, hid_ptr, w_ptr, out_ptr, part_ptr, cnt_p
                       T, V, Hb, Hd, kb_per_split, split_k, scale,
                       stride_emb, stride_hid, stride_w, stride_t,
                       BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                      SPLIT_LOADS: tl.constexpr,
                       PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
     wait_for_inputs(USE_PDL)
     # torch.compile's launcher passes a Python float as an fp64 scalar: the kernel's math stays fp32
@@ -87,9 +89,7 @@ def _down_proj_kernel(tok_ptr, emb_ptr, hid_ptr, w_ptr, out_ptr, part_ptr, cnt_p
         tile = pid_t * tl.num_programs(0) + pid_n
         done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
         if done == split_k - 1:
-            total = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
-            for s in range(0, split_k):
-                total += tl.load(part_ptr + s * numel + at, mask=tile_mask, other=0.0, cache_modifier=".cg")
+            total = sum_splits(part_ptr + at, numel, split_k, tile_mask, BLOCK_N, BLOCK_T, SPLIT_LOADS)
             tl.store(out_ptr + at, cast(total, out_ptr.dtype.element_ty, INTERP), mask=tile_mask)
             tl.store(cnt_ptr + tile, 0)
     else:
@@ -109,7 +109,8 @@ def launch_config(T: int, Hb: int, Hd: int, sms: int) -> dict:
     kb_per_split = max(1, cdiv(nkb, split))
     split = max(1, cdiv(nkb, kb_per_split))  # Hb = 0: one program per tile writes zeros
     return dict(BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=BLOCK_K, split_k=split, kb_per_split=kb_per_split,
-                num_warps=4, num_stages=3)
+                SPLIT_LOADS=split_loads(block_n, block_t) if split > 1 else 1, num_warps=4, num_stages=3,
+                maxnreg=SPLIT_MAXNREG if split > 1 and block_t <= 16 else None)
 
 
 def fused_concat_down_proj(token_ids, embed_table, hidden, weight, *, embed_scale, out=None):
@@ -132,6 +133,8 @@ def fused_concat_down_proj(token_ids, embed_table, hidden, weight, *, embed_scal
         T, embed_table.shape[0], Hb, Hd, cfg["kb_per_split"], split, scale,
         embed_table.stride(0), hidden.stride(0), weight.stride(0), Hd,
         BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"], SPLIT=split > 1,
+        SPLIT_LOADS=cfg["SPLIT_LOADS"],
         PREC=dot_precision(weight.dtype), INTERP=interpreting(hidden.device), num_warps=cfg["num_warps"],
+        maxnreg=cfg["maxnreg"],
         num_stages=cfg["num_stages"], **pdl_args(hidden.device))
     return out

@@ -48,8 +48,8 @@ def _gate_up_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, g_ptr, u_ptr, out_pt
     n_mask = n < I
     tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_mask = tok < T
-    inv_x, inv_h = prologue_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, hout_ptr, tok, tok_mask, pid_n == 0, H, eps, s_x,
-                                  s_r, s_hout, HAS_RES, HAS_SCALE, HAS_NORM, WRITE_H, dt, BLOCK_T, BLOCK_K, INTERP)
+    inv_x, inv_h = prologue_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, H, eps, s_x, s_r, HAS_RES, HAS_SCALE,
+                                  HAS_NORM, dt, BLOCK_T, BLOCK_K, INTERP)
     g_rows = g_ptr + n.to(tl.int64)[:, None] * s_g
     u_rows = u_ptr + n.to(tl.int64)[:, None] * s_u
     acc_g = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
@@ -57,8 +57,8 @@ def _gate_up_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, g_ptr, u_ptr, out_pt
     for k0 in range(0, H, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_mask = k < H
-        x = normed_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, tok, tok_mask, k, k_mask, s_x, s_r, inv_x, inv_h,
-                        HAS_RES, HAS_SCALE, HAS_NORM, dt, INTERP)
+        x = normed_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, hout_ptr, tok, tok_mask, k, k_mask, s_x, s_r, s_hout,
+                        inv_x, inv_h, pid_n == 0, HAS_RES, HAS_SCALE, HAS_NORM, WRITE_H, dt, INTERP)
         w_mask = n_mask[:, None] & k_mask[None, :]
         acc_g = mma(tl.load(g_rows + k[None, :], mask=w_mask, other=0.0), x, acc_g, PREC, INTERP)
         acc_u = mma(tl.load(u_rows + k[None, :], mask=w_mask, other=0.0), x, acc_u, PREC, INTERP)

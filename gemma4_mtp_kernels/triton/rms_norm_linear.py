@@ -10,9 +10,9 @@ projection that consumes it recomputes it for its token tile from L2 ("prologue"
 - in the K loop, h and n for the K block: n = round(round(h * inv_rms) * w) exactly where Hugging
   Face rounds (rms_norm computes in fp32 and rounds once; the residual add and the layer scalar
   each round), then n feeds tl.dot against the weight tile.
-One program (n-tile 0, split 0) also writes h / n to residual_out / normed_out: the next kernel
-reads h as its residual, the LM head reads the final n. The activations are read Hd / BLOCK_K + 2
-times per program from L2, ~1-6 KiB per token: small against its weight tile except at large T,
+The n-tile 0 programs (of every split) also write h / n to residual_out / normed_out in their K
+loops, each K block once: the next kernel reads h as its residual, the LM head reads the final n.
+The activations are read Hd / BLOCK_K + 2 times per program from L2, ~1-6 KiB per token: small against its weight tile except at large T,
 where the T tiles divide it.
 Projection: grid (N / BLOCK_N, T / BLOCK_T, SPLIT_K); acc[BLOCK_N, BLOCK_T] = W_tile @ n_tile^T in
 fp32 via tl.dot (BLOCK_T = T rounded up to 16..64: each weight row is read once per T tile). When
@@ -31,12 +31,14 @@ import triton
 import triton.language as tl
 
 from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least,
-                      wait_for_inputs)
+                      SPLIT_MAXNREG, split_loads, sum_splits, wait_for_inputs)
 from .._counters import zeroed_counters
 
 COUNTER_OWNER = "triton.rms_norm_linear"  # its cached counters in gemma4_mtp_kernels._counters
 
 BLOCK_K = 64
+# K blocks of the prologue's second statistics loop in flight at once (its loop unrolled this far)
+PROLOGUE_UNROLL = tl.constexpr(4)
 
 
 @device_helper
@@ -73,34 +75,36 @@ def residual_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, k, k_mask, s_x,
 
 
 @device_helper
-def prologue_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, hout_ptr, tok, tok_mask, writer, H, eps, s_x, s_r, s_hout,
-                   HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr, WRITE_H: tl.constexpr,
+def prologue_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, H, eps, s_x, s_r,
+                   HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr,
                    DTYPE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr):
-    """(1 / rms of x, 1 / rms of h) of the token tile; h goes to residual_out when `writer`."""
+    """(1 / rms of x, 1 / rms of h) of the token tile. Loads only: with no store in them, the loops
+    unroll and issue several blocks' loads at once (a store of h in the second loop, as there was,
+    keeps every block's loads behind the previous block's store: one L2 round trip per 64 columns)."""
     inv_x = tl.zeros((BLOCK_T,), dtype=tl.float32)
     if HAS_RES:
         inv_x = _inv_rms(x_ptr, tok, tok_mask, H, eps, s_x, BLOCK_T, BLOCK_K)
     acc = tl.zeros((BLOCK_T,), dtype=tl.float32)
-    if HAS_NORM or WRITE_H:
-        for k0 in range(0, H, BLOCK_K):
+    if HAS_NORM:
+        for k0 in tl.range(0, H, BLOCK_K, loop_unroll_factor=PROLOGUE_UNROLL):
             k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = k < H
-            h = residual_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, k, k_mask, s_x, s_r, inv_x,
+            h = residual_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, k, k < H, s_x, s_r, inv_x,
                               HAS_RES, HAS_SCALE, DTYPE, INTERP)
             acc += tl.sum(h * h, axis=0)
-            if WRITE_H:
-                tl.store(hout_ptr + tok.to(tl.int64)[None, :] * s_hout + k[:, None], h.to(DTYPE),
-                         mask=k_mask[:, None] & tok_mask[None, :] & writer)
     return inv_x, tl.rsqrt(acc / H + eps)
 
 
 @device_helper
-def normed_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, tok, tok_mask, k, k_mask, s_x, s_r, inv_x, inv_h,
-                HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr, DTYPE: tl.constexpr,
-                INTERP: tl.constexpr):
-    """n at columns k, in DTYPE, k-major [BLOCK_K, BLOCK_T]: the projection's input."""
+def normed_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, hout_ptr, tok, tok_mask, k, k_mask, s_x, s_r, s_hout, inv_x,
+                inv_h, writer, HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr,
+                WRITE_H: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """n at columns k, in DTYPE, k-major [BLOCK_K, BLOCK_T]: the projection's input; h goes to
+    residual_out from the `writer` programs, whose K loops cover every column once."""
     h = residual_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, k, k_mask, s_x, s_r, inv_x, HAS_RES, HAS_SCALE,
                       DTYPE, INTERP)
+    if WRITE_H:
+        tl.store(hout_ptr + tok.to(tl.int64)[None, :] * s_hout + k[:, None], h.to(DTYPE),
+                 mask=k_mask[:, None] & tok_mask[None, :] & writer)
     if HAS_NORM:
         w = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
         h = h * inv_h[None, :] * w[:, None]
@@ -112,7 +116,7 @@ def _norm_linear_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, out_ptr, 
                         T, H, N, kb_per_split, splits, eps, s_x, s_r, s_w, s_out, s_hout, s_nout,
                         HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr,
                         WRITE_H: tl.constexpr, WRITE_N: tl.constexpr, SPLIT: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+                        SPLIT_LOADS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
                         PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
     wait_for_inputs(USE_PDL)
     # torch.compile's launcher passes a Python float as an fp64 scalar: the kernel's math stays fp32
@@ -125,9 +129,8 @@ def _norm_linear_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, out_ptr, 
     n_mask = n < N
     tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_mask = tok < T
-    inv_x, inv_h = prologue_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, hout_ptr, tok, tok_mask, (pid_n == 0) & (pid_s == 0),
-                                  H, eps, s_x, s_r, s_hout, HAS_RES, HAS_SCALE, HAS_NORM, WRITE_H, dt, BLOCK_T,
-                                  BLOCK_K, INTERP)
+    inv_x, inv_h = prologue_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, H, eps, s_x, s_r, HAS_RES, HAS_SCALE,
+                                  HAS_NORM, dt, BLOCK_T, BLOCK_K, INTERP)
     kb_lo = pid_s * kb_per_split
     kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(H, BLOCK_K))
     w_rows = w_ptr + n.to(tl.int64)[:, None] * s_w
@@ -135,9 +138,10 @@ def _norm_linear_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, out_ptr, 
     for kb in range(kb_lo, kb_hi):
         k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = k < H
-        x = normed_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, tok, tok_mask, k, k_mask, s_x, s_r, inv_x, inv_h,
-                        HAS_RES, HAS_SCALE, HAS_NORM, dt, INTERP)
-        if WRITE_N:  # the n-tile 0 programs of all splits cover every K block once
+        # the n-tile 0 programs of all splits cover every K block once: they write h and n
+        x = normed_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, hout_ptr, tok, tok_mask, k, k_mask, s_x, s_r, s_hout,
+                        inv_x, inv_h, pid_n == 0, HAS_RES, HAS_SCALE, HAS_NORM, WRITE_H, dt, INTERP)
+        if WRITE_N:
             tl.store(nout_ptr + tok.to(tl.int64)[None, :] * s_nout + k[:, None], x,
                      mask=k_mask[:, None] & tok_mask[None, :] & (pid_n == 0))
         w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
@@ -151,10 +155,8 @@ def _norm_linear_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, out_ptr, 
         cnt = cnt_ptr + pid_t * tl.num_programs(0) + pid_n
         if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == splits - 1:
             tl.store(cnt, 0)
-            total = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
-            for s in range(splits):
-                total += tl.load(part_ptr + s * T * N + tok.to(tl.int64)[None, :] * N + n[:, None], mask=mask,
-                                 other=0.0, cache_modifier=".cg")
+            total = sum_splits(part_ptr + tok.to(tl.int64)[None, :] * N + n[:, None], T * N, splits, mask, BLOCK_N,
+                               BLOCK_T, SPLIT_LOADS)
             tl.store(out_ptr + dst, cast(total, dt, INTERP), mask=mask)
     else:
         tl.store(out_ptr + dst, cast(acc, dt, INTERP), mask=mask)
@@ -181,7 +183,8 @@ def launch_config(T: int, H: int, N: int, sms: int) -> dict:
     kb_per_split = max(1, cdiv(nkb, split))
     split = max(1, cdiv(nkb, kb_per_split))
     return dict(BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=BLOCK_K, split_k=split, kb_per_split=kb_per_split,
-                num_warps=4, num_stages=3)
+                SPLIT_LOADS=split_loads(block_n, block_t) if split > 1 else 1, num_warps=4, num_stages=3,
+                maxnreg=SPLIT_MAXNREG if split > 1 and block_t <= 16 else None)
 
 
 def prologue_args(x, norm_weight, residual, residual_norm_weight, layer_scalar, residual_out):
@@ -217,8 +220,10 @@ def rms_norm_linear(x, weight, *, norm_weight=None, eps=1e-6, residual=None, res
     grid = (cdiv(N, cfg["BLOCK_N"]), cdiv(T, cfg["BLOCK_T"]), split)
     _norm_linear_kernel[grid](*ptrs, weight, out, part, cnt, hout, nout, T, H, N, cfg["kb_per_split"], split,
                               float(eps), *strides, weight.stride(0), out.stride(0), hout.stride(0), nout.stride(0),
-                              WRITE_N=normed_out is not None, SPLIT=split > 1, BLOCK_N=cfg["BLOCK_N"],
+                              WRITE_N=normed_out is not None, SPLIT=split > 1, SPLIT_LOADS=cfg["SPLIT_LOADS"],
+                              BLOCK_N=cfg["BLOCK_N"],
                               BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"], PREC=dot_precision(x.dtype),
-                              INTERP=interpreting(x.device), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                              INTERP=interpreting(x.device), num_warps=cfg["num_warps"], maxnreg=cfg["maxnreg"],
+                              num_stages=cfg["num_stages"],
                               **flags, **pdl_args(x.device))
     return out

@@ -93,15 +93,15 @@ def _q_rope_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, qw_ptr, pos_pt
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_mask = tok < T
-    inv_x, inv_h = prologue_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, hout_ptr, tok, tok_mask, pid_n == 0, H, eps, s_x,
-                                  s_r, s_hout, HAS_RES, HAS_SCALE, HAS_NORM, WRITE_H, dt, BLOCK_T, BLOCK_K, INTERP)
+    inv_x, inv_h = prologue_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, H, eps, s_x, s_r, HAS_RES, HAS_SCALE,
+                                  HAS_NORM, dt, BLOCK_T, BLOCK_K, INTERP)
     w_rows = w_ptr + n.to(tl.int64)[:, None] * s_w
     acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_mask = k < H
-        x = normed_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, tok, tok_mask, k, k_mask, s_x, s_r, inv_x, inv_h,
-                        HAS_RES, HAS_SCALE, HAS_NORM, dt, INTERP)
+        x = normed_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, hout_ptr, tok, tok_mask, k, k_mask, s_x, s_r, s_hout,
+                        inv_x, inv_h, pid_n == 0, HAS_RES, HAS_SCALE, HAS_NORM, WRITE_H, dt, INTERP)
         acc = mma(tl.load(w_rows + k[None, :], mask=k_mask[None, :], other=0.0), x, acc, PREC, INTERP)
     # N = Hq * D is a multiple of BLOCK_N: every row of the tile exists
     tl.store(ws_ptr + tok.to(tl.int64)[None, :] * N + n[:, None], cast(acc, dt, INTERP), mask=tok_mask[None, :])
