@@ -1,5 +1,7 @@
 """What an engine pays for: one drafter step, a k = 4 chain round and a (2, 2, 1) tree round, for the
-four real drafters (random weights at the real shapes, bf16), B = 1 / 8 / 32, context 8K / 32K.
+four real drafters (random weights at the real shapes, bf16), B = 1 / 8 / 32, context 8K / 32K; and a
+sampling request's k = 4 chain round (drafts drawn from q at temperature 0.8, `graphs.DraftSampling`,
+verified with their probabilities), B = 1 / 8, 8K.
 
 A step is `Gemma4MTPDrafter.step` + `top_tokens(last, 1)`; a round is `gemma4_mtp.graphs.draft_tree`
 (the k steps and the tree bookkeeping) + the `tree_verify` of its nodes over random target logits
@@ -45,7 +47,10 @@ from .common import Case, external
 OUR_VARIANTS = frozenset({"triton_no_pdl", "triton_merge_kernel", "triton_pdl_at_exit", "triton_eager", "cuda_eager",
                           "torch_eager"})
 
-SHAPES = {"step": None, "chain": (1, 1, 1, 1), "tree": (2, 2, 1)}
+# "sampled": the chain round of a sampling request (graphs.DraftSampling, temperature 0.8), its verify with
+# the drafts' probabilities
+SHAPES = {"step": None, "chain": (1, 1, 1, 1), "tree": (2, 2, 1), "sampled": (1, 1, 1, 1)}
+TEMPERATURE = 0.8
 # the dry run's drafter: the real layer pattern at toy sizes (head dims the attention supports)
 TINY = dict(Hb=64, Hd=32, inter=64, Hq=4, Hkv_swa=2, Hkv_full=1, D_swa=64, D_full=128, window=8, centroids=None,
             top_k=None, vocab=256)
@@ -57,6 +62,10 @@ def round_cost(name: str, B: int, ctx: int, kind: str) -> roofline.Cost:
         return roofline.drafter_step(name, B, ctx)
     if kind == "chain":
         return roofline.draft_round(name, B, ctx, 4)
+    if kind == "sampled":  # + each draft's q, written once (fp32) and read by the verify
+        V = roofline.DRAFTERS[name]["vocab"]
+        return roofline.draft_round(name, B, ctx, 4) + roofline.Cost(
+            "sampled drafts", {"sampled drafts: q written and read (fp32)": 2 * B * 4 * V * 4}, flops=B * 4 * V * 5.0)
     cost = roofline.Cost(f"{name} tree round (2, 2, 1)")
     for queries in (1, 2, 4):
         cost = cost + roofline.drafter_step(name, B, ctx, Q=queries)
@@ -96,6 +105,10 @@ def _inputs(shape, B, ctx, kind):
             parents = tree_parents(SHAPES[kind])
             inp["parents"] = torch.tensor([parents] * B, dtype=torch.int32, device=device)
             inp["logits"] = (4 * torch.randn(B, len(parents), V, generator=g, device=device)).to(dtype)
+        if kind == "sampled":
+            inp["temperature"] = torch.full((B,), TEMPERATURE, device=device)
+            inp["draft_uniforms"] = torch.rand(B, 4, generator=g, device=device, dtype=torch.float64)
+            inp["verify_uniforms"] = torch.rand(B, 5, 2, generator=g, device=device)
         return inp
     return make
 
@@ -108,14 +121,20 @@ def _with_backend(drafter, backend):
 
 
 def run_ours(inp, backend, kind):
-    from gemma4_mtp.graphs import draft_tree
+    from gemma4_mtp.graphs import DraftSampling, draft_tree
 
     drafter = _with_backend(inp["drafter"], backend)
     if kind == "step":
         last, _ = drafter.step(inp["ctx"], inp["pending"].view(-1, 1), inp["hidden"].unsqueeze(1))
         return drafter.top_tokens(last, 1).view(-1)
-    tokens = draft_tree(drafter, inp["ctx"], inp["pending"], inp["hidden"], SHAPES[kind])
-    verify = gk.tree_verify(tokens, inp["parents"], inp["logits"], backend=drafter.backend)
+    if kind == "sampled":
+        s = DraftSampling(inp["temperature"], inp["draft_uniforms"])
+        tokens = draft_tree(drafter, inp["ctx"], inp["pending"], inp["hidden"], SHAPES[kind], sampling=s)
+        verify = gk.tree_verify(tokens, inp["parents"], inp["logits"], temperature=inp["temperature"],
+                                uniforms=inp["verify_uniforms"], draft_probs=s.probs, backend=drafter.backend)
+    else:
+        tokens = draft_tree(drafter, inp["ctx"], inp["pending"], inp["hidden"], SHAPES[kind])
+        verify = gk.tree_verify(tokens, inp["parents"], inp["logits"], backend=drafter.backend)
     return torch.cat([tokens.view(-1), verify.output_tokens.view(-1)])
 
 
@@ -191,10 +210,10 @@ def cases(dry: bool) -> list[Case]:
     if dry:
         grid = [(f"tiny{'-centroids' if s['centroids'] else ''}", s, B, 64, kind)
                 for s, B, kind in ((TINY, 2, "step"), (TINY_CENTROIDS, 1, "step"), (TINY, 2, "chain"),
-                                   (TINY_CENTROIDS, 2, "tree"))]
+                                   (TINY_CENTROIDS, 2, "tree"), (TINY_CENTROIDS, 2, "sampled"))]
     else:
         grid = [(n, roofline.DRAFTERS[n], B, ctx, kind) for n in roofline.DRAFTERS for B in (1, 8, 32)
-                for ctx in (8192, 32768) for kind in SHAPES]
+                for ctx in (8192, 32768) for kind in SHAPES if kind != "sampled" or (ctx == 8192 and B <= 8)]
         # the issue's targets first (E2B and 31B, B = 1, 8K; steps, then rounds): later cases may not fit the budget
         grid.sort(key=lambda c: (c[2] != 1 or c[3] != 8192, c[0] not in ("E2B", "31B"), c[2], c[3],
                                  list(SHAPES).index(c[4]), c[0]))
@@ -215,7 +234,8 @@ def cases(dry: bool) -> list[Case]:
             baselines["triton_eager"] = ours("triton", kind)
             baselines["cuda_eager"] = ours("cuda", kind)
         baselines["torch_eager"] = ours("torch", kind)
-        what = {"step": "step", "chain": "chain round k=4", "tree": "tree round (2,2,1)"}[kind]
+        what = {"step": "step", "chain": "chain round k=4", "tree": "tree round (2,2,1)",
+                "sampled": f"sampled chain round k=4 T={TEMPERATURE}"}[kind]
         out.append(Case(
             op="drafter_step" if kind == "step" else "draft_round", label=f"{name} {what} B={B} ctx={ctx}",
             params=dict(drafter=name, B=B, ctx=ctx, kind=kind, shape=list(SHAPES[kind] or ())), cost=cost,
