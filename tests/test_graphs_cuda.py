@@ -49,7 +49,8 @@ def test_replay_equals_eager_round(target, prompts, backend, widths):
 @pytest.mark.parametrize("backend", ["triton", "cuda"])
 def test_sampled_round_replay_equals_eager(target, prompts, backend):
     """A sampled chain (DraftSampling: softmax, inverse CDF, q rows, all inside the graph) replays the
-    eager round's tokens and q bit for bit, over padded buckets and new inputs."""
+    eager round's tokens and q, over padded buckets and new inputs (q to rounding: a padded bucket can
+    split the kernels' sums otherwise than the eager batch)."""
     drafter = load_drafter(T.ASSETS / "drafter", device=DEV, backend=backend)
     runner = DraftGraphs(drafter, table_width=target.num_blocks, buckets=(2, 4), keep_after=1)
     g = torch.Generator().manual_seed(0)
@@ -65,7 +66,8 @@ def test_sampled_round_replay_equals_eager(target, prompts, backend):
             want = draft_tree(drafter, ctx, pending, hidden, (1, 1, 1, 1), sampling=eager)
             replayed = DraftSampling(temps, uniforms)
             got = runner.draft(ctx, pending, hidden, (1, 1, 1, 1), replayed)
-            assert torch.equal(got, want) and torch.equal(replayed.probs, eager.probs), f"batch of {len(batch)}"
+            assert torch.equal(got, want), f"batch of {len(batch)}"
+            torch.testing.assert_close(replayed.probs, eager.probs, atol=1e-6, rtol=1e-4)
         finally:
             for r in reqs:
                 target.release(r)
