@@ -107,8 +107,8 @@ def _inputs(shape, B, ctx, kind):
             inp["logits"] = (4 * torch.randn(B, len(parents), V, generator=g, device=device)).to(dtype)
         if kind == "sampled":
             inp["temperature"] = torch.full((B,), TEMPERATURE, device=device)
-            inp["draft_uniforms"] = torch.rand(B, 4, generator=g, device=device, dtype=torch.float64)
-            inp["verify_uniforms"] = torch.rand(B, 5, 2, generator=g, device=device)
+            inp["draft_uniforms"] = torch.rand(B, len(SHAPES[kind]), generator=g, device=device, dtype=torch.float64)
+            inp["verify_uniforms"] = torch.rand(B, len(parents), 2, generator=g, device=device)
         return inp
     return make
 

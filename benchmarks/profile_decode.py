@@ -106,7 +106,7 @@ def profile_config(name: str, target, drafter, prompt, *, max_new_tokens: int, d
     host = {p: round(s * 1e3 / rounds, 4) for p, s in timer.seconds.items()}
     host["other"] = round(wall * 1e3 / rounds - sum(host.values()), 4)
     gpu = kernel_ms(run, device)
-    return {"config": name, "args": {k: v for k, v in CONFIGS[name].items()}, "rounds": out.stats.rounds,
+    return {"config": name, "args": dict(CONFIGS[name]), "rounds": out.stats.rounds,
             "new_tokens": out.stats.new_tokens[0], "tokens_per_forward": round(out.stats.tokens_per_target_forward, 3),
             "wall_ms": round(wall * 1e3, 3), "ms_per_round": round(wall * 1e3 / rounds, 4),
             "ms_per_token": round(wall * 1e3 / max(1, out.stats.new_tokens[0]), 4),
@@ -134,6 +134,9 @@ def main(argv=None) -> int:
     target = load_target(ASSETS / "target", device=device)
     drafter = load_drafter(ASSETS / "drafter", device=device)
     prompt = torch.tensor(Tokenizer.from_file(str(ASSETS / "tokenizer.json")).encode(DEFAULT_PROMPT).ids)
+    env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+           "torch": torch.__version__, "python": sys.version.split()[0], "backend": drafter.backend,
+           "max_new_tokens": args.max_new_tokens}
     rows = []
     for name in names:
         rows.append(profile_config(name, target, drafter, prompt, max_new_tokens=args.max_new_tokens, device=device))
@@ -143,9 +146,6 @@ def main(argv=None) -> int:
               + ", ".join(f"{k} {v:.3f}" for k, v in r["host_ms_per_round"].items())
               + (f", GPU kernels {r['gpu_kernel_ms_per_round']:.3f} ms/round" if r["gpu_kernel_ms_per_round"] else ""),
               flush=True)
-        env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-               "torch": torch.__version__, "python": sys.version.split()[0], "backend": drafter.backend,
-               "max_new_tokens": args.max_new_tokens}
         with open(args.out, "w") as f:  # rewritten after every configuration: a kill keeps the finished ones
             json.dump({"env": env, "configs": rows}, f, indent=1)
     return 0

@@ -157,11 +157,15 @@ SPLIT_LOAD_VALUES = 64
 SPLIT_MAXNREG = 128
 
 
-def split_loads(block_n: int, block_t: int, num_warps: int = 4) -> int:
-    """How many partial tiles sum_splits loads before adding them: up to 8, SPLIT_LOAD_VALUES fp32
-    registers per thread in all."""
+def split_epilogue(split: int, block_n: int, block_t: int, num_warps: int = 4) -> dict:
+    """The launch parameters of a split-K kernel's epilogue (`sum_splits`): SPLIT_LOADS, the partial
+    tiles loaded before adding them (up to 8, SPLIT_LOAD_VALUES fp32 registers per thread in all; the
+    tiles are powers of two, so is this), and the register cap (SPLIT_MAXNREG at token tiles <= 16)."""
+    if split == 1:
+        return dict(SPLIT_LOADS=1, maxnreg=None)
     per_tile = max(1, block_n * block_t // (32 * num_warps))
-    return max(1, min(8, SPLIT_LOAD_VALUES // per_tile))
+    return dict(SPLIT_LOADS=max(1, min(8, SPLIT_LOAD_VALUES // per_tile)),
+                maxnreg=SPLIT_MAXNREG if block_t <= 16 else None)
 
 
 @device_helper

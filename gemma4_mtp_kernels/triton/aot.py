@@ -10,7 +10,6 @@ and the Triton 3.6 of `.ci/setup`'s second environment) and benchmarks/triton_re
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import re
@@ -51,18 +50,18 @@ class Resources(NamedTuple):
     stack_bytes: int
 
 
-@functools.lru_cache(maxsize=None)
-def _cuobjdump() -> str:
-    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+def _on_cubin(tool: str, flag: str, cubin: bytes) -> str:
+    """The output of one of Triton's CUDA binary tools (cuobjdump, nvdisasm) run on the cubin."""
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", tool)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([path, flag, f.name], check=True, capture_output=True, text=True).stdout
 
 
 def sass(cubin: bytes) -> str:
     """The cubin's SASS (nvdisasm)."""
-    nvdisasm = os.path.join(os.path.dirname(_cuobjdump()), "nvdisasm")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([nvdisasm, "-c", f.name], check=True, capture_output=True, text=True).stdout
+    return _on_cubin("nvdisasm", "-c", cubin)
 
 
 def split_load_waves(code: str) -> int:
@@ -80,11 +79,7 @@ def split_load_waves(code: str) -> int:
 
 
 def resource_usage(cubin: bytes) -> Resources:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([_cuobjdump(), "-res-usage", f.name], check=True, capture_output=True,
-                              text=True).stdout
+    text = _on_cubin("cuobjdump", "-res-usage", cubin)
     fields = dict(re.findall(r"(REG|SHARED|LOCAL|STACK):(\d+)", text))
     return Resources(int(fields["REG"]), int(fields["SHARED"]), int(fields["LOCAL"]), int(fields["STACK"]))
 

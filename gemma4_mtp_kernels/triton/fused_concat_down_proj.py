@@ -32,8 +32,8 @@ import triton
 import triton.language as tl
 
 from .._counters import zeroed_counters
-from ._common import (cast, cdiv, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least, split_loads,
-                      SPLIT_MAXNREG, sum_splits, wait_for_inputs)
+from ._common import (cast, cdiv, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least, split_epilogue,
+                      sum_splits, wait_for_inputs)
 
 
 # T is not specialised: Triton turns an integer argument equal to 1 into a constant, and `T.to(...)` of a
@@ -43,8 +43,7 @@ def _down_proj_kernel(tok_ptr, emb_ptr, hid_ptr, w_ptr, out_ptr, part_ptr, cnt_p
                       T, V, Hb, Hd, kb_per_split, split_k, scale,
                       stride_emb, stride_hid, stride_w, stride_t,
                       BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                      SPLIT_LOADS: tl.constexpr,
-                      PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
+                      SPLIT_LOADS: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
     wait_for_inputs(USE_PDL)
     # torch.compile's launcher passes a Python float as an fp64 scalar: the kernel's math stays fp32
     scale = tl.cast(scale, tl.float32)
@@ -109,8 +108,7 @@ def launch_config(T: int, Hb: int, Hd: int, sms: int) -> dict:
     kb_per_split = max(1, cdiv(nkb, split))
     split = max(1, cdiv(nkb, kb_per_split))  # Hb = 0: one program per tile writes zeros
     return dict(BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=BLOCK_K, split_k=split, kb_per_split=kb_per_split,
-                SPLIT_LOADS=split_loads(block_n, block_t) if split > 1 else 1, num_warps=4, num_stages=3,
-                maxnreg=SPLIT_MAXNREG if split > 1 and block_t <= 16 else None)
+                num_warps=4, num_stages=3, **split_epilogue(split, block_n, block_t))
 
 
 def fused_concat_down_proj(token_ids, embed_table, hidden, weight, *, embed_scale, out=None):
@@ -133,8 +131,6 @@ def fused_concat_down_proj(token_ids, embed_table, hidden, weight, *, embed_scal
         T, embed_table.shape[0], Hb, Hd, cfg["kb_per_split"], split, scale,
         embed_table.stride(0), hidden.stride(0), weight.stride(0), Hd,
         BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"], SPLIT=split > 1,
-        SPLIT_LOADS=cfg["SPLIT_LOADS"],
-        PREC=dot_precision(weight.dtype), INTERP=interpreting(hidden.device), num_warps=cfg["num_warps"],
-        maxnreg=cfg["maxnreg"],
-        num_stages=cfg["num_stages"], **pdl_args(hidden.device))
+        SPLIT_LOADS=cfg["SPLIT_LOADS"], PREC=dot_precision(weight.dtype), INTERP=interpreting(hidden.device),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"], **pdl_args(hidden.device))
     return out

@@ -12,8 +12,8 @@ projection that consumes it recomputes it for its token tile from L2 ("prologue"
   each round), then n feeds tl.dot against the weight tile.
 The n-tile 0 programs (of every split) also write h / n to residual_out / normed_out in their K
 loops, each K block once: the next kernel reads h as its residual, the LM head reads the final n.
-The activations are read Hd / BLOCK_K + 2 times per program from L2, ~1-6 KiB per token: small against its weight tile except at large T,
-where the T tiles divide it.
+The activations are read Hd / BLOCK_K + 2 times per program from L2, ~1-6 KiB per token: small
+against its weight tile except at large T, where the T tiles divide it.
 Projection: grid (N / BLOCK_N, T / BLOCK_T, SPLIT_K); acc[BLOCK_N, BLOCK_T] = W_tile @ n_tile^T in
 fp32 via tl.dot (BLOCK_T = T rounded up to 16..64: each weight row is read once per T tile). When
 N / BLOCK_N tiles cannot fill the GPU (o_proj and down_proj: N = Hd = 256..1024 rows of up to
@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least,
-                      SPLIT_MAXNREG, split_loads, sum_splits, wait_for_inputs)
+                      split_epilogue, sum_splits, wait_for_inputs)
 from .._counters import zeroed_counters
 
 COUNTER_OWNER = "triton.rms_norm_linear"  # its cached counters in gemma4_mtp_kernels._counters
@@ -183,8 +183,7 @@ def launch_config(T: int, H: int, N: int, sms: int) -> dict:
     kb_per_split = max(1, cdiv(nkb, split))
     split = max(1, cdiv(nkb, kb_per_split))
     return dict(BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=BLOCK_K, split_k=split, kb_per_split=kb_per_split,
-                SPLIT_LOADS=split_loads(block_n, block_t) if split > 1 else 1, num_warps=4, num_stages=3,
-                maxnreg=SPLIT_MAXNREG if split > 1 and block_t <= 16 else None)
+                num_warps=4, num_stages=3, **split_epilogue(split, block_n, block_t))
 
 
 def prologue_args(x, norm_weight, residual, residual_norm_weight, layer_scalar, residual_out):
@@ -221,9 +220,7 @@ def rms_norm_linear(x, weight, *, norm_weight=None, eps=1e-6, residual=None, res
     _norm_linear_kernel[grid](*ptrs, weight, out, part, cnt, hout, nout, T, H, N, cfg["kb_per_split"], split,
                               float(eps), *strides, weight.stride(0), out.stride(0), hout.stride(0), nout.stride(0),
                               WRITE_N=normed_out is not None, SPLIT=split > 1, SPLIT_LOADS=cfg["SPLIT_LOADS"],
-                              BLOCK_N=cfg["BLOCK_N"],
-                              BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"], PREC=dot_precision(x.dtype),
-                              INTERP=interpreting(x.device), num_warps=cfg["num_warps"], maxnreg=cfg["maxnreg"],
-                              num_stages=cfg["num_stages"],
-                              **flags, **pdl_args(x.device))
+                              BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"],
+                              PREC=dot_precision(x.dtype), INTERP=interpreting(x.device), num_warps=cfg["num_warps"],
+                              num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"], **flags, **pdl_args(x.device))
     return out
