@@ -62,7 +62,8 @@ def phases(timer: PhaseTimer, target):
     from gemma4_mtp import speculative
 
     def target_forward(t, cuda_graphs):
-        return timer.wrap("forward", original_forward(t, cuda_graphs))
+        forward, runner = original_forward(t, cuda_graphs)
+        return timer.wrap("forward", forward), runner
 
     original_forward = speculative._target_forward
     with mock.patch.object(speculative, "_draft", timer.wrap("draft", speculative._draft)), \
@@ -110,7 +111,7 @@ def profile_config(name: str, target, drafter, prompt, *, max_new_tokens: int, d
             "new_tokens": out.stats.new_tokens[0], "tokens_per_forward": round(out.stats.tokens_per_target_forward, 3),
             "wall_ms": round(wall * 1e3, 3), "ms_per_round": round(wall * 1e3 / rounds, 4),
             "ms_per_token": round(wall * 1e3 / max(1, out.stats.new_tokens[0]), 4),
-            "host_ms_per_round": host,
+            "host_ms_per_round": host, "new_static_shapes_timed": out.stats.new_static_shapes,
             "gpu_kernel_ms_per_round": None if gpu is None else round(gpu / rounds, 4)}
 
 

@@ -288,6 +288,37 @@ def test_decode_loop_with_static_target_forwards(pair, shape):
     assert static.stats.accepted_per_round == eager.stats.accepted_per_round
 
 
+@pytest.mark.parametrize("shape", [dict(num_draft_tokens=3), dict(num_draft_tokens=None, tree=(2, 2, 1)),
+                                   dict(num_draft_tokens=3, temperature=0.9, seed=5)], ids=str)
+def test_a_repeated_decode_replays_every_round(pair, shape):
+    """Rounds that the token budget cuts short replay the full round's static shapes (the draft round
+    and the target's forward): a second identical decode, an engine's steady state, makes no new
+    static shape (on a GPU: captures no graph while it is timed, which the 2026-12-04 main commands
+    did one to four times each), and both decode what the eager loop decodes."""
+    target, drafter = pair
+    # prompt + 15 new tokens + a round's nodes span 5-8 blocks of 4: one static block-table width (8),
+    # so that only a cut round could make a shape of its own
+    n = 13 if shape.get("tree") is None else 6
+    prompt = torch.randint(3, hf_tiny.VOCAB, (n,), generator=torch.Generator().manual_seed(2))
+    kw = dict(max_new_tokens=15, **shape)
+    eager = speculative_generate(target, drafter, prompt, **kw)
+    assert min(eager.stats.draft_lengths[0]) < 3  # the budget cut a round short (both shapes are 3 deep)
+    target.graph_runner = TargetGraphs(target, capture=False)
+    drafter.graph_runner = DraftGraphs(drafter, table_width=target.num_blocks, capture=False)
+    try:
+        first = speculative_generate(target, drafter, prompt, **kw)
+        second = speculative_generate(target, drafter, prompt, **kw)
+        draft_shapes = {key[1] for key in drafter.graph_runner.kept}
+    finally:
+        target.graph_runner = drafter.graph_runner = None
+    assert first.stats.new_static_shapes > 0 and second.stats.new_static_shapes == 0
+    assert draft_shapes == {(1, 1, 1) if shape.get("tree") is None else (2, 2, 1)}
+    for out in (first, second):
+        assert torch.equal(out.ids[0], eager.ids[0])
+        assert out.stats.draft_lengths == eager.stats.draft_lengths
+        assert out.stats.accepted_per_round == eager.stats.accepted_per_round
+
+
 def test_sampled_decode_with_static_rounds(pair):
     """Sampled drafts (the default of a sampling chain) go through the drafter's static rounds, keyed
     apart from argmax rounds, and decode what the eager loop decodes for the same seed."""

@@ -106,8 +106,9 @@ class _Replays:
     def __init__(self, device: torch.device, *, buckets, capture: bool | None, max_kept: int, keep_after: int,
                  owner: str):
         self.device, self.buckets = device, tuple(buckets)
-        # the shapes cut short by the token budget at the end of a request come once and would cost a
-        # capture each (~3 eager calls); a growing heuristic chain makes new shapes without end
+        # a shape seen once (the decode loop no longer makes one at the end of a request, see
+        # speculative._draft) would cost a capture (~3 eager calls) for nothing; a growing heuristic
+        # chain makes new shapes without end
         self.max_kept, self.keep_after = max_kept, keep_after
         self.capture = device.type == "cuda" if capture is None else capture
         if self.capture and device.type != "cuda":
@@ -303,16 +304,19 @@ class TargetGraphs(_Replays):
                          keep_after=keep_after, owner="TargetGraphs")
         self.target = target
 
-    def forward(self, reqs: list[int], tokens, parents: list[list[int]]) -> TargetOutput:
+    def forward(self, reqs: list[int], tokens, parents: list[list[int]], nodes: int | None = None) -> TargetOutput:
         """`Gemma4Target.forward_tree(reqs, tokens, parents)` (tokens in either of its forms) from the
         static buffers of its shape, replayed; a shape's first uses and a batch beyond the largest
-        bucket run forward_tree itself."""
+        bucket run forward_tree itself. nodes: the node count of the static shape (default, and at
+        least, the longest request's): the decode loop passes its round's, so that a round cut short
+        by the token budget replays the full round's graph (its outputs are then nodes wide, zeros past
+        each request's nodes)."""
         target = self.target
         bucket = self.bucket(len(reqs))
         if bucket is None:
             return target.forward_tree(reqs, tokens, parents)
         ids, trees, counts = target.prepare_trees(reqs, tokens, parents)  # checks, reserves the blocks
-        N = max(counts)
+        N = max(counts + [nodes or 0])
         need = max(len(c.tables[r]) for c in target.caches.values() for r in reqs)
         W = 1 << max(2, (need - 1).bit_length())
         fwd = self.entry((bucket, N, W), lambda: _Forward(target, bucket, N, W))

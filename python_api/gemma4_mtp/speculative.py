@@ -28,7 +28,7 @@ _FROM_TARGET = object()
 @dataclass
 class SpeculativeStats:
     """rounds: batched verification forwards. Per request: accepted_per_round (accepted draft tokens
-    of each round it took part in), draft_lengths (tree depth drafted each round), accepted_paths
+    of each round it took part in), draft_lengths (tree depth verified each round), accepted_paths
     (accepted node indices per round), target_forwards (prefill + rounds), new_tokens."""
 
     rounds: int = 0
@@ -37,6 +37,9 @@ class SpeculativeStats:
     accepted_paths: list = field(default_factory=list)
     target_forwards: list = field(default_factory=list)
     new_tokens: list = field(default_factory=list)
+    # round shapes (draft rounds and target forwards) this call gave static buffers, each captured as a
+    # CUDA graph on a GPU at its second use: a call that makes none replays every round (steady state)
+    new_static_shapes: int = 0
 
     @property
     def mean_accepted(self) -> float:
@@ -108,21 +111,25 @@ def _check_args(max_new_tokens, num_draft_tokens, tree, temperature, query_posit
         raise ValueError(f"draft_schedule: expected one of {SCHEDULES}, got {draft_schedule!r}")
 
 
-def _draft(drafter, target, reqs, pending, hidden, shapes, query_position, sampling=None, graphs=None):
-    """Draft a tree per request. shapes[b] = per-depth branch counts of request b, all prefixes of one
-    shape (a chain length or the tree cut to what the token budget can still take).
+def _draft(drafter, target, reqs, pending, hidden, full, shapes, query_position, sampling=None, graphs=None):
+    """Draft a tree per request. full = the round's per-depth branch counts (the longest request's
+    chain, or the tree); shapes[b] = request b's, a prefix of full (cut to what its token budget can
+    still take).
 
-    Every request drafts the longest shape on the device in one `draft_tree` round (replayed as a CUDA
-    graph when `graphs` is given) and keeps the prefix of its own shape, whose nodes come first in
-    breadth-first order. Children are the drafter's top-k tokens, or with `sampling` (a
-    graphs.DraftSampling, chains only) tokens drawn from the drafter's distribution q, whose rows it
-    receives. Returns (tokens [B, >= N] int64 on the device, row b beginning with request b's nodes;
-    per request its parents list[int]). Nothing is read back: the tokens stay on the device for the
-    target's forward and the verification."""
-    if not any(shapes):  # nothing to draft (target-only decoding, or no token budget left)
+    The round drafts `full` on the device in one `draft_tree` round (replayed as a CUDA graph when
+    `graphs` is given), even where every request's budget cuts it: a round of its own shape near the
+    end of each request would be a graph of its own, captured in the middle of decoding (on the
+    2026-12-04 H200 run every timed main command captured one to four such draft and target shapes).
+    Each request keeps the prefix of its own shape, whose nodes come first in breadth-first order.
+    Children are the drafter's top-k tokens, or with `sampling` (a graphs.DraftSampling, chains only)
+    tokens drawn from the drafter's distribution q, whose rows it receives. Returns (tokens [B, N]
+    int64 on the device, N the node count of full, row b beginning with request b's nodes; per request
+    its parents list[int]). Nothing is read back: the tokens stay on the device for the target's
+    forward and the verification."""
+    if not full:  # target-only decoding
         return pending.view(-1, 1), [[-1] for _ in reqs]
     ctx = drafter.context(target, reqs, query_position)
-    widths = tuple(max(shapes, key=len))
+    widths = tuple(full)
     hidden = hidden.view(len(reqs), -1)
     if graphs is not None:
         tokens = graphs.draft(ctx, pending, hidden, widths, sampling)
@@ -235,7 +242,9 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
     graphs = None
     if drafter is not None:
         graphs = _graphs(drafter, target, cuda_graphs)
-    forward = _target_forward(target, cuda_graphs)
+    forward, target_graphs = _target_forward(target, cuda_graphs)
+    runners = [r for r in (graphs, target_graphs) if r is not None]
+    kept_before = sum(len(r.kept) for r in runners)
 
     stats = SpeculativeStats(accepted_per_round=[[] for _ in prompts], draft_lengths=[[] for _ in prompts],
                              accepted_paths=[[] for _ in prompts], target_forwards=[1] * B, new_tokens=[0] * B)
@@ -257,11 +266,13 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
         chain_len = [num_draft_tokens] * B
         while not all(done):
             act = [b for b in range(B) if not done[b]]
-            shapes = []
+            full, shapes = [], []
             for b in act:
-                # like Hugging Face: never draft past what the token budget can still take
+                # like Hugging Face: never verify past what the token budget can still take (the round
+                # drafts `full` all the same: one static shape per round, see _draft)
                 room = max_new_tokens - len(out_ids[b]) - 1
                 shape = list(tree) if tree is not None else [1] * chain_len[b]
+                full = max(full, shape, key=len)
                 shapes.append(shape[:max(0, room)])
             act_reqs = [reqs[b] for b in act]
             sel = tensor_to(act, torch.long, dev)
@@ -270,15 +281,15 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
             # before it goes through gemma4_mtp.transfer, so the host never waits for the GPU sooner
             act_temps = None if temps is None else temps[:len(act)]  # every request's temperature is the same
             draft_sampling = None
-            if sample_drafts and any(shapes):
-                depth = max(map(len, shapes))
-                draft_sampling = DraftSampling(act_temps, sampler.draft_uniforms(act, [len(s) for s in shapes], depth))
-            drafted, parents = _draft(drafter, target, act_reqs, pending[sel], hidden[sel], shapes, query_position,
-                                      draft_sampling, graphs)
-            out = forward(act_reqs, drafted, parents)
+            if sample_drafts and full:
+                draft_sampling = DraftSampling(act_temps,
+                                               sampler.draft_uniforms(act, [len(s) for s in shapes], len(full)))
+            drafted, parents = _draft(drafter, target, act_reqs, pending[sel], hidden[sel], full, shapes,
+                                      query_position, draft_sampling, graphs)
+            out = forward(act_reqs, drafted, parents, nodes=drafted.shape[1])
             sizes = [len(p) for p in parents]
-            N = max(sizes)
-            draft_probs = None if draft_sampling is None else draft_sampling.probs
+            N = out.logits.shape[1]  # the round's node count from a static forward, the requests' longest eagerly
+            draft_probs = None if draft_sampling is None else draft_sampling.probs[:, :N]
             # a row's nodes past its own tree are padding (parent -1): verification ignores their tokens
             res = K.tree_verify(
                 drafted[:, :N].contiguous(), tensor_to(_pad(parents, N, -1), torch.int32, dev),
@@ -308,6 +319,7 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
         for r in reqs:
             target.release(r)
     stats.new_tokens = [len(o) for o in out_ids]
+    stats.new_static_shapes = sum(len(r.kept) for r in runners) - kept_before
     return SpeculativeOutput([torch.tensor(o, dtype=torch.long) for o in out_ids], stats)
 
 
@@ -343,18 +355,23 @@ def _graphs(drafter, target, cuda_graphs: bool | None) -> DraftGraphs | None:
 
 
 def _target_forward(target, cuda_graphs: bool | None):
-    """The target's tree forward for the rounds: its graph runner's, or the eager one."""
+    """(forward, runner): the target's tree forward for the rounds, forward(reqs, tokens, parents,
+    nodes=N), from its graph runner (N nodes per request, padded) or eager (as many as the longest
+    request has, runner None)."""
+    def eager(reqs, tokens, parents, nodes=None):
+        return target.forward_tree(reqs, tokens, parents)
+
     if cuda_graphs is False:
-        return target.forward_tree
+        return eager, None
     runner = getattr(target, "graph_runner", None)
     if runner is None:
         on_cuda = target.device.type == "cuda"
         if cuda_graphs and not on_cuda:
             raise ValueError("cuda_graphs: True needs a target on a CUDA device")
         if not on_cuda or target.config.enable_moe_block:
-            return target.forward_tree
+            return eager, None
         runner = target.graph_runner = TargetGraphs(target)
-    return runner.forward
+    return runner.forward, runner
 
 
 def _emit(out: list[int], tokens: list[int], eos: set, max_new_tokens: int, b: int, on_tokens) -> bool:
