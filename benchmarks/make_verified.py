@@ -40,6 +40,7 @@ SHAPES = {
     "rms_norm_linear": (("H", "N"), "T"),
     "rms_norm_gate_up": (("H", "N"), "T"),
     "rms_norm_q_rope": (("H", "N", "D"), "T"),
+    "softmax_sample": (("V",), "B"),
 }
 
 

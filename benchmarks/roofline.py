@@ -127,6 +127,15 @@ def tree_verify(B: int, N: int, vocab: int, *, sampling: bool = False, draft_pro
     return Cost("tree_verify", parts, flops=float(B * N * vocab * (5 if sampling else 1)))
 
 
+def softmax_sample(B: int, vocab: int, *, E: int = 4) -> Cost:
+    """softmax_sample: the logits read once (the heads' fp32 dense output by default) and q written
+    once (fp32); the temperature, uniform and token per row."""
+    parts = {"sample: logits": B * vocab * E, "sample: q written (fp32)": B * vocab * 4,
+             "metadata": B * (4 + 8 + TOKEN)}
+    # scale, exp, the two sums and the CDF search of one chunk
+    return Cost("softmax_sample", parts, flops=float(B * vocab * 5))
+
+
 def fused_glue(op: str, H: int, N: int, T: int, *, prologue: bool, E: int = BF16) -> Cost:
     """rms_norm_linear / rms_norm_gate_up / rms_norm_q_rope: the weight once (gate_up: two), T rows of
     x (and, with the layer prologue, of the residual, the residual written back, and two norm

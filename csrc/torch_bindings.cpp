@@ -652,6 +652,54 @@ void rms_norm_q_rope(const at::Tensor& x, const at::Tensor& weight, const at::Te
   launch_glue(p, dt, x, "rms_norm_q_rope", gemma4_mtp::launch_rms_norm_q_rope);
 }
 
+// q [B, V] fp32 (rows strided) and tokens [B] int64 are written; the chunk statistics and masses go to
+// a workspace from the caching allocator, the per-row counters to the op's zeroed cache.
+void softmax_sample(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& uniforms,
+                    at::Tensor& probs, at::Tensor& tokens) {
+  const auto dev = logits.device();
+  check_tensor(logits, "logits", 2, dev);
+  const DType dt = float_dtype(logits, "logits");
+  const int64_t B = logits.size(0), V = logits.size(1);
+  G4_CHECK(V >= 1 && V <= INT32_MAX && B <= 65535, "gemma4_mtp: softmax_sample needs 1 <= V < 2^31 and B <= 65535, "
+           "got logits ", logits.sizes());
+  check_inner(logits, "logits");
+  check_tensor(temperature, "temperature", 1, dev);
+  check_dtype(temperature, "temperature", at::kFloat);
+  check_shape(temperature, "temperature", {B});
+  check_tensor(uniforms, "uniforms", 1, dev);
+  check_dtype(uniforms, "uniforms", at::kDouble);
+  check_shape(uniforms, "uniforms", {B});
+  check_tensor(probs, "probs", 2, dev);
+  check_dtype(probs, "probs", at::kFloat);
+  check_shape(probs, "probs", {B, V});
+  check_inner(probs, "probs");
+  check_tensor(tokens, "tokens", 1, dev);
+  check_dtype(tokens, "tokens", at::kLong);
+  check_shape(tokens, "tokens", {B});
+  check_contiguous(tokens, "tokens");
+  if (B == 0) return;
+
+  const c10::cuda::CUDAGuard guard(dev);
+  gemma4_mtp::SoftmaxSampleParams p{};
+  p.logits = logits.data_ptr();
+  p.logit_stride = stride(logits, 0);
+  p.temperature = temperature.data_ptr<float>();
+  p.temp_stride = stride(temperature, 0);
+  p.uniforms = uniforms.data_ptr<double>();
+  p.u_stride = stride(uniforms, 0);
+  p.probs = probs.data_ptr<float>();
+  p.probs_stride = stride(probs, 0);
+  p.tokens = tokens.data_ptr<int64_t>();
+  p.B = static_cast<int>(B);
+  p.V = static_cast<int>(V);
+  p.P = gemma4_mtp::softmax_sample_chunks(p.V);
+  at::Tensor ws = at::empty({gemma4_mtp::softmax_sample_workspace_bytes(p.B, p.P) / 8}, logits.options().dtype(at::kDouble));
+  gemma4_mtp::softmax_sample_carve(p, ws.data_ptr());
+  at::Tensor fresh;  // graph-private counters, alive until the launch is enqueued
+  p.counters = zeroed_counters("softmax_sample", B, logits, &fresh);
+  check_launch(gemma4_mtp::launch_softmax_sample(dt, p, at::cuda::getCurrentCUDAStream()), "softmax_sample");
+}
+
 }  // namespace
 
 TORCH_LIBRARY(gemma4_mtp, m) {
@@ -675,6 +723,8 @@ TORCH_LIBRARY(gemma4_mtp, m) {
   m.def("rms_norm_q_rope(Tensor x, Tensor weight, Tensor q_norm_weight, Tensor positions, Tensor inv_freq, "
         "Tensor? norm_weight, float eps, Tensor? residual, Tensor? residual_norm_weight, Tensor? layer_scalar, "
         "Tensor(a!) out, Tensor(b!)? residual_out) -> ()");
+  m.def("softmax_sample(Tensor logits, Tensor temperature, Tensor uniforms, Tensor(a!) probs, Tensor(b!) tokens) "
+        "-> ()");
 }
 
 TORCH_LIBRARY_IMPL(gemma4_mtp, CUDA, m) {
@@ -686,6 +736,7 @@ TORCH_LIBRARY_IMPL(gemma4_mtp, CUDA, m) {
   m.impl("rms_norm_linear", &rms_norm_linear);
   m.impl("rms_norm_gate_up", &rms_norm_gate_up);
   m.impl("rms_norm_q_rope", &rms_norm_q_rope);
+  m.impl("softmax_sample", &softmax_sample);
 }
 
 // The extension is imported as the Python module gemma4_mtp_kernels._C only for its side effect of

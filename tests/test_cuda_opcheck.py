@@ -21,6 +21,7 @@ OPS = {
     "rms_norm_linear": ["out", "residual_out", "normed_out"],
     "rms_norm_gate_up": ["out", "residual_out"],
     "rms_norm_q_rope": ["out", "residual_out"],
+    "softmax_sample": ["probs", "tokens"],
 }
 
 
@@ -71,6 +72,11 @@ def q_rope_args(device, T=4, H=64, Hq=2, D=64, dtype=torch.bfloat16):
     kw = dict(dtype=dtype, device=device)
     return (torch.ones(T, H, **kw), torch.ones(Hq * D, H, **kw), torch.ones(D, **kw),
             torch.zeros(T // 2, dtype=torch.long, device=device), torch.ones(D // 2, device=device))
+
+
+def sample_args(device, B=3, V=5000, dtype=torch.float32):
+    return (torch.zeros(B, V, dtype=dtype, device=device), torch.ones(B, device=device),
+            torch.full((B,), 0.5, dtype=torch.float64, device=device))
 
 
 def opcheck_meta(op, args):
@@ -124,6 +130,13 @@ def test_opcheck_meta_glue():
                                          torch.empty(4, 2, 64, dtype=qx.dtype, device="meta"), None))
 
 
+def test_opcheck_meta_softmax_sample():
+    logits, temperature, uniforms = sample_args("meta", dtype=torch.bfloat16)
+    B, V = logits.shape
+    opcheck_meta(ops().softmax_sample, (logits, temperature, uniforms, torch.empty(B, V, device="meta"),
+                                        torch.empty(B, dtype=torch.long, device="meta")))
+
+
 def shapes(x):
     if isinstance(x, torch.Tensor):
         return (tuple(x.shape), x.dtype)
@@ -141,6 +154,7 @@ CASES = {
     "rms_norm_linear": (lambda d: glue_args(d), "rms_norm_linear"),
     "rms_norm_gate_up": (lambda d: ((*glue_args(d)[0], glue_args(d)[0][1]), glue_args(d)[1]), "rms_norm_gate_up"),
     "rms_norm_q_rope": (lambda d: (q_rope_args(d), dict()), "rms_norm_q_rope"),
+    "softmax_sample": (lambda d: (sample_args(d), dict()), "softmax_sample"),
 }
 
 
@@ -159,7 +173,7 @@ def test_fake_cuda_outputs_match_the_reference(case):
 
 
 @pytest.mark.parametrize("case", ["down_proj", "attention", "centroid_sparse", "tree_greedy", "rms_norm_gate_up",
-                                  "rms_norm_q_rope"])
+                                  "rms_norm_q_rope", "softmax_sample"])
 def test_compile_fullgraph_traces_the_backend(case):
     """Dynamo traces the cuda backend's Python (allocation + op call) without a graph break; the
     meta tensors run the fake implementations."""

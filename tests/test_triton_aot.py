@@ -113,11 +113,11 @@ def test_split_k_epilogues_load_their_partials_at_once(compiled):
     assert all(r["split_load_waves"] == 1 for r in rows)
 
 
-# The kernels of a drafter step launched with programmatic dependent launch on sm_90 (`_common.pdl_args`).
-# Not the centroid head (a cooperative launch: its grid barrier needs every program resident) nor
-# tree_verify (once per round, after the target's forward).
+# The kernels of a drafter step launched with programmatic dependent launch on sm_90 (`_common.pdl_args`),
+# a sampled step's softmax_sample included. Not the centroid head (a cooperative launch: its grid barrier
+# needs every program resident) nor tree_verify (once per round, after the target's forward).
 PDL_KERNELS = {"_attn_kernel", "_merge_kernel", "_down_proj_kernel", "_q_rope_kernel", "_norm_linear_kernel",
-               "_gate_up_kernel", "_head_kernel"}
+               "_gate_up_kernel", "_head_kernel", "_chunk_stats_kernel", "_probs_kernel"}
 
 
 def test_programmatic_dependent_launch_on_sm90_only(compiled):

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "gemma4_mtp/params.h"
+#include "gemma4_mtp/softmax_sample_params.h"
 
 namespace gemma4_mtp {
 
@@ -41,5 +42,9 @@ int64_t prepare_rms_norm_glue(DType dtype, GlueParams& p, int num_sms, int64_t* 
 cudaError_t launch_rms_norm_linear(DType dtype, const GlueParams& p, cudaStream_t stream);
 cudaError_t launch_rms_norm_gate_up(DType dtype, const GlueParams& p, cudaStream_t stream);
 cudaError_t launch_rms_norm_q_rope(DType dtype, const GlueParams& p, cudaStream_t stream);
+
+// softmax_sample (SoftmaxSampleParams): p.P, the workspace (softmax_sample_carve) and B zeroed int32
+// p.counters (left zero) must be set.
+cudaError_t launch_softmax_sample(DType dtype, const SoftmaxSampleParams& p, cudaStream_t stream);
 
 }  // namespace gemma4_mtp

@@ -191,3 +191,11 @@ def rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, *, norm_weigh
     _ops().rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, norm_weight, float(eps), residual,
                            residual_norm_weight, layer_scalar, out, residual_out)
     return out
+
+
+def softmax_sample(logits, temperature, uniforms, *, probs_out=None):
+    B, V = logits.shape
+    probs = torch.empty((B, V), dtype=torch.float32, device=logits.device) if probs_out is None else probs_out
+    tokens = torch.empty((B,), dtype=torch.int64, device=logits.device)
+    _ops().softmax_sample(logits, temperature, uniforms, probs, tokens)
+    return tokens, probs

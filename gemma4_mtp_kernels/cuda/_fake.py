@@ -46,3 +46,8 @@ def _rms_norm_gate_up(x, gate_weight, up_weight, norm_weight, eps, residual, res
 def _rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, norm_weight, eps, residual, residual_norm_weight,
                      layer_scalar, out, residual_out):
     return None
+
+
+@torch.library.register_fake("gemma4_mtp::softmax_sample")
+def _softmax_sample(logits, temperature, uniforms, probs, tokens):
+    return None

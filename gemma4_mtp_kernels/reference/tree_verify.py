@@ -7,7 +7,7 @@ from .._types import VerifyResult
 def inverse_cdf(probs: torch.Tensor, u) -> torch.Tensor:
     """Per row of probs [..., V], the first id whose cumulative probability (fp64) exceeds u [...] (or a
     float); the last id with nonzero probability where rounding leaves the total at or below u. Device
-    ops only (no host read): the decode loop draws its draft chains with it inside a captured round."""
+    ops only (no host read): the reference softmax_sample draws with it inside a captured round."""
     cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)
     if isinstance(u, torch.Tensor):
         u = u.to(torch.float64).expand(cdf.shape[:-1])

@@ -9,6 +9,7 @@ from .rms_norm_linear import rms_norm_linear
 from .rms_norm_gate_up import rms_norm_gate_up
 from .rms_norm_q_rope import rms_norm_q_rope
 from .dense_lm_head import dense_lm_head
+from .softmax_sample import softmax_sample
 
 __all__ = [
     "TRITON_VERSION",
@@ -20,4 +21,5 @@ __all__ = [
     "rms_norm_gate_up",
     "rms_norm_q_rope",
     "dense_lm_head",
+    "softmax_sample",
 ]

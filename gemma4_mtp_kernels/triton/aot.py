@@ -1,7 +1,7 @@
 """Ahead-of-time compile of every Triton launch for sm_80 / sm_90 without a GPU, and its resource use.
 
 `launches()` runs the public ops (backend="triton") over the real drafter shapes and the awkward
-cases (greedy / sampling / draft_probs verifies, None pointers, every dtype, split and unsplit paths,
+cases (greedy / sampling / draft_probs verifies, sampled draft tokens, None pointers, every dtype, split and unsplit paths,
 A100 and H100/H200 SM counts) on meta tensors, with `record.recording` in place of the kernel launch:
 what it collects is what the launchers really launch, as Triton's JIT would specialise it on a GPU.
 `compile_launch` builds one for a `GPUTarget` and reads registers, shared memory and local memory
@@ -195,6 +195,21 @@ def _tree_verify_scenarios() -> Iterator[Scenario]:
         yield Scenario(f"tree_verify {dname} B={B} N={N} {kind}", dname, call(dtype, B, N, kind))
 
 
+def _softmax_sample_scenarios() -> Iterator[Scenario]:
+    """Logits of every dtype (the drafter heads give fp32), a small vocabulary (one chunk) and the real
+    one, q into a fresh tensor and into one depth of a [B, N, V] buffer (rows strided)."""
+    def call(dtype, B, V, into_depth):
+        def run():
+            probs = _meta((B, 5, V), torch.float32)[:, 1] if into_depth else None
+            return g.softmax_sample(_meta((B, V), dtype), _meta((B,), torch.float32), _meta((B, 4), torch.float64)[:, 2],
+                                    probs_out=probs, backend="triton")
+        return run
+
+    for (dname, dtype), B, V, into_depth in itertools.product(DTYPES.items(), BATCHES, (1000, VOCAB), (False, True)):
+        yield Scenario(f"softmax_sample {dname} B={B} V={V}{' into a depth' if into_depth else ''}", dname,
+                       call(dtype, B, V, into_depth))
+
+
 def _adapter_scenarios() -> Iterator[Scenario]:
     """The layouts the engine adapters hand the ops: vLLM's layer caches (the 0.33 page layout and the
     earlier [blocks, 2, bs, Hkv, D] one) through adapters.vllm.attention, and Hugging Face's [B, H, S, D]
@@ -316,13 +331,24 @@ def _step_scenarios() -> Iterator[Scenario]:
             last, _ = drafter.step(ctx, _meta((B, Q), torch.int64), _meta((B, Q, Hb), torch.bfloat16))
             return drafter.top_tokens(last, k)
         yield Scenario(f"drafter step bf16 {name} B={B} Q={Q} top {k}", "bf16", call)
+    for name, B in itertools.product(DRAFTERS, (1, 8, 32)):  # a sampled chain step (graphs.DraftSampling)
+        def sampled(name=name, B=B):
+            drafter = random_drafter(name, device="meta", backend="triton")
+            ctx = synthetic_context(drafter, B, 8192, device="meta")
+            Hb, V = drafter.config.backbone_hidden_size, drafter.config.text.vocab_size
+            last, _ = drafter.step(ctx, _meta((B, 1), torch.int64), _meta((B, 1, Hb), torch.bfloat16))
+            return drafter.sample_tokens(last[:, 0], _meta((B,), torch.float32), _meta((B, 4), torch.float64)[:, 0],
+                                         probs_out=_meta((B, 5, V), torch.float32)[:, 0])
+        yield Scenario(f"drafter step bf16 {name} B={B} Q=1 sampled", "bf16", sampled)
     for name in DRAFTERS:  # bench_drafter_step's triton_pdl_at_exit: the B = 1 step, next kernels triggered at exit
-        def late(name=name):
+        def late(name=name):  # (and a sampled token: any step kernel can run with the flag off)
             drafter = random_drafter(name, device="meta", backend="triton")
             ctx = synthetic_context(drafter, 1, 8192, device="meta")
-            Hb = drafter.config.backbone_hidden_size
+            Hb, V = drafter.config.backbone_hidden_size, drafter.config.text.vocab_size
             with mock.patch.object(_common, "PDL_EARLY_TRIGGER", False):
                 last, _ = drafter.step(ctx, _meta((1, 1), torch.int64), _meta((1, 1, Hb), torch.bfloat16))
+                drafter.sample_tokens(last[:, 0], _meta((1,), torch.float32), _meta((1,), torch.float64),
+                                      probs_out=_meta((1, V), torch.float32))
                 return drafter.top_tokens(last, 1)
         yield Scenario(f"drafter step bf16 {name} B=1 Q=1 top 1, PDL trigger at exit", "bf16", late)
 
@@ -358,6 +384,7 @@ def scenarios() -> Iterator[Scenario]:
     yield from _attention_scenarios()
     yield from _centroid_scenarios()
     yield from _tree_verify_scenarios()
+    yield from _softmax_sample_scenarios()
     yield from _adapter_scenarios()
     yield from _glue_scenarios()
     yield from _step_scenarios()

@@ -297,6 +297,13 @@ class Gemma4MTPDrafter(nn.Module):
             out = K.dense_lm_head(flat, self.lm_head_weight, output="dense", backend=self.backend)
         return out.view(*last.shape[:-1], -1)
 
+    def sample_tokens(self, last: torch.Tensor, temperature: torch.Tensor, uniforms: torch.Tensor,
+                      probs_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A token per row of last [B, Hd] drawn from q = softmax(logits / temperature [B]) by the inverse
+        CDF at uniforms [B] fp64, and q [B, V] fp32 (written into probs_out when given): the head's dense
+        logits, then `gemma4_mtp_kernels.softmax_sample` (two launches on the GPU)."""
+        return K.softmax_sample(self.logits(last), temperature, uniforms, probs_out=probs_out, backend=self.backend)
+
     def top_tokens(self, last: torch.Tensor, k: int) -> torch.Tensor:
         """The k highest-scoring tokens [..., k] (int64), best first, ties to the lower id."""
         flat = last.reshape(-1, last.shape[-1])

@@ -16,8 +16,6 @@ from dataclasses import dataclass
 
 import torch
 
-from gemma4_mtp_kernels.reference.tree_verify import inverse_cdf
-
 from .drafter import DraftContext, Gemma4MTPDrafter
 from .target import Gemma4Target, TargetOutput
 from .transfer import copy_from_host, tensor_to, to_device
@@ -89,9 +87,9 @@ def draft_tree(drafter: Gemma4MTPDrafter, ctx: DraftContext, pending: torch.Tens
         if sampling is None:
             level_tok = drafter.top_tokens(last, w).view(B, Q * w)
         else:
-            q = torch.softmax(drafter.logits(last)[:, 0].float() / sampling.temperature[:, None], dim=-1)
-            sampling.probs[:, d] = q
-            level_tok = inverse_cdf(q, sampling.uniforms[:, d]).view(B, 1)
+            level_tok, _ = drafter.sample_tokens(last[:, 0], sampling.temperature, sampling.uniforms[:, d],
+                                                 probs_out=sampling.probs[:, d])
+            level_tok = level_tok.view(B, 1)
         tokens[:, at:at + Q * w] = level_tok
         level_hid = proj[:, :, None, :].expand(B, Q, w, proj.shape[-1]).reshape(B, Q * w, -1)
         at += Q * w

@@ -2,7 +2,6 @@
 torch reference. `python -m gemma4_mtp selfcheck` prints the table."""
 from __future__ import annotations
 
-import os
 import time
 
 import torch
@@ -54,6 +53,9 @@ def _cases(device):
         rope_inv_freq(Hd),
     ), dict(norm_weight=1 + 0.1 * rnd(H))
     yield "dense_lm_head", (rnd(T, Hd), rnd(V, Hd) * 0.1), dict(k=4)
+    # a sampled draft token of two requests over three chunks of the kernels' 4096 ids
+    yield "softmax_sample", (rnd(2, 9000, dtype=torch.float32) * 3, torch.tensor([0.7, 1.3], device=device),
+                             torch.rand(2, generator=g, dtype=torch.float64).to(device)), {}
 
 
 def _flat(x):
@@ -95,8 +97,8 @@ def run(device: str | None = None) -> list[tuple[str, str, str, str]]:
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # lets the triton kernels run on CPU tensors
+    """The table (on a machine without CUDA the Triton rows need TRITON_INTERPRET=1 set before the
+    kernels are imported: `python -m gemma4_mtp selfcheck` sees to it)."""
     rows = run()
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     print(f"{'op':{widths[0]}}  {'backend':{widths[1]}}  {'status':{widths[2]}}  detail")
