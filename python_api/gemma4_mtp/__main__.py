@@ -122,7 +122,7 @@ def _generate(args) -> int:
 
     device = args.device
     if args.backend == "triton" and device.type == "cpu":
-        _with_triton_interpreter()
+        _with_triton_interpreter(args.argv)
     torch.set_num_threads(max(1, min(4, torch.get_num_threads())))
     tokenizer_file = args.model_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
@@ -188,7 +188,7 @@ def _generate(args) -> int:
     return 0
 
 
-def _with_triton_interpreter() -> None:
+def _with_triton_interpreter(argv: list[str]) -> None:
     """Runs this command again with TRITON_INTERPRET=1 unless it is set: Triton decides when a kernel is
     defined, on import, whether it runs compiled or interpreted, and the package imported its kernels
     before this module ran (setting the variable now would leave them compiled, with no GPU to run on)."""
@@ -196,11 +196,11 @@ def _with_triton_interpreter() -> None:
 
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         sys.stdout.flush()
-        os.execve(sys.executable, [sys.executable, "-m", "gemma4_mtp", *sys.argv[1:]],
-                  dict(os.environ, TRITON_INTERPRET="1"))
+        os.execve(sys.executable, [sys.executable, "-m", "gemma4_mtp", *argv], dict(os.environ, TRITON_INTERPRET="1"))
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
     if args.command == "selfcheck":
         import torch
@@ -208,10 +208,12 @@ def main(argv=None) -> int:
         from . import selfcheck
 
         if not torch.cuda.is_available():  # the Triton rows run on CPU tensors
-            _with_triton_interpreter()
+            _with_triton_interpreter(argv)
         return selfcheck.main()
     if args.command is None:
-        args = _parser().parse_args(["generate"])
+        argv = ["generate"]
+        args = _parser().parse_args(argv)
+    args.argv = argv
     args.device = _device(_parser(), args.device)
     return generate(args)
 

@@ -118,8 +118,9 @@ def _draft(drafter, target, reqs, pending, hidden, full, shapes, query_position,
 
     The round drafts `full` on the device in one `draft_tree` round (replayed as a CUDA graph when
     `graphs` is given), even where every request's budget cuts it: a round of its own shape near the
-    end of each request would be a graph of its own, captured in the middle of decoding (on the
-    2026-12-04 H200 run every timed main command captured one to four such draft and target shapes).
+    end of each request would be a graph of its own, captured in the middle of decoding (the timed
+    main commands of the 2026-12-04 H200 run each captured one or two such shapes: the same decode on
+    CPU makes them).
     Each request keeps the prefix of its own shape, whose nodes come first in breadth-first order.
     Children are the drafter's top-k tokens, or with `sampling` (a graphs.DraftSampling, chains only)
     tokens drawn from the drafter's distribution q, whose rows it receives. Returns (tokens [B, N]
