@@ -263,6 +263,31 @@ def test_static_forward_is_forward_tree(twins):
     assert runner.captures == 0 and {k[:2] for k in runner.kept} == {(4, 5), (4, 7), (4, 6), (4, 3)}
 
 
+def test_static_forward_pads_to_the_nodes_asked_for(twins):
+    """nodes= widens the static shape past the longest request (the decode loop's cut rounds): the
+    outputs are that wide, forward_tree's values in front, zeros after; a bad count is refused."""
+    eager, static = twins
+    runner = TargetGraphs(static, buckets=(2,), capture=False, keep_after=1)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, hf_tiny.VOCAB, (n,), generator=g) for n in (6, 9)]
+    reqs = [[t.new_request() for _ in prompts] for t in (eager, static)]
+    try:
+        for t, rs in zip((eager, static), reqs):
+            t.prefill(rs, prompts)
+        tokens, parents = _trees(g, (3, 2))
+        want = eager.forward_tree(reqs[0], tokens, parents)
+        with pytest.raises(ValueError, match="nodes"):
+            runner.forward(reqs[1], tokens, parents, nodes=0)
+        got = runner.forward(reqs[1], tokens, parents, nodes=6)
+        assert got.logits.shape[1] == 6 and {k[1] for k in runner.kept} == {6}
+        torch.testing.assert_close(got.logits[:, :3], want.logits, atol=2e-5, rtol=1e-5)
+        assert not got.logits[0, 3:].any() and not got.logits[1, 2:].any()
+    finally:
+        for t, rs in zip((eager, static), reqs):
+            for r in rs:
+                t.release(r)
+
+
 @pytest.mark.parametrize("shape", [dict(num_draft_tokens=3), dict(num_draft_tokens=None, tree=(2, 2, 1))], ids=str)
 def test_decode_loop_with_static_target_forwards(pair, shape):
     """The loop's rounds through the target's static forward and the drafter's static rounds (what

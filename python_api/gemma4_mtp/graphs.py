@@ -309,6 +309,8 @@ class TargetGraphs(_Replays):
         least, the longest request's): the decode loop passes its round's, so that a round cut short
         by the token budget replays the full round's graph (its outputs are then nodes wide, zeros past
         each request's nodes)."""
+        if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1):
+            raise ValueError(f"nodes: expected None or an int >= 1, got {nodes!r}")
         target = self.target
         bucket = self.bucket(len(reqs))
         if bucket is None:
