@@ -141,20 +141,17 @@ __global__ void __launch_bounds__(kThreads) probs_kernel(SoftmaxSampleParams p) 
   const double* rm = p.mass + static_cast<int64_t>(row) * P;
   double carry = 0.0;
   int g = -1, last_chunk = -1;
-  for (int base = 0; base < P; base += kThreads) {
+  for (int base = 0; base < P && g < 0; base += kThreads) {  // g is the same in every thread
     const int j = base + tid;
     const double mj = j < P ? __ldcg(rm + j) : 0.0;
     last_chunk = j < P && mj > 0.0 ? j : last_chunk;
     const double incl = carry + block_inclusive_sum(mj, buf);
-    const int hit = block_reduce(j < P && incl > u ? j : INT_MAX, Min{}, redi);
-    if (hit != INT_MAX) {
-      if (j == hit) before_chunk = incl - mj;
-      __syncthreads();
-      g = hit;
-      break;
-    }
+    g = block_reduce(j < P && incl > u ? j : INT_MAX, Min{}, redi);
+    if (j == g) before_chunk = incl - mj;
+    g = g == INT_MAX ? -1 : g;
     carry += buf[kThreads - 1];
   }
+  __syncthreads();  // before_chunk
   const bool crossed = g >= 0;
   if (!crossed) g = block_reduce(last_chunk, Max{}, redi);
   if (g < 0) {  // no mass anywhere: no distribution
@@ -164,11 +161,11 @@ __global__ void __launch_bounds__(kThreads) probs_kernel(SoftmaxSampleParams p) 
   // inside chunk g, 16 consecutive ids per thread
   const double target = crossed ? u : INFINITY;  // uncrossed: the last id with q > 0
   const int lo = g * kSoftmaxSampleChunk + tid * kItems;
-  double w[kItems];
+  float w[kItems];  // q as written (fp32), summed in fp64
   double run = 0.0;
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
-    w[i] = lo + i < p.V ? static_cast<double>(__ldcg(q + lo + i)) : 0.0;
+    w[i] = lo + i < p.V ? __ldcg(q + lo + i) : 0.f;
     run += w[i];
   }
   double cum = (crossed ? before_chunk : 0.0) + block_inclusive_sum(run, buf) - run;
@@ -178,7 +175,7 @@ __global__ void __launch_bounds__(kThreads) probs_kernel(SoftmaxSampleParams p) 
     cum += w[i];
     if (lo + i < p.V) {
       found = found == INT_MAX && cum > target ? lo + i : found;
-      last = w[i] > 0.0 ? lo + i : last;
+      last = w[i] > 0.f ? lo + i : last;
     }
   }
   found = block_reduce(found, Min{}, redi);
