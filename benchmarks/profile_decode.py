@@ -41,10 +41,12 @@ PHASES = ("draft", "forward", "verify", "read", "commit")
 
 
 class PhaseTimer:
-    """Host seconds spent inside each phase's function, summed over a run."""
+    """Host seconds spent inside each phase's function, summed over a run, and when each `read` ended
+    (the prefill's, then one per round: the differences are the rounds' wall times)."""
 
     def __init__(self):
         self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.read_ends: list[float] = []
 
     def wrap(self, phase: str, fn):
         def timed(*args, **kwargs):
@@ -52,8 +54,15 @@ class PhaseTimer:
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.seconds[phase] += time.perf_counter() - t0
+                t1 = time.perf_counter()
+                self.seconds[phase] += t1 - t0
+                if phase == "read":
+                    self.read_ends.append(t1)
         return timed
+
+    def round_ms(self) -> list[float]:
+        """Each round's wall time, from the end of the previous read (the prefill's for the first)."""
+        return [round((b - a) * 1e3, 4) for a, b in zip(self.read_ends, self.read_ends[1:])]
 
 
 @contextlib.contextmanager
@@ -112,6 +121,9 @@ def profile_config(name: str, target, drafter, prompt, *, max_new_tokens: int, d
             "wall_ms": round(wall * 1e3, 3), "ms_per_round": round(wall * 1e3 / rounds, 4),
             "ms_per_token": round(wall * 1e3 / max(1, out.stats.new_tokens[0]), 4),
             "host_ms_per_round": host, "new_static_shapes_timed": out.stats.new_static_shapes,
+            # every round's wall time: uniform rounds are steady state, a few long ones an eager round or
+            # a capture (new_static_shapes_timed) or the host waiting for something else
+            "round_ms": timer.round_ms(),
             "gpu_kernel_ms_per_round": None if gpu is None else round(gpu / rounds, 4)}
 
 
@@ -142,8 +154,10 @@ def main(argv=None) -> int:
     for name in names:
         rows.append(profile_config(name, target, drafter, prompt, max_new_tokens=args.max_new_tokens, device=device))
         r = rows[-1]
+        spread = sorted(r["round_ms"]) or [0.0]
         print(f"{name:30s} {r['rounds']:3d} rounds, {r['ms_per_token']:7.3f} ms/token, {r['ms_per_round']:8.3f} "
-              "ms/round, host "
+              f"ms/round (median {spread[len(spread) // 2]:.3f}, max {spread[-1]:.3f}), "
+              f"{r['new_static_shapes_timed']} captured while timed, host "
               + ", ".join(f"{k} {v:.3f}" for k, v in r["host_ms_per_round"].items())
               + (f", GPU kernels {r['gpu_kernel_ms_per_round']:.3f} ms/round" if r["gpu_kernel_ms_per_round"] else ""),
               flush=True)

@@ -29,6 +29,8 @@ def test_phases_split_the_rounds_and_change_nothing(tmp_path):
         assert all(v >= 0 for v in host.values()), host
         assert sum(host.values()) == pytest.approx(r["ms_per_round"], rel=1e-3, abs=1e-3)
         assert host["forward"] > 0 and host["verify"] > 0 and host["read"] > 0
+        assert len(r["round_ms"]) == r["rounds"] and all(t > 0 for t in r["round_ms"])
+        assert sum(r["round_ms"]) <= r["wall_ms"] and r["new_static_shapes_timed"] == 0  # no graphs on CPU
         assert r["gpu_kernel_ms_per_round"] is None  # CPU
         kw = dict(profile_decode.CONFIGS[r["config"]], max_new_tokens=8, seed=0)
         plain = speculative_generate(target, drafter if kw["num_draft_tokens"] else None, prompt, **kw)
