@@ -148,6 +148,29 @@ def test_sampled_chain_is_the_per_request_draw(pair):
         target.release(reqs[0])
 
 
+def test_sampled_chain_through_the_triton_kernels(pair):
+    """The same draw with the drafter on its Triton backend (the interpreter here; a captured round on a
+    GPU): the step's kernels, then softmax_sample's two launches, against the per-request numpy draw
+    from that drafter's own logits; a row strided into the [B, N, V] buffer, the leaf row untouched."""
+    target, drafter = pair
+    reqs, pending, hidden = prefilled(target, (9, 6), seed=3)
+    temps = torch.tensor([0.8, 1.4])
+    uniforms = torch.rand(2, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    drafter.backend = "triton"
+    try:
+        ctx = drafter.context(target, reqs)
+        want_tokens, want_q = per_request_sampled_chain(drafter, ctx, pending, hidden, temps, uniforms)
+        s = DraftSampling(temps, uniforms, torch.full((2, 3, drafter.config.text.vocab_size), float("nan")))
+        got = draft_tree(drafter, ctx, pending, hidden, (1, 1), sampling=s)
+        assert torch.equal(got, want_tokens)
+        torch.testing.assert_close(s.probs[:, :2].double(), want_q, atol=1e-6, rtol=1e-5)
+        assert bool(s.probs[:, 2].isnan().all())
+    finally:
+        drafter.backend = "torch"
+        for r in reqs:
+            target.release(r)
+
+
 def test_batch_beyond_the_buckets_runs_eagerly(pair):
     target, drafter = pair
     runner = DraftGraphs(drafter, table_width=target.num_blocks, buckets=(1, 2), capture=False, keep_after=1)
