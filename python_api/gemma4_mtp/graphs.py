@@ -12,6 +12,7 @@ nothing (sequence length 0) and their drafts are dropped.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -244,30 +245,56 @@ class DraftGraphs(_Replays):
 
 
 class _Forward:
-    """The static buffers and the graph of one target forward shape (bucket, nodes, table width)."""
+    """The static buffers and the graph of one target forward shape (bucket, nodes, table width). The
+    buffers a round fills from the host (depths, ancestor masks, node counts, lengths, block tables) are
+    views of one device buffer, so that a round's host inputs go over in one copy (a copy from the host
+    costs its staging in pinned memory and a launch: six of them were ~20% of the host's launches in a
+    replayed round)."""
 
     def __init__(self, target: Gemma4Target, bucket: int, N: int, W: int):
         dev = target.device
         self.target = target
         self.ids = torch.zeros(bucket, N, dtype=torch.long, device=dev)
-        self.depth = torch.zeros(bucket, N, dtype=torch.long, device=dev)
-        self.anc = torch.zeros(bucket, N, N, dtype=torch.bool, device=dev)
-        self.counts = torch.zeros(bucket, dtype=torch.long, device=dev)
-        self.lengths = torch.zeros(bucket, dtype=torch.long, device=dev)
-        self.tables = {t: torch.full((bucket, W), -1, dtype=torch.int32, device=dev) for t in target.caches}
+        # (name, shape, dtype) in the packed buffer, each at an 8-byte aligned offset
+        self.layout = [("depth", (bucket, N), torch.long), ("counts", (bucket,), torch.long),
+                       ("lengths", (bucket,), torch.long),
+                       *((("table", t), (bucket, W), torch.int32) for t in target.caches),
+                       ("anc", (bucket, N, N), torch.bool)]
+        self.packed = torch.zeros(self._bytes(), dtype=torch.uint8, device=dev)
+        views = self._views(self.packed)
+        self.depth, self.counts, self.lengths, self.anc = (views[n] for n in ("depth", "counts", "lengths", "anc"))
+        self.tables = {t: views["table", t] for t in target.caches}
+        for table in self.tables.values():
+            table.fill_(-1)
         self.out, self.graph = None, None
+
+    def _bytes(self) -> int:
+        total = 0
+        for _, shape, dtype in self.layout:
+            total += -(-math.prod(shape) * dtype.itemsize // 8) * 8
+        return total
+
+    def _views(self, packed: torch.Tensor) -> dict:
+        """Each named buffer as a view of `packed` (the device buffer, or its host twin)."""
+        views, at = {}, 0
+        for name, shape, dtype in self.layout:
+            nbytes = math.prod(shape) * dtype.itemsize
+            views[name] = packed[at:at + nbytes].view(dtype).view(shape)
+            at += -(-nbytes // 8) * 8
+        return views
 
     def load(self, reqs, ids, trees, counts) -> None:
         """These requests' inputs (`Gemma4Target.prepare_trees`' ids, trees and counts): the ids go
         into the padded ids buffer on the device (a draft round's tokens are never read back); the
-        rest is padded on the host in tensors like the static buffers and copied into them without
-        the host waiting for the device (gemma4_mtp.transfer). Padding slots keep earlier ids: valid
+        rest is padded on the host in the packed buffer's host twin and copied over in one copy that
+        the host does not wait for (gemma4_mtp.transfer). Padding slots keep earlier ids: valid
         tokens whose nodes count 0."""
         target = self.target
         dev, N = self.ids.device, self.ids.shape[1]
-        names = ("depth", "anc", "counts", "lengths")
-        host = {n: torch.zeros_like(getattr(self, n), device="cpu") for n in names}
-        tables = {t: torch.full_like(buf, -1, device="cpu") for t, buf in self.tables.items()}
+        packed = torch.zeros_like(self.packed, device="cpu")
+        host = self._views(packed)
+        for t in target.caches:
+            host["table", t].fill_(-1)
         slots = []
         for b, (r, (depth, anc)) in enumerate(zip(reqs, trees)):
             n = counts[b]
@@ -275,12 +302,9 @@ class _Forward:
             host["counts"][b], host["lengths"][b] = n, target.lengths[r]
             slots.extend(range(b * N, b * N + n))
             for t, c in target.caches.items():
-                tables[t][b, :len(c.tables[r])] = torch.tensor(c.tables[r], dtype=torch.int32)
+                host["table", t][b, :len(c.tables[r])] = torch.tensor(c.tables[r], dtype=torch.int32)
         self.ids.view(-1)[tensor_to(slots, torch.long, dev)] = to_device(ids, dev)
-        for n, buf in host.items():
-            copy_from_host(getattr(self, n), buf)
-        for t, buf in tables.items():
-            copy_from_host(self.tables[t], buf)
+        copy_from_host(self.packed, packed)
 
     def run(self):
         self.out = self.target.forward_static(self.ids, self.depth, self.anc, self.counts, self.lengths, self.tables)
