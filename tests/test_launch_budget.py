@@ -27,9 +27,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PER_LAYER, PER_STEP, TREE_SORT = 6, 3, 5
 # A decode round whose draft and target forward replay their graphs launches its bookkeeping from the
 # host: the copies into the graphs' static buffers, tree_verify, the next round's pending tokens and
-# hidden states (30 for a draft round of the embedded pair, 34 for a sampled chain round, 16 target-only,
-# at this budget's writing; 35 / 39 / 21 before the target forward's host inputs went over in one copy).
-EAGER_PER_REPLAYED_ROUND = 36
+# hidden states (19 for a draft round of the embedded pair, 23 for a sampled chain round, 16 target-only,
+# at this budget's writing; 35 / 39 / 21 before the draft round's and the target forward's host inputs
+# went over in one copy each).
+EAGER_PER_REPLAYED_ROUND = 25
 
 
 def _launch_count(*args: str) -> list[dict]:

@@ -177,8 +177,10 @@ class Gemma4MTPDrafter(nn.Module):
         if self.pre_projection.weight.dtype != target.dtype:
             raise ValueError(f"drafter dtype {self.pre_projection.weight.dtype} != target dtype {target.dtype}")
 
-    def context(self, target, reqs: list[int], query_position: str = "last_cached") -> DraftContext:
+    def context(self, target, reqs: list[int], query_position: str = "last_cached", device=None) -> DraftContext:
         """The drafter's view of `reqs` in `target`, whose caches hold positions [0, P] (P + 1 = length).
+        The per-request tensors (block tables, lengths, positions) on `device` (default the target's;
+        "cpu": built on the host, what graphs.DraftGraphs copies into a round's buffers in one copy).
 
         "last_cached" (vLLM, SGLang): queries at P; a sliding layer attends the last `sliding_window`
         entries, as the target's own query at P would. "next" (Hugging Face): queries at P + 1, and a
@@ -188,8 +190,8 @@ class Gemma4MTPDrafter(nn.Module):
             raise ValueError(f"query_position: expected one of {QUERY_POSITIONS}, got {query_position!r}")
         types = set(self.config.text.layer_types)
         kv = {t: target.kv_cache(t) for t in types}
-        tables = target.block_tables(reqs)
-        lengths = target.seq_lens(reqs)
+        tables = target.block_tables(reqs, device)
+        lengths = target.seq_lens(reqs, device)
         extra = 1 if query_position == "next" else 0
         windows = {t: None if s.window is None else s.window + extra
                    for t, s in self.config.text.attention.items()}

@@ -151,6 +151,36 @@ class _Replays:
         self.captures += 1
 
 
+class _Packed:
+    """Static device buffers that a round fills from the host, as views of one device buffer (name ->
+    view in `views`), so that they go over in one copy: a copy from the host costs a staging in pinned
+    memory and a launch, and a round made a dozen of them. Layout: (name, shape, dtype), each view at an
+    8-byte aligned offset."""
+
+    def __init__(self, layout, device):
+        self.layout = list(layout)
+        size = sum(-(-math.prod(shape) * dtype.itemsize // 8) * 8 for _, shape, dtype in self.layout)
+        self.buffer = torch.zeros(size, dtype=torch.uint8, device=device)
+        self.views = self._views(self.buffer)
+
+    def _views(self, buffer: torch.Tensor) -> dict:
+        views, at = {}, 0
+        for name, shape, dtype in self.layout:
+            nbytes = math.prod(shape) * dtype.itemsize
+            views[name] = buffer[at:at + nbytes].view(dtype).view(shape)
+            at += -(-nbytes // 8) * 8
+        return views
+
+    def host(self) -> tuple[torch.Tensor, dict]:
+        """A zeroed host twin of the buffer and its views, to fill."""
+        buffer = torch.zeros_like(self.buffer, device="cpu")
+        return buffer, self._views(buffer)
+
+    def send(self, host: torch.Tensor) -> None:
+        """The host twin into the device buffer, without the host waiting (gemma4_mtp.transfer)."""
+        copy_from_host(self.buffer, host)
+
+
 class _Round:
     """The static buffers and the graph of one (bucket, tree shape, sampled or not)."""
 
@@ -159,10 +189,14 @@ class _Round:
         self.drafter = runner.drafter
         self.pending = torch.zeros(bucket, dtype=torch.long, device=dev)
         self.hidden = torch.zeros(bucket, Hb, dtype=runner.dtype, device=dev)
-        self.seq_lens = torch.zeros(bucket, dtype=torch.int32, device=dev)
-        self.positions = torch.zeros(bucket, dtype=torch.long, device=dev)
-        self.tables = {t: torch.full((bucket, runner.table_width), -1, dtype=torch.int32, device=dev)
-                       for t in ctx.block_table}
+        # what a round fills from the host's context (graphs_context): one copy a round
+        self.packed = _Packed([("positions", (bucket,), torch.long), ("seq_lens", (bucket,), torch.int32),
+                               *((("table", t), (bucket, runner.table_width), torch.int32) for t in ctx.block_table)],
+                              dev)
+        self.seq_lens, self.positions = self.packed.views["seq_lens"], self.packed.views["positions"]
+        self.tables = {t: self.packed.views["table", t] for t in ctx.block_table}
+        for table in self.tables.values():
+            table.fill_(-1)
         self.ctx = DraftContext(ctx.k_cache, ctx.v_cache, self.tables, ctx.window, self.seq_lens, self.positions,
                                 ctx.embed_table, ctx.embed_scale)
         N = 1 + sum(level_sizes(widths))
@@ -177,17 +211,26 @@ class _Round:
 
     def load(self, ctx: DraftContext, pending: torch.Tensor, hidden: torch.Tensor,
              sampling: DraftSampling | None) -> None:
-        """This round's inputs into the static buffers; rows past the batch attend nothing."""
+        """This round's inputs into the static buffers; rows past the batch attend nothing. A context
+        on the host (graphs_context) goes over in one copy, a device one buffer by buffer."""
         B = pending.shape[0]
         self.pending[:B].copy_(pending)
         self.hidden[:B].copy_(hidden)
-        self.seq_lens[:B].copy_(ctx.seq_lens)
-        self.positions[:B].copy_(ctx.positions)
-        for t, table in ctx.block_table.items():
-            self.tables[t][:B, :table.shape[1]].copy_(table)
-            self.tables[t][:B, table.shape[1]:].fill_(-1)
-        if B < self.pending.shape[0]:
-            self.seq_lens[B:].zero_()
+        if ctx.seq_lens.device.type == "cpu":
+            packed, host = self.packed.host()  # zero lengths past the batch
+            host["seq_lens"][:B], host["positions"][:B] = ctx.seq_lens, ctx.positions
+            for t, table in ctx.block_table.items():
+                host["table", t].fill_(-1)
+                host["table", t][:B, :table.shape[1]] = table
+            self.packed.send(packed)
+        else:
+            self.seq_lens[:B].copy_(ctx.seq_lens)
+            self.positions[:B].copy_(ctx.positions)
+            for t, table in ctx.block_table.items():
+                self.tables[t][:B, :table.shape[1]].copy_(table)
+                self.tables[t][:B, table.shape[1]:].fill_(-1)
+            if B < self.pending.shape[0]:
+                self.seq_lens[B:].zero_()
         if sampling is not None:
             self.sampling.temperature[:B].copy_(sampling.temperature)
             self.sampling.uniforms[:B].copy_(sampling.uniforms)
@@ -215,7 +258,9 @@ class DraftGraphs(_Replays):
 
     def draft(self, ctx: DraftContext, pending: torch.Tensor, hidden: torch.Tensor, widths,
               sampling: DraftSampling | None = None) -> torch.Tensor:
-        """`draft_tree` for this round by replaying the captured graph of its bucket and shape (captured
+        """`draft_tree` for this round (ctx's per-request tensors on the device, or on the host:
+        `drafter.context(..., device="cpu")`, which goes into the static buffers in one copy) by
+        replaying the captured graph of its bucket and shape (captured
         at its `keep_after`-th use; with `sampling`, the round's q rows are copied into sampling.probs,
         or handed out as sampling.probs when it is None); a batch beyond the largest bucket, a block
         table wider than the static one, a round's first uses or a new round once `max_rounds` are kept
@@ -224,7 +269,7 @@ class DraftGraphs(_Replays):
         B = pending.shape[0]
         bucket = self.bucket(B)
         if bucket is None or any(t.shape[1] > self.table_width for t in ctx.block_table.values()):
-            return draft_tree(self.drafter, ctx, pending, hidden, widths, sampling=sampling)
+            return draft_tree(self.drafter, _on_device(ctx, self.device), pending, hidden, widths, sampling=sampling)
         # a round reads the target's caches and embedding table where they were at capture, and bakes in
         # the sliding windows (query-position convention) and the embedding scale
         where = tuple((t, ctx.k_cache[t].data_ptr(), ctx.v_cache[t].data_ptr(), ctx.window[t])
@@ -233,7 +278,7 @@ class DraftGraphs(_Replays):
         key = (bucket, widths, sampled, where, ctx.embed_table.data_ptr(), ctx.embed_scale)
         rnd = self.entry(key, lambda: _Round(self, ctx, bucket, widths, sampled))
         if rnd is None:
-            return draft_tree(self.drafter, ctx, pending, hidden, widths, sampling=sampling)
+            return draft_tree(self.drafter, _on_device(ctx, self.device), pending, hidden, widths, sampling=sampling)
         rnd.load(ctx, pending, hidden, sampling)
         self.replay(rnd)
         if sampled:
@@ -244,44 +289,35 @@ class DraftGraphs(_Replays):
         return rnd.out[:B]
 
 
+def _on_device(ctx: DraftContext, device: torch.device) -> DraftContext:
+    """ctx with its per-request tensors (block tables, lengths, positions) on `device` (a context the
+    host built for a round that runs eagerly after all)."""
+    if ctx.seq_lens.device == device:
+        return ctx
+    return DraftContext(ctx.k_cache, ctx.v_cache, {t: to_device(bt, device) for t, bt in ctx.block_table.items()},
+                        ctx.window, to_device(ctx.seq_lens, device), to_device(ctx.positions, device),
+                        ctx.embed_table, ctx.embed_scale)
+
+
 class _Forward:
     """The static buffers and the graph of one target forward shape (bucket, nodes, table width). The
     buffers a round fills from the host (depths, ancestor masks, node counts, lengths, block tables) are
-    views of one device buffer, so that a round's host inputs go over in one copy (a copy from the host
-    costs its staging in pinned memory and a launch: six of them were ~20% of the host's launches in a
-    replayed round)."""
+    one `_Packed` buffer: a round's host inputs go over in one copy."""
 
     def __init__(self, target: Gemma4Target, bucket: int, N: int, W: int):
         dev = target.device
         self.target = target
         self.ids = torch.zeros(bucket, N, dtype=torch.long, device=dev)
-        # (name, shape, dtype) in the packed buffer, each at an 8-byte aligned offset
-        self.layout = [("depth", (bucket, N), torch.long), ("counts", (bucket,), torch.long),
-                       ("lengths", (bucket,), torch.long),
-                       *((("table", t), (bucket, W), torch.int32) for t in target.caches),
-                       ("anc", (bucket, N, N), torch.bool)]
-        self.packed = torch.zeros(self._bytes(), dtype=torch.uint8, device=dev)
-        views = self._views(self.packed)
+        self.packed = _Packed([("depth", (bucket, N), torch.long), ("counts", (bucket,), torch.long),
+                               ("lengths", (bucket,), torch.long),
+                               *((("table", t), (bucket, W), torch.int32) for t in target.caches),
+                               ("anc", (bucket, N, N), torch.bool)], dev)
+        views = self.packed.views
         self.depth, self.counts, self.lengths, self.anc = (views[n] for n in ("depth", "counts", "lengths", "anc"))
         self.tables = {t: views["table", t] for t in target.caches}
         for table in self.tables.values():
             table.fill_(-1)
         self.out, self.graph = None, None
-
-    def _bytes(self) -> int:
-        total = 0
-        for _, shape, dtype in self.layout:
-            total += -(-math.prod(shape) * dtype.itemsize // 8) * 8
-        return total
-
-    def _views(self, packed: torch.Tensor) -> dict:
-        """Each named buffer as a view of `packed` (the device buffer, or its host twin)."""
-        views, at = {}, 0
-        for name, shape, dtype in self.layout:
-            nbytes = math.prod(shape) * dtype.itemsize
-            views[name] = packed[at:at + nbytes].view(dtype).view(shape)
-            at += -(-nbytes // 8) * 8
-        return views
 
     def load(self, reqs, ids, trees, counts) -> None:
         """These requests' inputs (`Gemma4Target.prepare_trees`' ids, trees and counts): the ids go
@@ -291,8 +327,7 @@ class _Forward:
         tokens whose nodes count 0."""
         target = self.target
         dev, N = self.ids.device, self.ids.shape[1]
-        packed = torch.zeros_like(self.packed, device="cpu")
-        host = self._views(packed)
+        packed, host = self.packed.host()
         for t in target.caches:
             host["table", t].fill_(-1)
         slots = []
@@ -304,7 +339,7 @@ class _Forward:
             for t, c in target.caches.items():
                 host["table", t][b, :len(c.tables[r])] = torch.tensor(c.tables[r], dtype=torch.int32)
         self.ids.view(-1)[tensor_to(slots, torch.long, dev)] = to_device(ids, dev)
-        copy_from_host(self.packed, packed)
+        self.packed.send(packed)
 
     def run(self):
         self.out = self.target.forward_static(self.ids, self.depth, self.anc, self.counts, self.lengths, self.tables)

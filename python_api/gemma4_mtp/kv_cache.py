@@ -115,10 +115,11 @@ class PagedKVCache:
             flat = self._flat(cache)
             flat[:, d] = flat[:, s]
 
-    def block_table(self, reqs: list[int]) -> torch.Tensor:
-        """int32 [len(reqs), max_blocks]; -1 past each request's blocks and for released blocks."""
+    def block_table(self, reqs: list[int], device=None) -> torch.Tensor:
+        """int32 [len(reqs), max_blocks] on `device` (default the cache's); -1 past each request's blocks
+        and for released blocks."""
         width = max([len(self.tables[r]) for r in reqs] + [1])
         out = torch.full((len(reqs), width), -1, dtype=torch.int32)
         for i, r in enumerate(reqs):
             out[i, :len(self.tables[r])] = torch.tensor(self.tables[r], dtype=torch.int32)
-        return to_device(out, self.k.device)
+        return to_device(out, self.k.device if device is None else device)

@@ -129,7 +129,8 @@ def _draft(drafter, target, reqs, pending, hidden, full, shapes, query_position,
     forward and the verification."""
     if not full:  # target-only decoding
         return pending.view(-1, 1), [[-1] for _ in reqs]
-    ctx = drafter.context(target, reqs, query_position)
+    # a replayed round takes its context from the host in one copy (graphs.DraftGraphs)
+    ctx = drafter.context(target, reqs, query_position, device="cpu" if graphs is not None else None)
     widths = tuple(full)
     hidden = hidden.view(len(reqs), -1)
     if graphs is not None:

@@ -286,11 +286,12 @@ class Gemma4Target(nn.Module):
         c = self.caches[layer_type]
         return c.k[self._slot[layer]], c.v[self._slot[layer]]
 
-    def block_tables(self, reqs: list[int]) -> dict[str, torch.Tensor]:
-        return {t: c.block_table(reqs) for t, c in self.caches.items()}
+    def block_tables(self, reqs: list[int], device=None) -> dict[str, torch.Tensor]:
+        """Per attention type, the requests' block tables on `device` (default the target's)."""
+        return {t: c.block_table(reqs, device) for t, c in self.caches.items()}
 
-    def seq_lens(self, reqs: list[int]) -> torch.Tensor:
-        return tensor_to([self.lengths[r] for r in reqs], torch.int32, self.device)
+    def seq_lens(self, reqs: list[int], device=None) -> torch.Tensor:
+        return tensor_to([self.lengths[r] for r in reqs], torch.int32, self.device if device is None else device)
 
     # ---- forward -----------------------------------------------------------------------------
 
