@@ -134,7 +134,8 @@ def test_a_row_without_distribution_is_rejected_and_unchecked_gives_minus_one():
     logits, temperature, uniforms = case(3, 300, torch.float32, seed=2)
     logits[1] = float("-inf")
     for backend in BACKENDS:
-        with pytest.raises(ValueError, match="logits must be rows whose logits / temperature has a finite maximum, got -inf in row 1"):
+        with pytest.raises(ValueError, match="logits must be rows whose logits / temperature has a finite "
+                                             "maximum, got -inf in row 1"):
             g.softmax_sample(logits, temperature, uniforms, backend=backend)
     # on a GPU without value checks nothing reads the values first: the kernel answers -1 for that row
     tokens, probs = triton_softmax_sample(logits, temperature, uniforms)

@@ -189,10 +189,10 @@ class _Round:
         self.drafter = runner.drafter
         self.pending = torch.zeros(bucket, dtype=torch.long, device=dev)
         self.hidden = torch.zeros(bucket, Hb, dtype=runner.dtype, device=dev)
-        # what a round fills from the host's context (graphs_context): one copy a round
+        # what a round fills from a context built on the host (drafter.context(..., device="cpu")): one copy
+        W = runner.table_width
         self.packed = _Packed([("positions", (bucket,), torch.long), ("seq_lens", (bucket,), torch.int32),
-                               *((("table", t), (bucket, runner.table_width), torch.int32) for t in ctx.block_table)],
-                              dev)
+                               *((("table", t), (bucket, W), torch.int32) for t in ctx.block_table)], dev)
         self.seq_lens, self.positions = self.packed.views["seq_lens"], self.packed.views["positions"]
         self.tables = {t: self.packed.views["table", t] for t in ctx.block_table}
         for table in self.tables.values():
@@ -212,7 +212,7 @@ class _Round:
     def load(self, ctx: DraftContext, pending: torch.Tensor, hidden: torch.Tensor,
              sampling: DraftSampling | None) -> None:
         """This round's inputs into the static buffers; rows past the batch attend nothing. A context
-        on the host (graphs_context) goes over in one copy, a device one buffer by buffer."""
+        built on the host goes over in one copy, a device one buffer by buffer."""
         B = pending.shape[0]
         self.pending[:B].copy_(pending)
         self.hidden[:B].copy_(hidden)
