@@ -58,6 +58,36 @@ def run(backend, logits, temperature, uniforms, device="cpu", **kw):
     return tokens.cpu(), probs.cpu()
 
 
+def check_real_vocabulary_on_gpu(backend, B):
+    """V = 262144 as the E2B centroid head gives it (4096 finite candidates) and as a dense head does
+    (test_softmax_sample_triton.py and _cuda.py run it)."""
+    for support in (4096, None):
+        logits, temperature, uniforms = case(B, 262144, torch.float32, seed=B, support=support)
+        tokens, probs = run(backend, logits, temperature, uniforms, device="cuda")
+        np.testing.assert_allclose(probs.numpy(), oracle_probs(logits, temperature), rtol=2e-5, atol=1e-9)
+        assert_inverse_cdf(tokens, probs, uniforms)
+
+
+def check_graph_replay_on_gpu(backend):
+    """Captured once, replayed with new inputs: the counters reset themselves, the outputs follow."""
+    logits, temperature, uniforms = case(4, 262144, torch.float32, seed=1, support=4096)
+    dev = [t.cuda() for t in (logits, temperature, uniforms)]
+    probs = torch.empty(4, 262144, device="cuda")
+    run(backend, logits, temperature, uniforms, device="cuda")  # warm-up (compiles)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, _ = g.softmax_sample(*dev, probs_out=probs, backend=backend)
+    for seed in (2, 3):
+        new = case(4, 262144, torch.float32, seed=seed, support=4096)
+        for d, n in zip(dev, new):
+            d.copy_(n)
+        probs.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        np.testing.assert_allclose(probs.cpu().numpy(), oracle_probs(new[0], new[1]), rtol=2e-5, atol=1e-9)
+        assert_inverse_cdf(out.cpu(), probs.cpu(), new[2])
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("B,V,support", [(1, 100, None), (3, 2 * CHUNK + 904, None), (4, 3 * CHUNK, 700)],
