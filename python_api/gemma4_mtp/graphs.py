@@ -155,10 +155,10 @@ class _Packed:
     """Static device buffers that a round fills from the host, as views of one device buffer (name ->
     view in `views`), so that they go over in one copy: a copy from the host costs a staging in pinned
     memory and a launch, and a round made a dozen of them. Layout: (name, shape, dtype), each view at an
-    8-byte aligned offset."""
+    8-byte aligned offset; every view starts zero, or at its value in `fills` (a block table: -1)."""
 
-    def __init__(self, layout, device):
-        self.layout = list(layout)
+    def __init__(self, layout, device, fills: dict | None = None):
+        self.layout, self.fills = list(layout), fills or {}
         size = sum(-(-math.prod(shape) * dtype.itemsize // 8) * 8 for _, shape, dtype in self.layout)
         self.buffer = torch.zeros(size, dtype=torch.uint8, device=device)
         self.views = self._views(self.buffer)
@@ -169,10 +169,12 @@ class _Packed:
             nbytes = math.prod(shape) * dtype.itemsize
             views[name] = buffer[at:at + nbytes].view(dtype).view(shape)
             at += -(-nbytes // 8) * 8
+        for name, value in self.fills.items():
+            views[name].fill_(value)
         return views
 
     def host(self) -> tuple[torch.Tensor, dict]:
-        """A zeroed host twin of the buffer and its views, to fill."""
+        """A host twin of the buffer at its initial values and its views, to fill."""
         buffer = torch.zeros_like(self.buffer, device="cpu")
         return buffer, self._views(buffer)
 
@@ -192,11 +194,10 @@ class _Round:
         # what a round fills from a context built on the host (drafter.context(..., device="cpu")): one copy
         W = runner.table_width
         self.packed = _Packed([("positions", (bucket,), torch.long), ("seq_lens", (bucket,), torch.int32),
-                               *((("table", t), (bucket, W), torch.int32) for t in ctx.block_table)], dev)
+                               *((("table", t), (bucket, W), torch.int32) for t in ctx.block_table)], dev,
+                              fills={("table", t): -1 for t in ctx.block_table})
         self.seq_lens, self.positions = self.packed.views["seq_lens"], self.packed.views["positions"]
         self.tables = {t: self.packed.views["table", t] for t in ctx.block_table}
-        for table in self.tables.values():
-            table.fill_(-1)
         self.ctx = DraftContext(ctx.k_cache, ctx.v_cache, self.tables, ctx.window, self.seq_lens, self.positions,
                                 ctx.embed_table, ctx.embed_scale)
         N = 1 + sum(level_sizes(widths))
@@ -217,10 +218,9 @@ class _Round:
         self.pending[:B].copy_(pending)
         self.hidden[:B].copy_(hidden)
         if ctx.seq_lens.device.type == "cpu":
-            packed, host = self.packed.host()  # zero lengths past the batch
+            packed, host = self.packed.host()  # zero lengths and no blocks past the batch
             host["seq_lens"][:B], host["positions"][:B] = ctx.seq_lens, ctx.positions
             for t, table in ctx.block_table.items():
-                host["table", t].fill_(-1)
                 host["table", t][:B, :table.shape[1]] = table
             self.packed.send(packed)
         else:
@@ -311,12 +311,11 @@ class _Forward:
         self.packed = _Packed([("depth", (bucket, N), torch.long), ("counts", (bucket,), torch.long),
                                ("lengths", (bucket,), torch.long),
                                *((("table", t), (bucket, W), torch.int32) for t in target.caches),
-                               ("anc", (bucket, N, N), torch.bool)], dev)
+                               ("anc", (bucket, N, N), torch.bool)], dev,
+                              fills={("table", t): -1 for t in target.caches})
         views = self.packed.views
         self.depth, self.counts, self.lengths, self.anc = (views[n] for n in ("depth", "counts", "lengths", "anc"))
         self.tables = {t: views["table", t] for t in target.caches}
-        for table in self.tables.values():
-            table.fill_(-1)
         self.out, self.graph = None, None
 
     def load(self, reqs, ids, trees, counts) -> None:
@@ -328,8 +327,6 @@ class _Forward:
         target = self.target
         dev, N = self.ids.device, self.ids.shape[1]
         packed, host = self.packed.host()
-        for t in target.caches:
-            host["table", t].fill_(-1)
         slots = []
         for b, (r, (depth, anc)) in enumerate(zip(reqs, trees)):
             n = counts[b]
