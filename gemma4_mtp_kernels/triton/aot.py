@@ -1,9 +1,10 @@
 """Ahead-of-time compile of every Triton launch for sm_80 / sm_90 without a GPU, and its resource use.
 
 `launches()` runs the public ops (backend="triton") over the real drafter shapes and the awkward
-cases (greedy / sampling / draft_probs verifies, sampled draft tokens, None pointers, every dtype, split and unsplit paths,
-A100 and H100/H200 SM counts) on meta tensors, with `record.recording` in place of the kernel launch:
-what it collects is what the launchers really launch, as Triton's JIT would specialise it on a GPU.
+cases (greedy / sampling / draft_probs verifies, sampled draft tokens, None pointers, every dtype, split
+and unsplit paths, A100 and H100/H200 SM counts) on meta tensors, with `record.recording` in place of the
+kernel launch: what it collects is what the launchers really launch, as Triton's JIT would specialise it
+on a GPU.
 `compile_launch` builds one for a `GPUTarget` and reads registers, shared memory and local memory
 (spills) from `cuobjdump -res-usage` of the cubin. Used by tests/test_triton_aot.py (under Triton 3.8
 and the Triton 3.6 of `.ci/setup`'s second environment) and benchmarks/triton_resources.py.
@@ -201,8 +202,8 @@ def _softmax_sample_scenarios() -> Iterator[Scenario]:
     def call(dtype, B, V, into_depth):
         def run():
             probs = _meta((B, 5, V), torch.float32)[:, 1] if into_depth else None
-            return g.softmax_sample(_meta((B, V), dtype), _meta((B,), torch.float32), _meta((B, 4), torch.float64)[:, 2],
-                                    probs_out=probs, backend="triton")
+            return g.softmax_sample(_meta((B, V), dtype), _meta((B,), torch.float32),
+                                    _meta((B, 4), torch.float64)[:, 2], probs_out=probs, backend="triton")
         return run
 
     for (dname, dtype), B, V, into_depth in itertools.product(DTYPES.items(), BATCHES, (1000, VOCAB), (False, True)):
@@ -318,37 +319,38 @@ def _glue_scenarios() -> Iterator[Scenario]:
 
 
 def _step_scenarios() -> Iterator[Scenario]:
-    """The product path: a whole `Gemma4MTPDrafter.step` + `top_tokens` of each real drafter (every
-    weight, cache and activation a meta tensor) for chain steps and tree levels, so that what is
-    compiled is what the decode loop launches. Needs the gemma4_mtp package (python_api/) importable."""
+    """The product path: a whole `Gemma4MTPDrafter.step` + `top_tokens` (or a sampled token) of each real
+    drafter (every weight, cache and activation a meta tensor) for chain steps and tree levels, so that
+    what is compiled is what the decode loop launches. Needs the gemma4_mtp package (python_api/)
+    importable."""
     from gemma4_mtp.drafter import random_drafter, synthetic_context
+
+    def step(name, B, Q):
+        """(drafter, last) of one meta step."""
+        drafter = random_drafter(name, device="meta", backend="triton")
+        ctx = synthetic_context(drafter, B, 8192, device="meta")
+        Hb = drafter.config.backbone_hidden_size
+        return drafter, drafter.step(ctx, _meta((B, Q), torch.int64), _meta((B, Q, Hb), torch.bfloat16))[0]
+
+    def sample(drafter, last):
+        """A sampled token per request (graphs.DraftSampling), q into one depth of a [B, 5, V] buffer."""
+        B, V = last.shape[0], drafter.config.text.vocab_size
+        return drafter.sample_tokens(last[:, 0], _meta((B,), torch.float32), _meta((B, 4), torch.float64)[:, 0],
+                                     probs_out=_meta((B, 5, V), torch.float32)[:, 0])
 
     for name, B, Q, k in itertools.product(DRAFTERS, (1, 8, 32), (1, 2), (1, 2)):
         def call(name=name, B=B, Q=Q, k=k):
-            drafter = random_drafter(name, device="meta", backend="triton")
-            ctx = synthetic_context(drafter, B, 8192, device="meta")
-            Hb = drafter.config.backbone_hidden_size
-            last, _ = drafter.step(ctx, _meta((B, Q), torch.int64), _meta((B, Q, Hb), torch.bfloat16))
+            drafter, last = step(name, B, Q)
             return drafter.top_tokens(last, k)
         yield Scenario(f"drafter step bf16 {name} B={B} Q={Q} top {k}", "bf16", call)
-    for name, B in itertools.product(DRAFTERS, (1, 8, 32)):  # a sampled chain step (graphs.DraftSampling)
-        def sampled(name=name, B=B):
-            drafter = random_drafter(name, device="meta", backend="triton")
-            ctx = synthetic_context(drafter, B, 8192, device="meta")
-            Hb, V = drafter.config.backbone_hidden_size, drafter.config.text.vocab_size
-            last, _ = drafter.step(ctx, _meta((B, 1), torch.int64), _meta((B, 1, Hb), torch.bfloat16))
-            return drafter.sample_tokens(last[:, 0], _meta((B,), torch.float32), _meta((B, 4), torch.float64)[:, 0],
-                                         probs_out=_meta((B, 5, V), torch.float32)[:, 0])
-        yield Scenario(f"drafter step bf16 {name} B={B} Q=1 sampled", "bf16", sampled)
+    for name, B in itertools.product(DRAFTERS, (1, 8, 32)):  # a sampled chain step
+        yield Scenario(f"drafter step bf16 {name} B={B} Q=1 sampled", "bf16",
+                       lambda name=name, B=B: sample(*step(name, B, 1)))
     for name in DRAFTERS:  # bench_drafter_step's triton_pdl_at_exit: the B = 1 step, next kernels triggered at exit
         def late(name=name):  # (and a sampled token: any step kernel can run with the flag off)
-            drafter = random_drafter(name, device="meta", backend="triton")
-            ctx = synthetic_context(drafter, 1, 8192, device="meta")
-            Hb, V = drafter.config.backbone_hidden_size, drafter.config.text.vocab_size
             with mock.patch.object(_common, "PDL_EARLY_TRIGGER", False):
-                last, _ = drafter.step(ctx, _meta((1, 1), torch.int64), _meta((1, 1, Hb), torch.bfloat16))
-                drafter.sample_tokens(last[:, 0], _meta((1,), torch.float32), _meta((1,), torch.float64),
-                                      probs_out=_meta((1, V), torch.float32))
+                drafter, last = step(name, 1, 1)
+                sample(drafter, last)
                 return drafter.top_tokens(last, 1)
         yield Scenario(f"drafter step bf16 {name} B=1 Q=1 top 1, PDL trigger at exit", "bf16", late)
 
