@@ -150,8 +150,9 @@ def _run_case(case, *, torch, dry, device, dtype, l2_bytes, measured_dev, datash
 
 
 def run(*, dry: bool, out_path: str, ops=None, time_budget_s: float | None = None, runs: int = 30,
-        log=print, resume: bool = False, skip_baselines=()) -> dict:
-    """Runs the cases of every module (of `ops`) and writes the results to out_path after each case.
+        log=print, resume: bool = False, skip_baselines=(), modules=None) -> dict:
+    """Runs the cases of every module of `modules` (default MODULES; of `ops`) and writes the results to
+    out_path after each case.
     resume: keep the cases out_path already holds (those with any baseline run) and run the others;
     skip_baselines: prefixes of baseline names recorded as not run (after a lost CUDA context).
     Raises ContextLost, after writing what finished, when a baseline leaves the CUDA context unusable."""
@@ -190,7 +191,7 @@ def run(*, dry: bool, out_path: str, ops=None, time_budget_s: float | None = Non
         log(f"device {results['env']['device']}: copy {peaks['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
             f"bf16 matmul {peaks['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s, launch {peaks['launch_floor_s'] * 1e6:.2f} µs")
     write_json(results, out_path)
-    mods = [m for m in MODULES if not ops or any(o in m for o in ops)]
+    mods = [m for m in modules or MODULES if not ops or any(o in m for o in ops)]
     for n_mod, modname in enumerate(mods):
         mod = importlib.import_module(f".{modname}", __package__)
         # each op gets its weighted share of what is left of the budget, so a slow op cannot starve the rest

@@ -57,6 +57,10 @@ def test_linear_split_and_direct_paths():
     assert launch_config(1, 1024, 32, sms)["split_k"] > 1
     assert launch_config(1, 16384, 1024, 132)["split_k"] == 16  # 31B o_proj on an H200: 16 blocks each
     assert launch_config(64, 128, 256, sms)["split_k"] == 1
+    # a chosen split count is kept within the K blocks; a chosen K block re-derives the split's blocks
+    assert launch_config(1, 16384, 1024, 132, split_k=1)["split_k"] == 1
+    assert launch_config(1, 1024, 1024, 132, split_k=64)["split_k"] == 16
+    assert launch_config(1, 16384, 1024, 132, block_k=128)["kb_per_split"] == 8
     linear(1, 1024, 32, torch.bfloat16, "none")
     linear(2, 1000, 40, torch.float32, "layer")  # split with the prologue, ragged last K block
     linear(64, 128, 256, torch.bfloat16, "norm")
@@ -93,6 +97,13 @@ def test_without_the_optional_outputs():
 # the package re-exports the op functions under the module names: import the modules by path
 linear_module = importlib.import_module("gemma4_mtp_kernels.triton.rms_norm_linear")
 q_rope_module = importlib.import_module("gemma4_mtp_kernels.triton.rms_norm_q_rope")
+
+
+def test_q_rope_slices_divide_the_head():
+    """A head's D / BLOCK_N programs elect its epilogue: a slice width that does not divide D is refused."""
+    assert q_rope_module.launch_config(1, 4096, 512)["BLOCK_N"] == 64
+    with pytest.raises(ValueError, match="block_n: must divide the head dim 256, got 48"):
+        q_rope_module.launch_config(1, 1024, 256, block_n=48)
 
 
 def test_counters_are_left_zero():

@@ -98,17 +98,20 @@ def _down_proj_kernel(tok_ptr, emb_ptr, hid_ptr, w_ptr, out_ptr, part_ptr, cnt_p
 BLOCK_K = 64
 
 
-def launch_config(T: int, Hb: int, Hd: int, sms: int) -> dict:
-    """Tile sizes and split count for a call (also used by the AOT compile check)."""
+def launch_config(T: int, Hb: int, Hd: int, sms: int, *, block_n: int | None = None, block_k: int = BLOCK_K,
+                  split_k: int | None = None, num_warps: int = 4, num_stages: int = 3) -> dict:
+    """Tile sizes and split count for a call (also used by the AOT compile check). The keywords replace
+    one choice each, as `rms_norm_linear.launch_config`'s do."""
     block_t = min(64, pow2_at_least(T, 16))
-    block_n = 32 if Hd <= 512 else 64
+    block_n = block_n or (32 if Hd <= 512 else 64)
     tiles = cdiv(Hd, block_n) * cdiv(T, block_t)
-    nkb = cdiv(Hb, BLOCK_K)
-    split = max(1, min(cdiv(2 * sms, tiles), nkb, Hb // (8 * max(T, 1))))
-    kb_per_split = max(1, cdiv(nkb, split))
+    nkb = cdiv(Hb, block_k)
+    if split_k is None:
+        split_k = min(cdiv(2 * sms, tiles), nkb, Hb // (8 * max(T, 1)))
+    kb_per_split = max(1, cdiv(nkb, max(1, split_k)))
     split = max(1, cdiv(nkb, kb_per_split))  # Hb = 0: one program per tile writes zeros
-    return dict(BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=BLOCK_K, split_k=split, kb_per_split=kb_per_split,
-                num_warps=4, num_stages=3, **split_epilogue(split, block_n, block_t))
+    return dict(BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=block_k, split_k=split, kb_per_split=kb_per_split,
+                num_warps=num_warps, num_stages=num_stages, **split_epilogue(split, block_n, block_t, num_warps))
 
 
 def fused_concat_down_proj(token_ids, embed_table, hidden, weight, *, embed_scale, out=None):

@@ -232,22 +232,28 @@ def _merge_kernel(po_ptr, plse_ptr, out_ptr, lse_ptr, splits, Qn, Hq,
 MIN_TILES_PER_SPLIT = 2
 
 
-def kernel_config(D: int, rows: int, elem_bytes: int = 2) -> dict:
+def kernel_config(D: int, rows: int, elem_bytes: int = 2, *, block_n: int | None = None, num_warps: int | None = None,
+                  num_stages: int | None = None) -> dict:
     """Tiles and warps for one head dim and element size (also used by the AOT compile check). Chosen
     from the sm_80 / sm_90 compiles: the largest row tile whose fp32 accumulator [BLOCK_M, D] fits
     without spills (D 512 caps BLOCK_M at 32: 64 rows spill even with 16 warps). fp32 caches (tests)
     take 16-key tiles and fewer stages: with the bf16 tiles a D 512 fp32 launch needs ~200 KB of
-    shared memory, more than an A100 block may have, and fails to launch."""
+    shared memory, more than an A100 block may have, and fails to launch. The keywords replace one
+    choice each (`benchmarks/tune_launch_configs.py` times them)."""
     block_m = min(32 if D == 512 else 64, pow2_at_least(rows, 16))
     warps = 4 if block_m * D <= 16 * 256 else 8
     if elem_bytes == 4:
-        return dict(BLOCK_M=block_m, BLOCK_N=16, num_warps=8 if D == 512 else warps,
-                    num_stages=1 if block_m * D >= 64 * 128 else 2)
-    if D <= 128:
-        return dict(BLOCK_M=block_m, BLOCK_N=64, num_warps=warps, num_stages=3)
-    if D == 256:
-        return dict(BLOCK_M=block_m, BLOCK_N=32, num_warps=warps, num_stages=3)
-    return dict(BLOCK_M=block_m, BLOCK_N=32, num_warps=8, num_stages=3 if block_m == 16 else 2)
+        cfg = dict(BLOCK_M=block_m, BLOCK_N=16, num_warps=8 if D == 512 else warps,
+                   num_stages=1 if block_m * D >= 64 * 128 else 2)
+    elif D <= 128:
+        cfg = dict(BLOCK_M=block_m, BLOCK_N=64, num_warps=warps, num_stages=3)
+    elif D == 256:
+        cfg = dict(BLOCK_M=block_m, BLOCK_N=32, num_warps=warps, num_stages=3)
+    else:
+        cfg = dict(BLOCK_M=block_m, BLOCK_N=32, num_warps=8, num_stages=3 if block_m == 16 else 2)
+    chosen = dict(BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
+    cfg.update({k: v for k, v in chosen.items() if v is not None})
+    return cfg
 
 
 MERGE_BLOCK_D = 128  # partial columns per merge program

@@ -67,9 +67,11 @@ def _gate_up_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, g_ptr, u_ptr, out_pt
     tl.store(out_ptr + tok.to(tl.int64)[None, :] * s_out + n[:, None], m, mask=n_mask[:, None] & tok_mask[None, :])
 
 
-def launch_config(T: int, I: int) -> dict:
-    """32 rows of each weight per program: 64 (E2B) to 256 (31B) programs at T <= 64."""
-    return dict(BLOCK_N=32, BLOCK_T=token_block(T), BLOCK_K=BLOCK_K, num_warps=4, num_stages=3)
+def launch_config(T: int, I: int, *, block_n: int = 32, block_k: int = BLOCK_K, num_warps: int = 4,
+                  num_stages: int = 3) -> dict:
+    """32 rows of each weight per program: 64 (E2B) to 256 (31B) programs at T <= 64. The keywords
+    replace one choice each (`benchmarks/tune_launch_configs.py` times them)."""
+    return dict(BLOCK_N=block_n, BLOCK_T=token_block(T), BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
 
 
 def rms_norm_gate_up(x, gate_weight, up_weight, *, norm_weight=None, eps=1e-6, residual=None,

@@ -170,20 +170,23 @@ def token_block(T: int) -> int:
 MIN_KB_PER_SPLIT = 8  # K blocks per program: a weight stream long enough for the 3-stage pipeline
 
 
-def launch_config(T: int, H: int, N: int, sms: int) -> dict:
+def launch_config(T: int, H: int, N: int, sms: int, *, block_n: int | None = None, block_k: int = BLOCK_K,
+                  split_k: int | None = None, num_warps: int = 4, num_stages: int = 3) -> dict:
     """Tiles and split count (also what the AOT compile check records): up to 2 programs per SM,
     each streaming >= 8 K blocks (the first GPU run's down projection, which splits 22 MiB into
     5-block runs, reached 38% of copy bandwidth), with the fp32 partials (8 * SPLIT_K * T * N bytes
-    written and read back) capped at ~1/4 of the weight."""
+    written and read back) capped at ~1/4 of the weight. The keywords replace one choice each (the
+    rest follows from it): `benchmarks/tune_launch_configs.py` times them against these defaults."""
     block_t = token_block(T)
-    block_n = 32 if N <= 512 else 64
+    block_n = block_n or (32 if N <= 512 else 64)
     tiles = cdiv(N, block_n) * cdiv(max(T, 1), block_t)
-    nkb = cdiv(H, BLOCK_K)
-    split = max(1, min(cdiv(2 * sms, tiles), nkb // MIN_KB_PER_SPLIT, H // (8 * max(T, 1))))
-    kb_per_split = max(1, cdiv(nkb, split))
+    nkb = cdiv(H, block_k)
+    if split_k is None:
+        split_k = min(cdiv(2 * sms, tiles), nkb // MIN_KB_PER_SPLIT, H // (8 * max(T, 1)))
+    kb_per_split = max(1, cdiv(nkb, max(1, split_k)))
     split = max(1, cdiv(nkb, kb_per_split))
-    return dict(BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=BLOCK_K, split_k=split, kb_per_split=kb_per_split,
-                num_warps=4, num_stages=3, **split_epilogue(split, block_n, block_t))
+    return dict(BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=block_k, split_k=split, kb_per_split=kb_per_split,
+                num_warps=num_warps, num_stages=num_stages, **split_epilogue(split, block_n, block_t, num_warps))
 
 
 def prologue_args(x, norm_weight, residual, residual_norm_weight, layer_scalar, residual_out):

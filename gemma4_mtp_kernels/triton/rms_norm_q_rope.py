@@ -117,13 +117,19 @@ def _q_rope_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, qw_ptr, pos_pt
 MAXNREG = 168
 
 
-def launch_config(T: int, N: int, D: int) -> dict:
+def launch_config(T: int, N: int, D: int, *, block_n: int | None = None, block_k: int = BLOCK_K, num_warps: int = 4,
+                  num_stages: int = 3) -> dict:
     """BLOCK_N divides D (>= 64): 32-row slices for E2B/E4B (32-64 programs), 64 for 26B/31B (128-256).
     The epilogue handles 2048 / D tokens at a time ([D, tokens] fp32 tiles of ~16 values per thread).
     Register cap 168: left alone, ptxas fit the D 512 epilogue of some sm_80 launches in 64 registers
-    by saving predicates to the stack (8 bytes per thread); the cap lets it take 72-168 and save none."""
-    return dict(BLOCK_N=32 if N <= 2048 else 64, BLOCK_T=token_block(T), BLOCK_K=BLOCK_K, EPI_T=max(1, 2048 // D),
-                num_warps=4, num_stages=3, maxnreg=MAXNREG)
+    by saving predicates to the stack (8 bytes per thread); the cap lets it take 72-168 and save none.
+    The keywords replace one choice each (`benchmarks/tune_launch_configs.py` times them); block_n
+    must divide D (a head's slices are counted to elect its epilogue)."""
+    block_n = block_n or (32 if N <= 2048 else 64)
+    if D % block_n:
+        raise ValueError(f"block_n: must divide the head dim {D}, got {block_n}")
+    return dict(BLOCK_N=block_n, BLOCK_T=token_block(T), BLOCK_K=block_k, EPI_T=max(1, 2048 // D),
+                num_warps=num_warps, num_stages=num_stages, maxnreg=MAXNREG)
 
 
 def rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, *, norm_weight=None, eps=1e-6, residual=None,

@@ -1,0 +1,262 @@
+"""Launch configurations of the Triton kernels whose tiles and splits are heuristics, timed against those
+heuristics at the real drafter shapes (GPU): the fused glue (rms_norm_q_rope, rms_norm_linear,
+rms_norm_gate_up), the pre-projection (fused_concat_down_proj) and the attention (q_only_paged_attention).
+
+Each case is an op benchmark's case (bench_fused_glue, bench_fused_concat_down_proj,
+bench_q_only_attention) whose baselines are the Triton launch with the launcher's own choice
+("triton", first: run_all's "vs 1st" column is the speedup over it) and with one or two of its choices
+replaced: the keywords of the module's `launch_config` / `kernel_config` (e.g. "triton block_k=128
+num_stages=4") or a module constant (attention's MIN_TILES_PER_SPLIT). Each is checked against the
+reference and timed as run_all times the op benchmarks (CUDA graph replays, cold L2), and each result
+carries the configuration its launch got (`provenance.launch_config`). Why: at B = 1 the 31B glue
+kernels stream their weights at 1.3-1.6 TB/s of 4.2 (2026-12-04) with ~16-24 KiB in flight per program
+(64-column K blocks, 3 stages: the sm_90 TTGIR), and the E2B ones are latency chains whose split-K and
+tile choices were never measured against anything (benchmarks/README.md, "Launch configurations").
+
+    python -m benchmarks.tune_launch_configs --out tune.json [--time-budget 150] [--jobs 16]
+    python -m benchmarks.tune_launch_configs --dry-run --out /tmp/tune.json   # CPU: tiny shapes, no timing
+    python -m benchmarks.run_all --table tune.json                            # the whole table
+
+On a GPU the variants are compiled first by --jobs worker processes (each runs every variant of a
+case once; Triton's on-disk cache is shared), so that the timed process spends its budget timing.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import multiprocessing
+import os
+import sys
+import time
+from unittest import mock
+
+OPS = ("rms_norm_linear", "rms_norm_gate_up", "rms_norm_q_rope", "fused_concat_down_proj", "q_only_paged_attention")
+# variants of the GEMV-shaped kernels (the glue and the pre-projection): deeper K blocks and pipelines
+# put more weight bytes in flight per program; more warps more loads per block
+GEMV_VARIANTS = (dict(block_k=32), dict(block_k=128), dict(block_k=256), dict(num_stages=2), dict(num_stages=4),
+                 dict(num_stages=5), dict(num_warps=8), dict(block_k=128, num_stages=4),
+                 dict(block_k=256, num_stages=4), dict(block_k=128, num_stages=4, num_warps=8))
+BLOCK_NS = (16, 32, 64, 128)
+MIN_TILES = (1, 4, 8)  # attention: key tiles per split at least (fewer, longer splits; MIN_TILES_PER_SPLIT)
+
+
+def _modules() -> dict:
+    """op -> its Triton module (the package re-exports each op's function under the module's name)."""
+    import importlib
+    files = {op: op for op in OPS}
+    files["q_only_paged_attention"] = "q_only_attention"
+    return {op: importlib.import_module(f"gemma4_mtp_kernels.triton.{f}") for op, f in files.items()}
+
+
+def _config_fn(op: str) -> str:
+    return "kernel_config" if op == "q_only_paged_attention" else "launch_config"
+
+
+def default_config(op: str, params: dict, sms: int, elem_bytes: int) -> dict:
+    """The launcher's own configuration for a case (what its variants change)."""
+    module = _modules()[op]
+    p = params
+    if op == "rms_norm_linear":
+        return module.launch_config(p["T"], p["H"], p["N"], sms)
+    if op == "rms_norm_gate_up":
+        return module.launch_config(p["T"], p["N"])
+    if op == "rms_norm_q_rope":
+        return module.launch_config(p["T"], p["N"], p["D"])
+    if op == "fused_concat_down_proj":
+        return module.launch_config(p["T"], p["Hb"], p["Hd"], sms)
+    return module.kernel_config(p["D"], p["Q"] * (p["Hq"] // p["Hkv"]), elem_bytes)
+
+
+def variants(op: str, params: dict, sms: int, elem_bytes: int) -> list[tuple[dict, dict]]:
+    """(keywords of the config function, module constants) of every variant of a case: each differs from
+    the launcher's own choice (default_config) in what it names."""
+    cfg = default_config(op, params, sms, elem_bytes)
+    out: list[tuple[dict, dict]] = []
+    if op == "q_only_paged_attention":
+        out += [(dict(block_n=n), {}) for n in (16, 32, 64) if n != cfg["BLOCK_N"]]
+        out += [(dict(num_stages=s), {}) for s in (2, 3, 4) if s != cfg["num_stages"]]
+        out += [(dict(num_warps=w), {}) for w in (4, 8) if w != cfg["num_warps"]]
+        out += [({}, dict(MIN_TILES_PER_SPLIT=m)) for m in MIN_TILES if m != _modules()[op].MIN_TILES_PER_SPLIT]
+        return out
+    out += [(kw, {}) for kw in GEMV_VARIANTS
+            if any(cfg[{"block_k": "BLOCK_K"}.get(k, k)] != v for k, v in kw.items())]
+    out += [(dict(block_n=n), {}) for n in BLOCK_NS
+            if n != cfg["BLOCK_N"] and (op != "rms_norm_q_rope" or params["D"] % n == 0)]
+    if "split_k" in cfg:  # split-K kernels: no split, and half / twice the launcher's count
+        H = params["H"] if op == "rms_norm_linear" else params["Hb"]
+        blocks = -(-H // cfg["BLOCK_K"])
+        splits = {1, max(1, cfg["split_k"] // 2), min(blocks, 2 * cfg["split_k"])} - {cfg["split_k"]}
+        out += [(dict(split_k=s), {}) for s in sorted(splits)]
+    return out
+
+
+def variant_name(kw: dict, consts: dict) -> str:
+    return " ".join(["triton"] + [f"{k}={v}" for k, v in {**kw, **consts}.items()])
+
+
+def configured(factory, op: str, kw: dict, consts: dict):
+    """A baseline factory: the bench's own Triton baseline run with the config function's keywords `kw`
+    and the module constants `consts` in place for every launch (warm-up and capture included). The
+    callable's provenance records the configuration the first launch got."""
+    module = _modules()[op]
+    name = _config_fn(op)
+    original = getattr(module, name)
+
+    def make(inp):
+        run = factory(inp)
+        # what the launch got (run_all keeps a provenance that is truthy before the first call)
+        seen: dict = {"launch_config": None, "constants": dict(consts)}
+
+        def chosen(*args, **kwargs):
+            cfg = original(*args, **kwargs, **kw)
+            if seen["launch_config"] is None:
+                seen["launch_config"] = dict(cfg)
+            return cfg
+
+        def call():
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(mock.patch.object(module, name, chosen))
+                for k, v in consts.items():
+                    stack.enter_context(mock.patch.object(module, k, v))
+                return run()
+        call.provenance = seen
+        return call
+    return make
+
+
+def cases(dry: bool) -> list:
+    """The op benchmarks' cases of E2B and 31B (tiny ones in a dry run), most likely gain first: the
+    B = 1 glue and pre-projection of 31B (bandwidth), of E2B (latency), then attention, then T = 8."""
+    import dataclasses
+
+    import torch
+
+    from gemma4_mtp_kernels.triton._common import num_sms
+
+    from . import bench_fused_concat_down_proj, bench_fused_glue, bench_q_only_attention
+    sms = num_sms(torch.device("cpu" if dry else "cuda"))
+    elem_bytes = 4 if dry else 2  # run_all's dtypes: fp32 dry, bf16 on a GPU
+    picked = bench_fused_glue.cases(dry) + [c for c in bench_fused_concat_down_proj.cases(dry) if c.params["T"] <= 8]
+    picked += bench_q_only_attention.cases(dry)
+    if not dry:
+        picked = [c for c in picked if c.params["drafter"] in ("E2B", "31B")]
+
+    def rank(c):
+        T = c.params.get("T", c.params.get("B", 1) * c.params.get("Q", 1))
+        return (T > 1, c.op == "q_only_paged_attention", c.params["drafter"] != "31B")
+    out = []
+    for c in sorted(picked, key=rank):
+        base = c.baselines["triton"]
+        baselines = {"triton": configured(base, c.op, {}, {})}
+        for kw, consts in variants(c.op, c.params, sms, elem_bytes):
+            baselines[variant_name(kw, consts)] = configured(base, c.op, kw, consts)
+        compare = {name: c.compare["triton"] for name in baselines} if "triton" in c.compare else {}
+        out.append(dataclasses.replace(c, baselines=baselines, compare=compare))
+    return out
+
+
+_WORKER: dict = {}
+
+
+def _warm(task: tuple[bool, int, str]) -> tuple[int, str, str | None]:
+    """Worker: run one variant of one case once (on a GPU its compile lands in Triton's on-disk cache)."""
+    import torch
+    dry, i, name = task
+    if "cases" not in _WORKER:
+        _WORKER["cases"] = cases(dry)
+    case = _WORKER["cases"][i]
+    if _WORKER.get("inputs", (None,))[0] != i:
+        device, dtype = (torch.device("cpu"), torch.float32) if dry else (torch.device("cuda"), torch.bfloat16)
+        _WORKER["inputs"] = (i, case.make_inputs(device, dtype, 0))
+    try:
+        case.baselines[name](_WORKER["inputs"][1])()
+        if not dry:
+            torch.cuda.synchronize()
+        return i, name, None
+    except Exception as e:  # noqa: BLE001 - the timed run reports it with its traceback
+        return i, name, f"{type(e).__name__}: {str(e)[:200]}"
+
+
+def precompile(jobs: int, deadline: float, log=print, *, dry: bool = False) -> dict:
+    """Every variant of every case run once by `jobs` processes (spawned: CUDA), until `deadline`
+    (time.monotonic()); what is left compiles when it is timed. Returns counts."""
+    tasks = [(dry, i, name) for i, c in enumerate(cases(dry)) for name in c.baselines]
+    done = failed = 0
+    pool = multiprocessing.get_context("spawn").Pool(jobs)
+    try:
+        # one case's variants together: a worker builds that case's inputs once
+        per_case = max(1, len(tasks) // max(1, len({i for _, i, _ in tasks})))
+        for _, _, err in pool.imap_unordered(_warm, tasks, chunksize=per_case):
+            done += 1
+            failed += err is not None
+            if time.monotonic() > deadline:
+                log(f"tune: precompile stopped at its deadline after {done} of {len(tasks)} variants")
+                break
+    finally:
+        pool.terminate()
+    return {"variants": len(tasks), "run": done, "failed": failed}
+
+
+def best(results: dict) -> list[dict]:
+    """Per case: the launcher's own time and the fastest variant that passed its check."""
+    rows = []
+    for c in results["cases"]:
+        ok = [r for r in c["results"] if r.get("time_s") and (r.get("check") or {}).get("ok")]
+        default = next((r for r in ok if r["baseline"] == "triton"), None)
+        if not ok or default is None:
+            continue
+        fastest = min(ok, key=lambda r: r["time_s"])
+        rows.append({"op": c["op"], "case": c["case"], "default_us": default["time_s"] * 1e6, "best": fastest["baseline"],
+                     "best_us": fastest["time_s"] * 1e6, "gain": default["time_s"] / fastest["time_s"],
+                     "floor_us": c["floor_s"] * 1e6 if c.get("floor_s") else None})
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--dry-run", action="store_true", help="CPU: tiny shapes, every variant run and checked, no timing")
+    p.add_argument("--time-budget", type=float, default=None, help="seconds in all (precompile included)")
+    p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="precompile processes (GPU)")
+    p.add_argument("--runs", type=int, default=30)
+    args = p.parse_args(argv)
+    if args.dry_run:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+    import torch
+
+    from . import run_all
+    if not args.dry_run and not torch.cuda.is_available():
+        print("tune_launch_configs: no GPU (torch.cuda.is_available() is False); use --dry-run on a CPU machine",
+              file=sys.stderr)
+        return 2
+    start = time.monotonic()
+    log = functools.partial(print, file=sys.stderr, flush=True)
+    warm = None
+    if not args.dry_run and args.jobs > 1:
+        budget = args.time_budget if args.time_budget is not None else float("inf")
+        warm = precompile(args.jobs, start + budget / 2, log)
+        log(f"tune: precompiled {warm} in {time.monotonic() - start:.0f} s")
+    left = None if args.time_budget is None else max(1.0, args.time_budget - (time.monotonic() - start))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    try:
+        results = run_all.run(dry=args.dry_run, out_path=args.out, time_budget_s=left, runs=args.runs, log=log,
+                              modules=("tune_launch_configs",))
+    except run_all.ContextLost as e:
+        print(f"tune_launch_configs: {e}; what finished is in {args.out}", file=sys.stderr)
+        return 3
+    results["precompile"] = warm
+    results["best"] = best(results)
+    run_all.write_json(results, args.out)
+    for r in results["best"]:
+        floor = f"floor {r['floor_us']:.1f}" if r["floor_us"] else ""
+        print(f"{r['op']:24s} {r['case']:40s} {r['default_us']:8.2f} µs -> {r['best_us']:8.2f} µs ({r['gain']:.2f}x) "
+              f"{r['best']}  {floor}")
+    if args.dry_run:
+        print(json.dumps({c["case"]: sorted({r["status"] for r in c["results"]}) for c in results["cases"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""benchmarks/tune_launch_configs.py on CPU: every variant of every case runs through the public op, computes
+what the reference computes, and launches with the configuration it names; on real shapes the variants
+are the ones the sweep is for; the best variant is picked among the checked ones only."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import tune_launch_configs as tune
+from test_bench_dry import ROOT, _env
+
+# keyword of a launcher's config function -> the key of the configuration it sets
+KEYS = {"block_n": "BLOCK_N", "block_k": "BLOCK_K", "split_k": "split_k", "num_warps": "num_warps",
+        "num_stages": "num_stages"}
+
+
+@pytest.fixture(scope="module")
+def dry(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tune") / "tune.json"
+    p = subprocess.run([sys.executable, "-m", "benchmarks.tune_launch_configs", "--dry-run", "--out", str(out)],
+                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_every_variant_computes_the_op_with_the_configuration_it_names(dry):
+    assert {c["op"] for c in dry["cases"]} == set(tune.OPS)
+    for c in dry["cases"]:
+        names = [r["baseline"] for r in c["results"]]
+        assert names[0] == "triton" and len(names) == len(set(names)) and len(names) >= 8, (c["case"], names)
+        default = c["results"][0]["provenance"]["launch_config"]
+        for r in c["results"]:
+            assert r["status"] == "ok" and r["check"]["ok"], (c["case"], r)
+            got = r["provenance"]["launch_config"]
+            named = dict(kv.split("=") for kv in r["baseline"].split()[1:])
+            for k, v in named.items():
+                if k in KEYS:
+                    assert got[KEYS[k]] == int(v) != default[KEYS[k]], (c["case"], r["baseline"], got)
+                else:  # a module constant
+                    assert r["provenance"]["constants"] == {k: int(v)}
+
+
+def test_the_real_shapes_get_deeper_pipelines_valid_tiles_and_split_choices():
+    # 31B o_proj at T = 1 on an H200: the launcher splits K 16 ways (tests/test_fused_glue_triton.py)
+    v = tune.variants("rms_norm_linear", dict(T=1, H=16384, N=1024), 132, 2)
+    assert {kw.get("split_k") for kw, _ in v} >= {1, 8, 32}
+    assert dict(block_k=128, num_stages=4) in [kw for kw, _ in v]
+    # q_rope slices must divide the head: E2B's sliding heads (D 256) take 16..128, its default 32 excluded
+    v = tune.variants("rms_norm_q_rope", dict(T=1, H=256, N=1024, D=256), 132, 2)
+    assert sorted(kw["block_n"] for kw, _ in v if "block_n" in kw) == [16, 64, 128]
+    # attention: fewer, longer key splits and the tiles / pipeline depths around the D 512 default
+    v = tune.variants("q_only_paged_attention", dict(D=512, Q=1, Hq=4, Hkv=1), 132, 2)
+    assert [c for _, c in v if c] == [dict(MIN_TILES_PER_SPLIT=m) for m in (1, 4, 8)]
+    assert dict(block_n=64) in [kw for kw, _ in v] and dict(block_n=32) not in [kw for kw, _ in v]
+
+
+def test_best_is_the_fastest_checked_variant():
+    def r(name, us, ok=True):
+        return {"baseline": name, "status": "ok", "time_s": us * 1e-6, "check": {"ok": ok}}
+    results = {"cases": [{"op": "rms_norm_linear", "case": "31B o_proj full T=1", "floor_s": 8e-6,
+                          "results": [r("triton", 16.0), r("triton block_k=128", 9.0, ok=False),
+                                      r("triton num_stages=4", 12.0), r("triton split_k=1", 20.0)]},
+                         {"op": "rms_norm_linear", "case": "unchecked default", "floor_s": None,
+                          "results": [r("triton", 5.0, ok=False), r("triton num_stages=4", 4.0)]}]}
+    (row,) = tune.best(results)
+    assert row["best"] == "triton num_stages=4" and row["gain"] == pytest.approx(16 / 12)
+
+
+def test_refuses_without_a_gpu(tmp_path):
+    env = _env()
+    env.pop("TRITON_INTERPRET")
+    p = subprocess.run([sys.executable, "-m", "benchmarks.tune_launch_configs", "--out", str(tmp_path / "t.json")],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "no GPU" in p.stderr and "Traceback" not in p.stderr
+    assert not os.path.exists(tmp_path / "t.json")
+
+
+def test_precompile_workers_run_every_variant(monkeypatch):
+    """The worker pool the GPU sweep compiles with (spawned processes, one case's variants per task
+    chunk), here on the dry cases under the interpreter: every variant runs, none fails."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
+    n = sum(len(c.baselines) for c in tune.cases(True))
+    assert tune.precompile(2, float("inf"), dry=True) == {"variants": n, "run": n, "failed": 0}
