@@ -17,8 +17,8 @@ tile choices were never measured against anything (benchmarks/README.md, "Launch
     python -m benchmarks.tune_launch_configs --dry-run --out /tmp/tune.json   # CPU: tiny shapes, no timing
     python -m benchmarks.run_all --table tune.json                            # the whole table
 
-On a GPU the variants are compiled first by --jobs worker processes (each runs every variant of a
-case once; Triton's on-disk cache is shared), so that the timed process spends its budget timing.
+On a GPU the variants are compiled first by --jobs worker processes (`run_all.precompile`), so that the
+timed process spends its budget timing.
 """
 from __future__ import annotations
 
@@ -26,10 +26,8 @@ import argparse
 import contextlib
 import functools
 import json
-import multiprocessing
 import os
 import sys
-import time
 from unittest import mock
 
 OPS = ("rms_norm_linear", "rms_norm_gate_up", "rms_norm_q_rope", "fused_concat_down_proj", "q_only_paged_attention")
@@ -157,48 +155,6 @@ def cases(dry: bool) -> list:
     return out
 
 
-_WORKER: dict = {}
-
-
-def _warm(task: tuple[bool, int, str]) -> tuple[int, str, str | None]:
-    """Worker: run one variant of one case once (on a GPU its compile lands in Triton's on-disk cache)."""
-    import torch
-    dry, i, name = task
-    if "cases" not in _WORKER:
-        _WORKER["cases"] = cases(dry)
-    case = _WORKER["cases"][i]
-    if _WORKER.get("inputs", (None,))[0] != i:
-        device, dtype = (torch.device("cpu"), torch.float32) if dry else (torch.device("cuda"), torch.bfloat16)
-        _WORKER["inputs"] = (i, case.make_inputs(device, dtype, 0))
-    try:
-        case.baselines[name](_WORKER["inputs"][1])()
-        if not dry:
-            torch.cuda.synchronize()
-        return i, name, None
-    except Exception as e:  # noqa: BLE001 - the timed run reports it with its traceback
-        return i, name, f"{type(e).__name__}: {str(e)[:200]}"
-
-
-def precompile(jobs: int, deadline: float, log=print, *, dry: bool = False) -> dict:
-    """Every variant of every case run once by `jobs` processes (spawned: CUDA), until `deadline`
-    (time.monotonic()); what is left compiles when it is timed. Returns counts."""
-    tasks = [(dry, i, name) for i, c in enumerate(cases(dry)) for name in c.baselines]
-    done = failed = 0
-    pool = multiprocessing.get_context("spawn").Pool(jobs)
-    try:
-        # one case's variants together: a worker builds that case's inputs once
-        per_case = max(1, len(tasks) // max(1, len({i for _, i, _ in tasks})))
-        for _, _, err in pool.imap_unordered(_warm, tasks, chunksize=per_case):
-            done += 1
-            failed += err is not None
-            if time.monotonic() > deadline:
-                log(f"tune: precompile stopped at its deadline after {done} of {len(tasks)} variants")
-                break
-    finally:
-        pool.terminate()
-    return {"variants": len(tasks), "run": done, "failed": failed}
-
-
 def best(results: dict) -> list[dict]:
     """Per case: the launcher's own time and the fastest variant that passed its check."""
     rows = []
@@ -219,7 +175,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--dry-run", action="store_true", help="CPU: tiny shapes, every variant run and checked, no timing")
     p.add_argument("--time-budget", type=float, default=None, help="seconds in all (precompile included)")
-    p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="precompile processes (GPU)")
+    p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
+                   help="processes that compile the variants first (GPU; run_all.precompile)")
     p.add_argument("--runs", type=int, default=30)
     args = p.parse_args(argv)
     if args.dry_run:
@@ -231,22 +188,14 @@ def main(argv=None) -> int:
         print("tune_launch_configs: no GPU (torch.cuda.is_available() is False); use --dry-run on a CPU machine",
               file=sys.stderr)
         return 2
-    start = time.monotonic()
     log = functools.partial(print, file=sys.stderr, flush=True)
-    warm = None
-    if not args.dry_run and args.jobs > 1:
-        budget = args.time_budget if args.time_budget is not None else float("inf")
-        warm = precompile(args.jobs, start + budget / 2, log)
-        log(f"tune: precompiled {warm} in {time.monotonic() - start:.0f} s")
-    left = None if args.time_budget is None else max(1.0, args.time_budget - (time.monotonic() - start))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     try:
-        results = run_all.run(dry=args.dry_run, out_path=args.out, time_budget_s=left, runs=args.runs, log=log,
-                              modules=("tune_launch_configs",))
+        results = run_all.run(dry=args.dry_run, out_path=args.out, time_budget_s=args.time_budget, runs=args.runs,
+                              log=log, modules=("tune_launch_configs",), precompile_jobs=0 if args.dry_run else args.jobs)
     except run_all.ContextLost as e:
         print(f"tune_launch_configs: {e}; what finished is in {args.out}", file=sys.stderr)
         return 3
-    results["precompile"] = warm
     results["best"] = best(results)
     run_all.write_json(results, args.out)
     for r in results["best"]:

@@ -78,8 +78,27 @@ def test_refuses_without_a_gpu(tmp_path):
 
 
 def test_precompile_workers_run_every_variant(monkeypatch):
-    """The worker pool the GPU sweep compiles with (spawned processes, one case's variants per task
-    chunk), here on the dry cases under the interpreter: every variant runs, none fails."""
+    """The worker pool that compiles the variants before they are timed on a GPU (run_all.precompile:
+    spawned processes, a case each), here on the dry cases under the interpreter: every variant runs,
+    none fails; a deadline already past stops it at once, and cases already done are left out."""
+    from benchmarks import run_all
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
-    n = sum(len(c.baselines) for c in tune.cases(True))
-    assert tune.precompile(2, float("inf"), dry=True) == {"variants": n, "run": n, "failed": 0}
+    cases = tune.cases(True)
+    n = sum(len(c.baselines) for c in cases)
+    done = {(cases[0].op, cases[0].label)}
+    got = run_all.precompile(["tune_launch_configs"], 2, float("inf"), dry=True, done=done)
+    assert got == {"cases": len(cases) - 1, "cases_run": len(cases) - 1, "baselines_run": n - len(cases[0].baselines),
+                   "baselines_failed": 0}
+    assert run_all.precompile(["tune_launch_configs"], 2, 0.0, dry=True)["cases_run"] == 0
+
+
+def test_run_precompiles_before_it_times(tmp_path, monkeypatch):
+    """run_all.run with precompile_jobs: the pool's counts land in the results, then every case runs."""
+    from benchmarks import run_all
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
+    results = run_all.run(dry=True, out_path=str(tmp_path / "r.json"), modules=("tune_launch_configs",),
+                          ops=["tune"], precompile_jobs=2, log=lambda s: None)
+    n = len(tune.cases(True))
+    assert {k: results["precompile"][k] for k in ("cases", "cases_run", "baselines_failed")} == \
+        {"cases": n, "cases_run": n, "baselines_failed": 0}
+    assert len(results["cases"]) == n and json.loads((tmp_path / "r.json").read_text())["precompile"]["cases_run"] == n
