@@ -20,6 +20,9 @@ A step is `Gemma4MTPDrafter.step` + `top_tokens(last, 1)`; a round is `gemma4_mt
   exits, not as soon as it has waited for its inputs (`_common.PDL_EARLY_TRIGGER` off), graph-replayed:
   whether the waiting programs of the next kernel slow the wide 31B kernels (benchmarks/README.md, "Kernel
   by kernel");
+- `triton_no_prefetch` (steps at B = 1): `triton` without the GEMV kernels' L2 prefetch of their first
+  weight lines before their wait (`_common.PREFETCH_WEIGHTS` off), graph-replayed: what that prefetch saves
+  (benchmarks/README.md, "Weights asked of L2 before the wait");
 - `triton_eager`, `cuda_eager`: the same calls eagerly, timed with events around them: on a GPU this
   is the host time per call (Python, validation, launches), the GPU waiting on it (`cuda_eager`: torch
   custom-op dispatch instead of Triton's launcher);
@@ -44,8 +47,8 @@ from .common import Case, external
 
 # Our own drafter with a switch off, timed eagerly, or on the reference backend: what our choices are
 # worth, never an anchor to beat (benchmarks.readme_tables).
-OUR_VARIANTS = frozenset({"triton_no_pdl", "triton_merge_kernel", "triton_pdl_at_exit", "triton_eager", "cuda_eager",
-                          "torch_eager"})
+OUR_VARIANTS = frozenset({"triton_no_pdl", "triton_merge_kernel", "triton_pdl_at_exit", "triton_no_prefetch",
+                          "triton_eager", "cuda_eager", "torch_eager"})
 
 # "sampled": the chain round of a sampling request (graphs.DraftSampling, temperature 0.8), its verify with
 # the drafts' probabilities
@@ -230,6 +233,7 @@ def cases(dry: bool) -> list[Case]:
         if B == 1 and kind == "step":
             baselines["triton_merge_kernel"] = ours_with(kind, q_only_attention, "IN_KERNEL_MERGE", False)
             baselines["triton_pdl_at_exit"] = ours_with(kind, _common, "PDL_EARLY_TRIGGER", False)
+            baselines["triton_no_prefetch"] = ours_with(kind, _common, "PREFETCH_WEIGHTS", False)
         if not dry:  # the same calls as "triton" / "cuda", timed eagerly: nothing more to exercise on a CPU
             baselines["triton_eager"] = ours("triton", kind)
             baselines["cuda_eager"] = ours("cuda", kind)

@@ -14,6 +14,8 @@
 # 30 s; + 20 s grace), the summary table, the plot 20 s if it can start by 550 s, then the HF
 # assisted-generation benchmark only if at least 60 s remain before 540 s.
 # Exit status: 2 = no GPU; otherwise 0 only if every stage passed.
+# Not in this call (its ~150 s do not fit): the launch-configuration sweep, a second device call,
+#   PYTHONPATH=$PWD python -m benchmarks.tune_launch_configs --out $OUT/tune.json --time-budget 150 --jobs 16
 set -u
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-$(command -v python || command -v python3)}"

@@ -302,6 +302,9 @@ def test_gpu_case_grid_is_well_formed():
     # the next kernel scheduled at each kernel's exit instead of after its wait: the B = 1 steps
     assert "triton_pdl_at_exit" in baselines["31B step B=1 ctx=8192"]
     assert "triton_pdl_at_exit" not in baselines["31B step B=8 ctx=8192"]
+    # the GEMV kernels without their weight prefetch before the wait: the B = 1 steps
+    assert "triton_no_prefetch" in baselines["31B step B=1 ctx=8192"]
+    assert "triton_no_prefetch" not in baselines["31B step B=8 ctx=8192"]
 
 
 def test_rotating_sets_cover_three_l2s():

@@ -99,6 +99,18 @@ linear_module = importlib.import_module("gemma4_mtp_kernels.triton.rms_norm_line
 q_rope_module = importlib.import_module("gemma4_mtp_kernels.triton.rms_norm_q_rope")
 
 
+def test_prologue_loops_unroll_no_further_than_the_row():
+    """The decode tiles' statistics loops issue up to 16 / 8 K blocks of loads at once, never more than
+    the row has (a loop unrolled past its trip count runs its one-block remainder loop: a round trip per
+    block); larger tiles and fp32 keep the unrolling their registers allow."""
+    from gemma4_mtp_kernels.triton.rms_norm_linear import prologue_unroll
+    assert prologue_unroll(1024, 64, 16, 2) == dict(STATS_UNROLL=16, NORM_UNROLL=8)  # 26B / 31B
+    assert prologue_unroll(256, 64, 16, 2) == dict(STATS_UNROLL=4, NORM_UNROLL=4)  # E2B / E4B
+    assert prologue_unroll(150, 64, 16, 2) == dict(STATS_UNROLL=2, NORM_UNROLL=2)  # 3 blocks: a power of two
+    assert prologue_unroll(1024, 64, 64, 2) == prologue_unroll(1024, 64, 16, 4) == dict(STATS_UNROLL=None,
+                                                                                        NORM_UNROLL=4)
+
+
 def test_q_rope_slices_divide_the_head():
     """A head's D / BLOCK_N programs elect its epilogue: a slice width that does not divide D is refused."""
     assert q_rope_module.launch_config(1, 4096, 512)["BLOCK_N"] == 64

@@ -118,6 +118,8 @@ def test_split_k_epilogues_load_their_partials_at_once(compiled):
 # needs every program resident) nor tree_verify (once per round, after the target's forward).
 PDL_KERNELS = {"_attn_kernel", "_merge_kernel", "_down_proj_kernel", "_q_rope_kernel", "_norm_linear_kernel",
                "_gate_up_kernel", "_head_kernel", "_chunk_stats_kernel", "_probs_kernel"}
+# the step's weight streams (the glue and the pre-projection), which prefetch before their wait
+PREFETCH_KERNELS = {"_down_proj_kernel", "_q_rope_kernel", "_norm_linear_kernel", "_gate_up_kernel"}
 
 
 def test_programmatic_dependent_launch_on_sm90_only(compiled):
@@ -132,9 +134,13 @@ def test_programmatic_dependent_launch_on_sm90_only(compiled):
         use = r["constexprs"].get("USE_PDL", 0)
         assert r["pdl"] is want and bool(use) is want, (r["name"], r["arch"])
         # USE_PDL 1 triggers the next kernel once its own wait is over, 2 leaves it to the kernel's exit
-        assert r["pdl_early_trigger"] is (use == 1), (r["name"], r["arch"], use)
-        if use == 2:
+        assert r["pdl_early_trigger"] is (use % 4 == 1), (r["name"], r["arch"], use)
+        if use % 4 == 2:
             late.add(r["kernel"])
+        # + 4: the GEMV kernels prefetch their first weight lines into L2 before the wait, and only they
+        assert (use >= 4) is (want and r["kernel"] in PREFETCH_KERNELS), (r["name"], r["arch"], use)
+        prefetches = r.get("prefetches_before_wait", 0)  # a launch that does not compile fails the test above
+        assert (prefetches > 0) is (use >= 4), (r["name"], r["arch"], prefetches)
     assert late == PDL_KERNELS, late  # the PDL-at-exit step scenarios of aot
 
 
@@ -147,6 +153,10 @@ def test_the_pdl_check_finds_an_early_global_access():
     assert "before griddepcontrol.wait" in pdl_problem("@%p1 ld.global.b32 %r2, [%rd1];\n" + ok)
     assert "before griddepcontrol.wait" in pdl_problem("cp.async.cg.shared.global [%r1], [%rd1], 16;\n" + ok)
     assert "before griddepcontrol.wait" in pdl_problem("\tatom.global.add.u32 %r3, [%rd2], 1;\n" + ok)
+    # an L2 prefetch of global memory may come first (prefetch_weight_rows); any other prefetch may not
+    assert pdl_problem("\tprefetch.global.L2 [%rd4];\n" + ok) is None
+    assert "before griddepcontrol.wait" in pdl_problem("\tprefetch.global.L1 [%rd4];\n" + ok)
+    assert "before griddepcontrol.wait" in pdl_problem("\tprefetch.L2 [%rd4];\n" + ok)
     assert "never waits" in pdl_problem("ld.param.u64 %rd1, [p];\n")
 
 

@@ -65,17 +65,23 @@ PDL = os.environ.get("GEMMA4_MTP_PDL", "1") != "0"
 # GEMVs may want the SM slots the waiting programs hold: bench_drafter_step's `triton_pdl_at_exit`
 # measures the other choice (benchmarks/README.md, "Kernel by kernel").
 PDL_EARLY_TRIGGER = True
+# Whether the GEMV kernels (the glue, the pre-projection) ask L2 for their first weight lines before their
+# wait (`prefetch_weight_rows`): bench_drafter_step's `triton_no_prefetch` measures the other choice.
+PREFETCH_WEIGHTS = True
 
 
-def pdl_args(device: torch.device) -> dict:
+def pdl_args(device: torch.device, *, weights: bool = False) -> dict:
     """The kernel flag and launch option of a launch on `device`: with programmatic dependent launch
     (sm_90 and newer, not the interpreter) a kernel is scheduled while the kernel before it on the
     stream still runs and waits for it in `wait_for_inputs`, which hides the launch latency between
     the 24 dependent launches of a drafter step. A kernel launched this way must call
     `wait_for_inputs` before touching global memory (aot checks the PTX). USE_PDL: 0 off, 1 wait and
-    trigger the next kernel at once, 2 wait only (the next kernel is triggered when this one exits)."""
+    trigger the next kernel at once, 2 wait only (the next kernel is triggered when this one exits);
+    + 4 for a kernel that streams weights (`weights`): it prefetches its first weight lines into L2
+    before the wait (`prefetch_weight_rows`, PREFETCH_WEIGHTS)."""
     if PDL and sm_arch(device) >= 90:
-        return dict(USE_PDL=1 if PDL_EARLY_TRIGGER else 2, launch_pdl=True)
+        return dict(USE_PDL=(1 if PDL_EARLY_TRIGGER else 2) + (4 if weights and PREFETCH_WEIGHTS else 0),
+                    launch_pdl=True)
     return dict(USE_PDL=0)
 
 
@@ -100,12 +106,36 @@ def device_helper(fn):
 @device_helper
 def wait_for_inputs(USE_PDL: tl.constexpr):
     """First statement of a kernel launched with `pdl_args`: wait until the previous kernel's writes
-    are visible (everything it reads may be one), then (USE_PDL 1) let the next kernel be scheduled (it
-    waits the same way). Without programmatic dependent launch it does nothing."""
+    are visible (everything it reads may be one), then (USE_PDL 1 or 5) let the next kernel be scheduled
+    (it waits the same way). Without programmatic dependent launch it does nothing."""
     if USE_PDL:
         gdc_wait()
-        if USE_PDL == 1:
+        if USE_PDL % 4 == 1:
             gdc_launch_dependents()
+
+
+# 128-byte lines of each weight row a GEMV program asks L2 for before its wait: the first 4 K blocks of 64
+# 16-bit columns, what its 3-stage pipeline loads first (32 KiB for a program of 64 rows, ~8 MiB for a 31B
+# q_proj: not its whole 32 MiB, which would push out of L2 what the kernel still running has not read)
+PREFETCH_LINES = tl.constexpr(4)
+
+
+@device_helper
+def prefetch_weight_rows(w_ptr, rows, row_mask, s_w, k_lo, k_hi, USE_PDL: tl.constexpr):
+    """Before `wait_for_inputs`: an L2 prefetch of the first PREFETCH_LINES lines of each of the program's
+    weight rows over its columns [k_lo, k_hi). Under programmatic dependent launch the program may be
+    resident while the previous kernel still runs: the weights are not that kernel's output, and
+    prefetch.global.L2 moves nothing into the SM (the loads after the wait read L2, where that kernel's
+    writes are), so the first weight tiles come from L2 instead of DRAM when the wait returns (~0.4 µs
+    per kernel of a 31B step, whose weights do not stay in L2). Without PDL the kernel starts after its
+    predecessor and nothing is issued (nor with USE_PDL < 4: `pdl_args`)."""
+    if USE_PDL >= 4:
+        per_line: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth
+        k = k_lo + tl.arange(0, PREFETCH_LINES) * per_line
+        ok = row_mask[:, None] & (k < k_hi)[None, :]
+        lines = w_ptr + rows.to(tl.int64)[:, None] * s_w + k[None, :]
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [tl.where(ok, lines, w_ptr)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 @device_helper

@@ -442,9 +442,11 @@ SHARED_LIMIT = {80: 166912, 90: 232448}
 
 
 # A PTX instruction that touches global (or generic) memory: loads, stores, atomics, reductions, async
-# copies and prefetches whose state space is not param / shared / local / const.
-_GLOBAL_ACCESS = re.compile(r"^\s*(?:@!?%\w+\s+)?(?:ld|st|atom|red|cp\.async|prefetch)\.(?!param|shared|local|const)",
-                            re.MULTILINE)
+# copies and prefetches whose state space is not param / shared / local / const. An L2 prefetch of global
+# memory (prefetch.global.L2, `_common.prefetch_weight_rows`) may come first: it moves nothing into the
+# SM, and the loads after the wait read L2, where the previous kernel's writes are.
+_GLOBAL_ACCESS = re.compile(r"^\s*(?:@!?%\w+\s+)?(?:ld|st|atom|red|cp\.async|prefetch)\."
+                            r"(?!param|shared|local|const|global\.L2\s)", re.MULTILINE)
 
 
 def pdl_problem(ptx: str) -> str | None:
@@ -483,7 +485,10 @@ def _compile_row(launch: Launch, arch: int) -> dict:
         row["problems"].append(f"shared memory {res.shared_bytes} B > {SHARED_LIMIT[arch]} B")
     if row["pdl"] and (problem := pdl_problem(compiled.asm["ptx"])):
         row["problems"].append(problem)
-    row["pdl_early_trigger"] = "griddepcontrol.launch_dependents" in compiled.asm["ptx"]
+    ptx = compiled.asm["ptx"]
+    row["pdl_early_trigger"] = "griddepcontrol.launch_dependents" in ptx
+    # L2 prefetches of the weight rows before the wait (`_common.prefetch_weight_rows`)
+    row["prefetches_before_wait"] = ptx[:max(0, ptx.find("griddepcontrol.wait"))].count("prefetch.global.L2")
     if arch == 90 and constexprs.get("SPLIT") and rec.options.get("maxnreg"):  # the decode steps' split-K
         row["split_load_waves"] = split_load_waves(sass(compiled.asm["cubin"]))
         if row["split_load_waves"] != 1:

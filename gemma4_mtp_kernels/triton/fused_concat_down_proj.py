@@ -32,8 +32,8 @@ import triton
 import triton.language as tl
 
 from .._counters import zeroed_counters
-from ._common import (cast, cdiv, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least, split_epilogue,
-                      sum_splits, wait_for_inputs)
+from ._common import (cast, cdiv, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least,
+                      prefetch_weight_rows, split_epilogue, sum_splits, wait_for_inputs)
 
 
 # T is not specialised: Triton turns an integer argument equal to 1 into a constant, and `T.to(...)` of a
@@ -44,15 +44,21 @@ def _down_proj_kernel(tok_ptr, emb_ptr, hid_ptr, w_ptr, out_ptr, part_ptr, cnt_p
                       stride_emb, stride_hid, stride_w, stride_t,
                       BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                       SPLIT_LOADS: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
-    wait_for_inputs(USE_PDL)
-    # torch.compile's launcher passes a Python float as an fp64 scalar: the kernel's math stays fp32
-    scale = tl.cast(scale, tl.float32)
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
     pid_s = tl.program_id(2)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     n_mask = n < Hd
+    kb_lo = pid_s * kb_per_split
+    kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(Hb, BLOCK_K))
+    # both halves of the rows: the embedding's columns [0, Hb), the hidden state's [Hb, 2 Hb)
+    k_hi = tl.minimum(kb_hi * BLOCK_K, Hb)
+    prefetch_weight_rows(w_ptr, n, n_mask, stride_w, kb_lo * BLOCK_K, k_hi, USE_PDL)
+    prefetch_weight_rows(w_ptr + Hb, n, n_mask, stride_w, kb_lo * BLOCK_K, k_hi, USE_PDL)
+    wait_for_inputs(USE_PDL)
+    # torch.compile's launcher passes a Python float as an fp64 scalar: the kernel's math stays fp32
+    scale = tl.cast(scale, tl.float32)
+    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     t_mask = t < T
     tok = tl.load(tok_ptr + t, mask=t_mask, other=0).to(tl.int64)
     tok_ok = (tok >= 0) & (tok < V)
@@ -60,8 +66,6 @@ def _down_proj_kernel(tok_ptr, emb_ptr, hid_ptr, w_ptr, out_ptr, part_ptr, cnt_p
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w
     emb_rows = emb_ptr + tok[None, :] * stride_emb
     hid_rows = hid_ptr + t.to(tl.int64)[None, :] * stride_hid
-    kb_lo = pid_s * kb_per_split
-    kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(Hb, BLOCK_K))
     acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
     for kb in range(kb_lo, kb_hi):
         k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -135,5 +139,6 @@ def fused_concat_down_proj(token_ids, embed_table, hidden, weight, *, embed_scal
         embed_table.stride(0), hidden.stride(0), weight.stride(0), Hd,
         BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"], SPLIT=split > 1,
         SPLIT_LOADS=cfg["SPLIT_LOADS"], PREC=dot_precision(weight.dtype), INTERP=interpreting(hidden.device),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"], **pdl_args(hidden.device))
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"],
+        **pdl_args(hidden.device, weights=True))
     return out

@@ -16,8 +16,9 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from ._common import cast, cdiv, device_helper, dot_precision, interpreting, mma, pdl_args, wait_for_inputs
-from .rms_norm_linear import BLOCK_K, normed_tile, prologue_args, prologue_stats, token_block
+from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, mma, pdl_args, prefetch_weight_rows,
+                      wait_for_inputs)
+from .rms_norm_linear import BLOCK_K, normed_tile, prologue_args, prologue_stats, prologue_unroll, token_block
 
 
 @device_helper
@@ -36,20 +37,23 @@ def gelu_tanh(x, INTERP: tl.constexpr):
 def _gate_up_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, g_ptr, u_ptr, out_ptr, hout_ptr,
                     T, H, I, eps, s_x, s_r, s_g, s_u, s_out, s_hout,
                     HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr, WRITE_H: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, STATS_UNROLL: tl.constexpr,
+                    NORM_UNROLL: tl.constexpr,
                     PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < I
+    prefetch_weight_rows(g_ptr, n, n_mask, s_g, 0, H, USE_PDL)
+    prefetch_weight_rows(u_ptr, n, n_mask, s_u, 0, H, USE_PDL)
     wait_for_inputs(USE_PDL)
     # torch.compile's launcher passes a Python float as an fp64 scalar: the kernel's math stays fp32
     eps = tl.cast(eps, tl.float32)
-    pid_n = tl.program_id(0)
-    pid_t = tl.program_id(1)
     dt = out_ptr.dtype.element_ty
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = n < I
     tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_mask = tok < T
     inv_x, inv_h = prologue_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, H, eps, s_x, s_r, HAS_RES, HAS_SCALE,
-                                  HAS_NORM, dt, BLOCK_T, BLOCK_K, INTERP)
+                                  HAS_NORM, dt, BLOCK_T, BLOCK_K, STATS_UNROLL, NORM_UNROLL, INTERP)
     g_rows = g_ptr + n.to(tl.int64)[:, None] * s_g
     u_rows = u_ptr + n.to(tl.int64)[:, None] * s_u
     acc_g = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
@@ -89,6 +93,7 @@ def rms_norm_gate_up(x, gate_weight, up_weight, *, norm_weight=None, eps=1e-6, r
     _gate_up_kernel[grid](*ptrs, gate_weight, up_weight, out, hout, T, H, I, float(eps), *strides,
                           gate_weight.stride(0), up_weight.stride(0), out.stride(0), hout.stride(0),
                           BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"],
+                          **prologue_unroll(H, cfg["BLOCK_K"], cfg["BLOCK_T"], x.element_size()),
                           PREC=dot_precision(x.dtype), INTERP=interpreting(x.device), num_warps=cfg["num_warps"],
-                          num_stages=cfg["num_stages"], **flags, **pdl_args(x.device))
+                          num_stages=cfg["num_stages"], **flags, **pdl_args(x.device, weights=True))
     return out

@@ -31,14 +31,33 @@ import triton
 import triton.language as tl
 
 from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least,
-                      split_epilogue, sum_splits, wait_for_inputs)
+                      prefetch_weight_rows, split_epilogue, sum_splits, wait_for_inputs)
 from .._counters import zeroed_counters
 
 COUNTER_OWNER = "triton.rms_norm_linear"  # its cached counters in gemma4_mtp_kernels._counters
 
 BLOCK_K = 64
-# K blocks of the prologue's second statistics loop in flight at once (its loop unrolled this far)
-PROLOGUE_UNROLL = tl.constexpr(4)
+# K blocks of the prologue's statistics loops in flight at once: each loop is unrolled this far, so that
+# ptxas issues that many blocks' loads before the first of them is used (the activations come from L2;
+# each wave of loads is a dependent round trip). The decode tiles (<= 16 tokens of 16-bit values: one
+# 16-byte load per thread, block and tensor) take up to 16 blocks in the first loop (x) and 8 in the
+# second (x, residual, its norm weight); larger tiles keep what they had (the first loop as LLVM unrolls
+# it, the second by 4), which their registers allow (at 64 tokens 16 blocks made the fp16 26B
+# post-projection spill on sm_80).
+DECODE_UNROLL = (16, 8)
+UNROLL = (None, 4)
+
+
+def prologue_unroll(H: int, block_k: int, block_t: int, elem_bytes: int) -> dict:
+    """The statistics loops' unroll factors (kernel constexprs) for a row of H columns: the largest power of
+    two of K blocks up to the cap and H's own block count. Unrolled further than the row has blocks, a
+    loop would run its remainder loop instead, one block (one round trip) per iteration. sm_90 SASS of
+    the 31B q_rope at T = 1 (H 1024, 16 blocks): the first loop's loads in 1 wave instead of 4, the
+    second's in 2 instead of 4; E2B's (H 256, 4 blocks) keep 1 and 1."""
+    if block_t > 16 or elem_bytes > 2:
+        return dict(STATS_UNROLL=UNROLL[0], NORM_UNROLL=UNROLL[1])
+    blocks = 1 << (max(1, cdiv(H, block_k)).bit_length() - 1)
+    return dict(STATS_UNROLL=min(DECODE_UNROLL[0], blocks), NORM_UNROLL=min(DECODE_UNROLL[1], blocks))
 
 
 @device_helper
@@ -49,10 +68,10 @@ def _tile(ptr, tok, tok_mask, k, k_mask, stride):
 
 
 @device_helper
-def _inv_rms(ptr, tok, tok_mask, H, eps, stride, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+def _inv_rms(ptr, tok, tok_mask, H, eps, stride, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr):
     """1 / sqrt(mean(x^2) + eps) of rows `tok` (fp32)."""
     acc = tl.zeros((BLOCK_T,), dtype=tl.float32)
-    for k0 in range(0, H, BLOCK_K):
+    for k0 in tl.range(0, H, BLOCK_K, loop_unroll_factor=UNROLL):
         k = k0 + tl.arange(0, BLOCK_K)
         x = _tile(ptr, tok, tok_mask, k, k < H, stride)
         acc += tl.sum(x * x, axis=0)
@@ -77,16 +96,18 @@ def residual_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, k, k_mask, s_x,
 @device_helper
 def prologue_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, H, eps, s_x, s_r,
                    HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr,
-                   DTYPE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr):
+                   DTYPE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, STATS_UNROLL: tl.constexpr,
+                   NORM_UNROLL: tl.constexpr, INTERP: tl.constexpr):
     """(1 / rms of x, 1 / rms of h) of the token tile. Loads only: with no store in them, the loops
-    unroll and issue several blocks' loads at once (a store of h in the second loop, as there was,
-    keeps every block's loads behind the previous block's store: one L2 round trip per 64 columns)."""
+    unroll (`prologue_unroll`) and issue several blocks' loads at once (a store of h in the second loop,
+    as there was, keeps every block's loads behind the previous block's store: one L2 round trip per 64
+    columns)."""
     inv_x = tl.zeros((BLOCK_T,), dtype=tl.float32)
     if HAS_RES:
-        inv_x = _inv_rms(x_ptr, tok, tok_mask, H, eps, s_x, BLOCK_T, BLOCK_K)
+        inv_x = _inv_rms(x_ptr, tok, tok_mask, H, eps, s_x, BLOCK_T, BLOCK_K, STATS_UNROLL)
     acc = tl.zeros((BLOCK_T,), dtype=tl.float32)
     if HAS_NORM:
-        for k0 in tl.range(0, H, BLOCK_K, loop_unroll_factor=PROLOGUE_UNROLL):
+        for k0 in tl.range(0, H, BLOCK_K, loop_unroll_factor=NORM_UNROLL):
             k = k0 + tl.arange(0, BLOCK_K)
             h = residual_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, k, k < H, s_x, s_r, inv_x,
                               HAS_RES, HAS_SCALE, DTYPE, INTERP)
@@ -117,22 +138,24 @@ def _norm_linear_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, out_ptr, 
                         HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr,
                         WRITE_H: tl.constexpr, WRITE_N: tl.constexpr, SPLIT: tl.constexpr,
                         SPLIT_LOADS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-                        PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
-    wait_for_inputs(USE_PDL)
-    # torch.compile's launcher passes a Python float as an fp64 scalar: the kernel's math stays fp32
-    eps = tl.cast(eps, tl.float32)
+                        STATS_UNROLL: tl.constexpr, NORM_UNROLL: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr,
+                        USE_PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
     pid_s = tl.program_id(2)
-    dt = out_ptr.dtype.element_ty
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
+    kb_lo = pid_s * kb_per_split
+    kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(H, BLOCK_K))
+    prefetch_weight_rows(w_ptr, n, n_mask, s_w, kb_lo * BLOCK_K, tl.minimum(kb_hi * BLOCK_K, H), USE_PDL)
+    wait_for_inputs(USE_PDL)
+    # torch.compile's launcher passes a Python float as an fp64 scalar: the kernel's math stays fp32
+    eps = tl.cast(eps, tl.float32)
+    dt = out_ptr.dtype.element_ty
     tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_mask = tok < T
     inv_x, inv_h = prologue_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, H, eps, s_x, s_r, HAS_RES, HAS_SCALE,
-                                  HAS_NORM, dt, BLOCK_T, BLOCK_K, INTERP)
-    kb_lo = pid_s * kb_per_split
-    kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(H, BLOCK_K))
+                                  HAS_NORM, dt, BLOCK_T, BLOCK_K, STATS_UNROLL, NORM_UNROLL, INTERP)
     w_rows = w_ptr + n.to(tl.int64)[:, None] * s_w
     acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
     for kb in range(kb_lo, kb_hi):
@@ -224,6 +247,8 @@ def rms_norm_linear(x, weight, *, norm_weight=None, eps=1e-6, residual=None, res
                               float(eps), *strides, weight.stride(0), out.stride(0), hout.stride(0), nout.stride(0),
                               WRITE_N=normed_out is not None, SPLIT=split > 1, SPLIT_LOADS=cfg["SPLIT_LOADS"],
                               BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"],
+                              **prologue_unroll(H, cfg["BLOCK_K"], cfg["BLOCK_T"], x.element_size()),
                               PREC=dot_precision(x.dtype), INTERP=interpreting(x.device), num_warps=cfg["num_warps"],
-                              num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"], **flags, **pdl_args(x.device))
+                              num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"], **flags,
+                              **pdl_args(x.device, weights=True))
     return out

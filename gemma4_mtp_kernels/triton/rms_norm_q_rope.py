@@ -23,8 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cast, cdiv, device_helper, dot_precision, interpreting, mma, pdl_args, wait_for_inputs
-from .rms_norm_linear import BLOCK_K, normed_tile, prologue_args, prologue_stats, token_block
+from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, mma, pdl_args, prefetch_weight_rows,
+                      wait_for_inputs)
+from .rms_norm_linear import BLOCK_K, normed_tile, prologue_args, prologue_stats, prologue_unroll, token_block
 from .._counters import zeroed_counters
 
 COUNTER_OWNER = "triton.rms_norm_q_rope"  # its cached counters in gemma4_mtp_kernels._counters
@@ -83,18 +84,20 @@ def _q_rope_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, qw_ptr, pos_pt
                    out_ptr, hout_ptr, T, H, N, Hq, per_pos, eps, s_x, s_r, s_w, s_hout,
                    HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr, WRITE_H: tl.constexpr,
                    D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+                   STATS_UNROLL: tl.constexpr, NORM_UNROLL: tl.constexpr,
                    EPI_T: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    prefetch_weight_rows(w_ptr, n, n < N, s_w, 0, H, USE_PDL)
     wait_for_inputs(USE_PDL)
     # torch.compile's launcher passes a Python float as an fp64 scalar: the kernel's math stays fp32
     eps = tl.cast(eps, tl.float32)
-    pid_n = tl.program_id(0)
-    pid_t = tl.program_id(1)
     dt = out_ptr.dtype.element_ty
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_mask = tok < T
     inv_x, inv_h = prologue_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, H, eps, s_x, s_r, HAS_RES, HAS_SCALE,
-                                  HAS_NORM, dt, BLOCK_T, BLOCK_K, INTERP)
+                                  HAS_NORM, dt, BLOCK_T, BLOCK_K, STATS_UNROLL, NORM_UNROLL, INTERP)
     w_rows = w_ptr + n.to(tl.int64)[:, None] * s_w
     acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
@@ -151,7 +154,8 @@ def rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, *, norm_weigh
     _q_rope_kernel[(N // cfg["BLOCK_N"], t_tiles)](
         *ptrs, weight, q_norm_weight, positions, inv_freq, ws, cnt, out, hout, T, H, N, Hq, T // positions.shape[0],
         float(eps), *strides, weight.stride(0), hout.stride(0), D=D, BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"],
-        BLOCK_K=cfg["BLOCK_K"], EPI_T=cfg["EPI_T"], PREC=dot_precision(x.dtype), INTERP=interpreting(x.device),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"], **flags,
-        **pdl_args(x.device))
+        BLOCK_K=cfg["BLOCK_K"], EPI_T=cfg["EPI_T"], **prologue_unroll(H, cfg["BLOCK_K"], cfg["BLOCK_T"],
+                                                                      x.element_size()),
+        PREC=dot_precision(x.dtype), INTERP=interpreting(x.device), num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"], **flags, **pdl_args(x.device, weights=True))
     return out
