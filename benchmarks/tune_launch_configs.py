@@ -80,8 +80,9 @@ def variants(op: str, params: dict, sms: int, elem_bytes: int) -> list[tuple[dic
         return out
     out += [(kw, {}) for kw in GEMV_VARIANTS
             if any(cfg[{"block_k": "BLOCK_K"}.get(k, k)] != v for k, v in kw.items())]
-    out += [(dict(block_n=n), {}) for n in BLOCK_NS
-            if n != cfg["BLOCK_N"] and (op != "rms_norm_q_rope" or params["D"] % n == 0)]
+    # q_rope: any slice dividing the head, up to a whole head per program (no other program to wait for)
+    tiles = BLOCK_NS if op != "rms_norm_q_rope" else [n for n in (*BLOCK_NS, 256, 512) if params["D"] % n == 0]
+    out += [(dict(block_n=n), {}) for n in tiles if n != cfg["BLOCK_N"]]
     if "split_k" in cfg:  # split-K kernels: no split, and half / twice the launcher's count
         H = params["H"] if op == "rms_norm_linear" else params["Hb"]
         blocks = -(-H // cfg["BLOCK_K"])

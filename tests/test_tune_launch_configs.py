@@ -47,9 +47,10 @@ def test_the_real_shapes_get_deeper_pipelines_valid_tiles_and_split_choices():
     v = tune.variants("rms_norm_linear", dict(T=1, H=16384, N=1024), 132, 2)
     assert {kw.get("split_k") for kw, _ in v} >= {1, 8, 32}
     assert dict(block_k=128, num_stages=4) in [kw for kw, _ in v]
-    # q_rope slices must divide the head: E2B's sliding heads (D 256) take 16..128, its default 32 excluded
+    # q_rope slices must divide the head: E2B's sliding heads (D 256) take 16..256 (a whole head), its
+    # default 32 excluded
     v = tune.variants("rms_norm_q_rope", dict(T=1, H=256, N=1024, D=256), 132, 2)
-    assert sorted(kw["block_n"] for kw, _ in v if "block_n" in kw) == [16, 64, 128]
+    assert sorted(kw["block_n"] for kw, _ in v if "block_n" in kw) == [16, 64, 128, 256]
     # attention: fewer, longer key splits and the tiles / pipeline depths around the D 512 default
     v = tune.variants("q_only_paged_attention", dict(D=512, Q=1, Hq=4, Hkv=1), 132, 2)
     assert [c for _, c in v if c] == [dict(MIN_TILES_PER_SPLIT=m) for m in (1, 4, 8)]
