@@ -175,15 +175,16 @@ def _warm_case(task: tuple[str, int, bool]) -> tuple[int, int]:
 
 def precompile(modules, jobs: int, deadline: float, *, dry: bool, done=frozenset(), log=print) -> dict:
     """Every baseline of every case of `modules` (but the (op, label) pairs in `done`) run once, by `jobs`
-    spawned processes, one
-    case at a time each, until `deadline` (time.monotonic()): what compiles on a first call (Triton's
-    JIT, inductor) compiles there, in parallel, into the on-disk caches the timed process then reads,
-    instead of one kernel after another inside the timed process's budget (on 2026-12-04 the benchmark
-    stage's 94 s timed two drafter steps). Bounded by the deadline whatever a worker does; a case the
-    deadline cuts compiles when it is timed. Returns what ran."""
-    tasks = [(m, i, dry) for m in modules for i, c in enumerate(importlib.import_module(f"{__package__}.{m}").cases(dry))
-             if (c.op, c.label) not in done]
-    ran = failed = cases = 0
+    spawned processes, one case at a time each, until `deadline` (time.monotonic()): what compiles on a
+    first call (Triton's JIT, inductor) compiles there, in parallel, into the on-disk caches the timed
+    process then reads, instead of one kernel after another inside the timed process's budget (on
+    2026-12-04 the benchmark stage's 94 s timed two drafter steps). Bounded by the deadline whatever a
+    worker does (one that dies loses its case, which then compiles when it is timed). Returns what ran."""
+    tasks = []
+    for m in modules:
+        cases = importlib.import_module(f"{__package__}.{m}").cases(dry)
+        tasks += [(m, i, dry) for i, c in enumerate(cases) if (c.op, c.label) not in done]
+    ran = failed = finished = 0
     pool = multiprocessing.get_context("spawn").Pool(jobs)
     try:
         results = pool.imap_unordered(_warm_case, tasks)
@@ -192,12 +193,12 @@ def precompile(modules, jobs: int, deadline: float, *, dry: bool, done=frozenset
                 wait = None if deadline == float("inf") else max(0.0, deadline - time.monotonic())
                 n, bad = results.next(timeout=wait)
             except multiprocessing.TimeoutError:
-                log(f"precompile: stopped at its deadline after {cases} of {len(tasks)} cases")
+                log(f"precompile: stopped at its deadline after {finished} of {len(tasks)} cases")
                 break
-            cases, ran, failed = cases + 1, ran + n, failed + bad
+            finished, ran, failed = finished + 1, ran + n, failed + bad
     finally:
         pool.terminate()
-    return {"cases": len(tasks), "cases_run": cases, "baselines_run": ran, "baselines_failed": failed}
+    return {"cases": len(tasks), "cases_run": finished, "baselines_run": ran, "baselines_failed": failed}
 
 
 def run(*, dry: bool, out_path: str, ops=None, time_budget_s: float | None = None, runs: int = 30,

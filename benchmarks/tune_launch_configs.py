@@ -165,8 +165,9 @@ def best(results: dict) -> list[dict]:
         if not ok or default is None:
             continue
         fastest = min(ok, key=lambda r: r["time_s"])
-        rows.append({"op": c["op"], "case": c["case"], "default_us": default["time_s"] * 1e6, "best": fastest["baseline"],
-                     "best_us": fastest["time_s"] * 1e6, "gain": default["time_s"] / fastest["time_s"],
+        rows.append({"op": c["op"], "case": c["case"], "default_us": default["time_s"] * 1e6,
+                     "best": fastest["baseline"], "best_us": fastest["time_s"] * 1e6,
+                     "gain": default["time_s"] / fastest["time_s"],
                      "floor_us": c["floor_s"] * 1e6 if c.get("floor_s") else None})
     return rows
 
@@ -193,7 +194,8 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     try:
         results = run_all.run(dry=args.dry_run, out_path=args.out, time_budget_s=args.time_budget, runs=args.runs,
-                              log=log, modules=("tune_launch_configs",), precompile_jobs=0 if args.dry_run else args.jobs)
+                              log=log, modules=("tune_launch_configs",),
+                              precompile_jobs=0 if args.dry_run else args.jobs)
     except run_all.ContextLost as e:
         print(f"tune_launch_configs: {e}; what finished is in {args.out}", file=sys.stderr)
         return 3
