@@ -344,8 +344,8 @@ def main(argv=None) -> int:
     p.add_argument("--time-budget", type=float, default=None, help="seconds; later cases are recorded as not run")
     p.add_argument("--runs", type=int, default=30, help="timed repetitions per baseline (median reported)")
     p.add_argument("--precompile-jobs", type=int, default=0, metavar="N",
-                   help="GPU: first run every case once in N processes (compiles into the on-disk caches; "
-                        "at most 40%% of the time budget)")
+                   help="first run every case once in N processes (on a GPU its compiles land in the on-disk "
+                        "caches; at most 40%% of the time budget)")
     p.add_argument("--table", metavar="RESULTS", help="print the summary table of a results file and exit")
     p.add_argument("--markdown", action="store_true", help="table as markdown")
     p.add_argument("--plot", metavar="PNG", help="also draw the roofline plot (needs matplotlib)")
@@ -372,7 +372,7 @@ def main(argv=None) -> int:
         results = run(dry=args.dry_run, out_path=args.out, ops=args.ops, time_budget_s=args.time_budget,
                       runs=args.runs, log=lambda s: print(s, file=sys.stderr, flush=True), resume=args.resume,
                       skip_baselines=[b for b in args.skip_baselines.split(",") if b],
-                      precompile_jobs=0 if args.dry_run else args.precompile_jobs)
+                      precompile_jobs=args.precompile_jobs)
     except ContextLost as e:
         print(f"run_all: {e}; what finished is in {args.out} (rerun with --resume --skip-baselines "
               f"{e.baseline} for the rest)", file=sys.stderr)
