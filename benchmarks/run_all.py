@@ -150,6 +150,13 @@ def _run_case(case, *, torch, dry, device, dtype, l2_bytes, measured_dev, datash
     return rec
 
 
+def device_and_dtype(dry: bool):
+    """Where the cases run and their element type: on CPU in fp32 for a dry run (every baseline's sanity
+    check then exact enough to mean something), else on the GPU in bf16."""
+    import torch
+    return (torch.device("cpu"), torch.float32) if dry else (torch.device("cuda"), torch.bfloat16)
+
+
 _WORKER: dict = {}
 
 
@@ -160,8 +167,7 @@ def _warm_case(task: tuple[str, int, bool]) -> tuple[int, int]:
     if modname not in _WORKER:
         _WORKER[modname] = importlib.import_module(f"{__package__}.{modname}").cases(dry)
     case = _WORKER[modname][i]
-    device, dtype = (torch.device("cpu"), torch.float32) if dry else (torch.device("cuda"), torch.bfloat16)
-    inputs = case.make_inputs(device, dtype, 0)
+    inputs = case.make_inputs(*device_and_dtype(dry), 0)
     failed = 0
     for factory in case.baselines.values():
         try:
@@ -214,9 +220,7 @@ def run(*, dry: bool, out_path: str, ops=None, time_budget_s: float | None = Non
         raise SystemExit("run_all: no GPU (torch.cuda.is_available() is False); use --dry-run on a CPU machine")
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())) if dry else torch.get_num_threads())
     start = time.monotonic()
-    device = torch.device("cuda" if not dry else "cpu")
-    # dry runs use fp32 so every baseline's sanity check is exact enough to mean something on CPU
-    dtype = torch.float32 if dry else torch.bfloat16
+    device, dtype = device_and_dtype(dry)
     results = {"schema": 1, "dry_run": dry, "dtype": str(dtype).replace("torch.", ""), "env": environment(torch),
                "device_peaks": {}, "cases": []}
     if resume and os.path.exists(out_path):

@@ -130,13 +130,12 @@ def cases(dry: bool) -> list:
     B = 1 glue and pre-projection of 31B (bandwidth), of E2B (latency), then attention, then T = 8."""
     import dataclasses
 
-    import torch
-
     from gemma4_mtp_kernels.triton._common import num_sms
 
     from . import bench_fused_concat_down_proj, bench_fused_glue, bench_q_only_attention
-    sms = num_sms(torch.device("cpu" if dry else "cuda"))
-    elem_bytes = 4 if dry else 2  # run_all's dtypes: fp32 dry, bf16 on a GPU
+    from .run_all import device_and_dtype
+    device, dtype = device_and_dtype(dry)
+    sms, elem_bytes = num_sms(device), dtype.itemsize
     picked = bench_fused_glue.cases(dry) + [c for c in bench_fused_concat_down_proj.cases(dry) if c.params["T"] <= 8]
     picked += bench_q_only_attention.cases(dry)
     if not dry:

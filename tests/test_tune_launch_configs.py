@@ -78,12 +78,18 @@ def test_refuses_without_a_gpu(tmp_path):
     assert not os.path.exists(tmp_path / "t.json")
 
 
-def test_precompile_workers_run_every_variant(monkeypatch):
+@pytest.fixture
+def spawnable(monkeypatch):
+    """A spawned worker process imports the benchmarks and the tests' modules as this process does."""
+    path = [ROOT, os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
+
+
+def test_precompile_workers_run_every_variant(spawnable):
     """The worker pool that compiles the variants before they are timed on a GPU (run_all.precompile:
     spawned processes, a case each), here on the dry cases under the interpreter: every variant runs,
     none fails; a deadline already past stops it at once, and cases already done are left out."""
     from benchmarks import run_all
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
     cases = tune.cases(True)
     n = sum(len(c.baselines) for c in cases)
     done = {(cases[0].op, cases[0].label)}
@@ -93,10 +99,9 @@ def test_precompile_workers_run_every_variant(monkeypatch):
     assert run_all.precompile(["tune_launch_configs"], 2, 0.0, dry=True)["cases_run"] == 0
 
 
-def test_run_precompiles_before_it_times(tmp_path, monkeypatch):
+def test_run_precompiles_before_it_times(tmp_path, spawnable):
     """run_all.run with precompile_jobs: the pool's counts land in the results, then every case runs."""
     from benchmarks import run_all
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
     results = run_all.run(dry=True, out_path=str(tmp_path / "r.json"), modules=("tune_launch_configs",),
                           ops=["tune"], precompile_jobs=2, log=lambda s: None)
     n = len(tune.cases(True))
