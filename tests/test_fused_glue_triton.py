@@ -11,7 +11,8 @@ import torch
 
 import gemma4_mtp_kernels as g
 from cases_fused_glue import DTYPES, PROLOGUES, check_glue, make_prologue, weight
-from gemma4_mtp_kernels.triton.rms_norm_linear import launch_config
+from gemma4_mtp_kernels.triton.rms_norm_linear import ROW_K_MAX, launch_config, row_tile
+from gemma4_mtp_kernels.triton.rms_norm_q_rope import launch_config as launch_config_q_rope
 from gemma4_mtp_kernels.triton._common import num_sms
 from gemma4_mtp_kernels._counters import zeroed_counters
 from helpers import DRAFTERS
@@ -49,6 +50,28 @@ def test_gate_up_prologues(kind, dtype):
 @pytest.mark.parametrize("kind", PROLOGUES)
 def test_q_rope_prologues(kind, dtype):
     q_rope(4, 72, 2, 64, dtype, kind, per_pos=2)
+
+
+@pytest.mark.parametrize("D", [64, 256, 512])
+@pytest.mark.parametrize("kind", PROLOGUES)
+def test_q_rope_one_token(kind, D):
+    """T = 1 (a decode step at batch 1) has its own epilogue tile: one token instead of 2048 / D; and
+    its prologue statistics from the row loaded whole (row_tile)."""
+    assert launch_config_q_rope(1, 2 * D, D)["EPI_T"] == 1 < launch_config_q_rope(2, 2 * D, D)["EPI_T"]
+    q_rope(1, 72, 2, D, torch.bfloat16, kind, proportional=D == 512)
+
+
+@pytest.mark.parametrize("H", [72, 256, 1100])  # 1100: past ROW_K_MAX, the statistics loops
+@pytest.mark.parametrize("kind", PROLOGUES)
+def test_one_token_prologues(kind, H):
+    """T = 1 takes each prologue's statistics from its row as vectors (x, the residual and its norm weight
+    loaded at once) where it has one and the row fits ROW_K_MAX columns."""
+    flags = dict(HAS_RES=kind in ("residual", "layer"), HAS_NORM=kind != "none")
+    expected = 0 if H > ROW_K_MAX or not any(flags.values()) else 1 << (H - 1).bit_length()
+    assert row_tile(1, H, flags) == expected and row_tile(2, H, flags) == 0
+    linear(1, H, 40, torch.bfloat16, kind)
+    gate_up(1, H, 24, torch.bfloat16, kind)
+    q_rope(1, H, 1, 64, torch.bfloat16, kind)
 
 
 def test_linear_split_and_direct_paths():

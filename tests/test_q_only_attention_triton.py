@@ -74,20 +74,45 @@ def test_large_q_times_group_spans_row_tiles(splits):
     run_case([45, 160], 9, 16, 2, 64, splits=splits)  # 9 * 8 = 72 rows > 64: two row tiles
 
 
+class _NaNWorkspaces:
+    """torch as the attention launcher sees it, with torch.empty filled with NaN: the split partials and
+    lse are poisoned before the kernel writes them. The merges read every split's partial (an empty
+    split's too: 0, lse -inf, weight 0), so one the main kernel left unwritten would make NaN."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*args, **kwargs):
+        t = torch.empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+
 @pytest.mark.parametrize("splits", [1, 3, 7])
-def test_split_and_merge_paths(splits):
-    """splits=1 writes out/lse from the main kernel; >1 goes through the fp32 merge. 7 splits of a
-    short request leave empty splits (lse -inf partials) for the merge to ignore."""
+def test_split_and_merge_paths(splits, monkeypatch):
+    """splits=1 writes out/lse from the main kernel; >1 goes through the fp32 merge (3 and 7: in the
+    kernel). 7 splits of a short request leave empty splits (lse -inf, partial 0) for the merge to
+    weigh 0."""
+    monkeypatch.setattr(tq, "torch", _NaNWorkspaces())
     run_case([150, 30, 0], 2, 8, 2, 256, splits=splits, window=120)
 
 
-def test_merge_over_more_splits_than_one_merge_tile():
-    """The merge walks the splits MERGE_TILE_S at a time (its tiles do not follow the split count):
-    request 0 fills 47 of 70 splits (192-key chunks), two merge tiles with the second one partly
-    empty; request 1 fills 4, request 2 none."""
+@pytest.mark.parametrize("tiles", ["launcher's", "small"])
+def test_merge_over_more_splits_than_one_merge_tile(tiles, monkeypatch):
+    """The merge kernel walks the splits TILE_S at a time after finding the largest lse LSE_TILE at a
+    time (its tiles do not follow the split count): request 0 fills 47 of 70 splits (192-key chunks),
+    request 1 fills 4, request 2 none; the workspaces are NaN before. 70 splits take the launcher's
+    many-split tile in one step; with tiles of 16 splits (and 16 lse) five steps of each loop, the
+    last one partly empty, and 4 columns a program."""
     splits = 70
-    assert splits > 2 * tq.MERGE_TILE_S
+    assert tq.MERGE_TILE_S < splits <= tq.MERGE_MANY_TILE_S
+    if tiles == "small":
+        monkeypatch.setattr(tq, "MERGE_MANY_TILE_S", 16)
+        monkeypatch.setattr(tq, "MERGE_MANY_BLOCK_D", 4)
+        monkeypatch.setattr(tq, "MERGE_LSE_TILE", 16)
+    monkeypatch.setattr(tq, "torch", _NaNWorkspaces())
     run_case([9000, 700, 0], 1, 4, 1, 64, splits=splits)
+    run_case([9000, 700, 0], 1, 4, 1, 64, splits=20)  # the few-split tile: one step
 
 
 @pytest.mark.parametrize("splits", [None, 1])

@@ -113,6 +113,51 @@ def test_split_k_epilogues_load_their_partials_at_once(compiled):
     assert all(r["split_load_waves"] == 1 for r in rows)
 
 
+def test_in_kernel_merges_load_their_partials_with_the_lse(compiled):
+    """The attention launches on sm_90 whose last program merges the splits (the sliding layers of a
+    step) load every lse and partial in one wave after the election, not the partials after the lse's
+    reduction (a second dependent L2 round trip)."""
+    compiled, _ = compiled
+    rows = [r for r in compiled if "merge_load_waves" in r]
+    assert rows and {r["kernel"] for r in rows} == {"_attn_kernel"}
+    assert all(r["merge_load_waves"] == 1 for r in rows), [(r["name"], r["merge_load_waves"]) for r in rows]
+
+
+def test_step_sass_lists_every_launch_of_a_step():
+    """aot.step_sass (the step table of benchmarks/triton_resources.md): the 24 launches of an E2B step at
+    B = 1 in launch order, from the pre-projection to the centroid head, each with its sm_90 SASS counts;
+    the elected tails where a counter elects a program (q_rope's one-token epilogue among them), none in
+    gate_up, which has no counter."""
+    from gemma4_mtp_kernels.triton import aot
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "python_api"), env.get("PYTHONPATH", "")])
+    rows = json.loads(subprocess.run(
+        [sys.executable, "-c", "import json; from gemma4_mtp_kernels.triton.aot import step_sass; "
+                               "print(json.dumps(step_sass('E2B')))"],
+        env=env, cwd=ROOT, capture_output=True, text=True, check=True).stdout)
+    kernels = [r["kernel"] for r in rows]
+    assert len(rows) == 24 and kernels[0] == "_down_proj_kernel" and kernels[-1] == "_head"
+    assert kernels.count("_q_rope_kernel") == kernels.count("_gate_up_kernel") == 4
+    assert all(r["instructions"] > r["barriers"] > 0 and r["global_loads"] > 0 for r in rows)
+    assert all(0 < r["after_election"] <= aot.Q_ROPE_ONE_TOKEN_TAIL for r in rows if r["kernel"] == "_q_rope_kernel")
+    assert all(r["after_election"] == 0 for r in rows if r["kernel"] == "_gate_up_kernel")
+
+
+def test_q_rope_one_token_epilogue_is_short(compiled):
+    """q_rope's elected program (q_norm + RoPE of a head, alone on the critical path) at T = 1 on sm_90
+    computes one token: its SASS after the election stays under aot.Q_ROPE_ONE_TOKEN_TAIL instructions
+    (~260), where the 2048 / D-token tile of larger T takes ~1100."""
+    from gemma4_mtp_kernels.triton import aot
+
+    compiled, _ = compiled
+    rows = [r for r in compiled if r["kernel"] == "_q_rope_kernel" and r["arch"] == "sm_90" and not r["problems"]]
+    one = [r["elected_instructions"] for r in rows if r["constexprs"]["EPI_T"] == 1]
+    many = [r["elected_instructions"] for r in rows if r["constexprs"]["EPI_T"] > 1 and r["dtype"] != "fp32"]
+    assert one and many
+    assert max(one) <= aot.Q_ROPE_ONE_TOKEN_TAIL < min(many), (one, many)
+
+
 # The kernels of a drafter step launched with programmatic dependent launch on sm_90 (`_common.pdl_args`),
 # a sampled step's softmax_sample included. Not the centroid head (a cooperative launch: its grid barrier
 # needs every program resident) nor tree_verify (once per round, after the target's forward).
@@ -164,9 +209,12 @@ def test_the_pdl_check_finds_an_early_global_access():
 # attention one per layer type and split / unsplit path, its merge one per head dim, the glue one per
 # token block (16 / 32 / 64 tokens) and split-K choice. Before the sizes were left unspecialised it
 # was 47 (E2B) and 48 (31B): Triton's JIT compiled again whenever the batch size, the table's width or
-# the split count changed its divisibility by 16, or the split count its power of two.
-STEP_COMPILES_PER_KERNEL = 4
-STEP_COMPILES = 16
+# the split count changed its divisibility by 16, or the split count its power of two. Since 2026-12-04
+# the glue kernels with a prologue compile once more for T = 1 (the row loaded whole,
+# `rms_norm_linear.row_tile`; q_rope's one-token epilogue, `rms_norm_q_rope.launch_config`): 6 q_rope
+# compiles per drafter; the attention merge once per tile shape (`q_only_attention.merge_config`).
+STEP_COMPILES_PER_KERNEL = 6
+STEP_COMPILES = 22
 
 
 def test_a_decode_compiles_each_kernel_a_few_times_whatever_its_batch_and_context():

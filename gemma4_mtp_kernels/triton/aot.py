@@ -79,6 +79,31 @@ def split_load_waves(code: str) -> int:
     return waves
 
 
+def merge_load_waves(code: str) -> int:
+    """In an attention kernel that merges its splits itself, the runs of global loads after its election
+    (the last ATOMG) that a barrier ends: 1 when the partials are loaded with their lse, before the
+    reductions (whose bar.sync ptxas does not move loads across)."""
+    waves, loading = 0, False
+    for line in code[code.rfind("ATOMG"):].splitlines():
+        if "LDG" in line:
+            waves += not loading
+            loading = True
+        elif "BAR.SYNC" in line:
+            loading = False
+    return waves
+
+
+def instructions_after_election(code: str) -> int:
+    """SASS instructions after the kernel's last ATOMG: what the elected program (the last of a group to
+    finish) runs alone on the critical path, e.g. q_rope's q_norm + RoPE of a head."""
+    return len(re.findall(r"/\*[0-9a-f]{4}\*/", code[code.rfind("ATOMG"):]))
+
+
+# q_rope's elected epilogue for one token (EPI_T = 1, a decode step at batch 1) on sm_90: ~260
+# instructions; ~1100 when it computed 2048 / D tokens for the one it stores
+Q_ROPE_ONE_TOKEN_TAIL = 400
+
+
 def resource_usage(cubin: bytes) -> Resources:
     text = _on_cubin("cuobjdump", "-res-usage", cubin)
     fields = dict(re.findall(r"(REG|SHARED|LOCAL|STACK):(\d+)", text))
@@ -494,6 +519,16 @@ def _compile_row(launch: Launch, arch: int) -> dict:
         if row["split_load_waves"] != 1:
             row["problems"].append(f"the split-K epilogue loads its partials in {row['split_load_waves']} dependent "
                                    "waves (one L2 round trip each) where sum_splits issues a group at once")
+    if arch == 90 and row["kernel"] == "_attn_kernel" and constexprs.get("MERGE"):
+        row["merge_load_waves"] = merge_load_waves(sass(compiled.asm["cubin"]))
+        if row["merge_load_waves"] != 1:
+            row["problems"].append(f"the in-kernel merge loads its lse and partials in {row['merge_load_waves']} "
+                                   "dependent waves where one suffices")
+    if arch == 90 and row["kernel"] == "_q_rope_kernel":
+        row["elected_instructions"] = instructions_after_election(sass(compiled.asm["cubin"]))
+        if constexprs.get("EPI_T") == 1 and row["elected_instructions"] > Q_ROPE_ONE_TOKEN_TAIL:
+            row["problems"].append(f"the one-token q_norm + RoPE epilogue runs {row['elected_instructions']} "
+                                   f"instructions after the election (> {Q_ROPE_ONE_TOKEN_TAIL})")
     return row
 
 
@@ -516,6 +551,33 @@ def inductor_launches(recorded: list[Launch]) -> list[Launch]:
         seen.setdefault(key, launch._replace(name=f"{launch.name} [float scalars {INDUCTOR_FLOAT}, as torch.compile]",
                                              launch=rec._replace(signature=sig), archs=(90,)))
     return list(seen.values())
+
+
+def step_sass(name: str, B: int = 1, ctx: int = 8192, arch: int = 90, sms: int = 132) -> list[dict]:
+    """The launches of one chain step + `top_tokens(last, 1)` of drafter `name`, in launch order, with what
+    their SASS for `arch` says of each as a latency chain: instructions, barriers (bar.sync), global
+    loads, and the instructions the elected program runs alone after the last atomic (0: no election).
+    Needs gemma4_mtp; no GPU."""
+    from gemma4_mtp.drafter import random_drafter, synthetic_context
+
+    drafter = random_drafter(name, device="meta", backend="triton")
+    context = synthetic_context(drafter, B, ctx, device="meta")
+    Hb = drafter.config.backbone_hidden_size
+    with recording(sms, arch) as recorded:
+        last, _ = drafter.step(context, _meta((B, 1), torch.int64), _meta((B, 1, Hb), torch.bfloat16))
+        drafter.top_tokens(last, 1)
+    rows, seen = [], {}
+    for rec in recorded:
+        if rec.key not in seen:
+            compiled, res = compile_launch(Launch(name, rec, "bf16", (arch,)), arch)
+            code = sass(compiled.asm["cubin"])
+            instructions = re.findall(r"/\*[0-9a-f]{4}\*/\s*([^;]*);", code)
+            seen[rec.key] = dict(registers=res.registers, instructions=len(instructions),
+                                 barriers=sum("BAR.SYNC" in x for x in instructions),
+                                 global_loads=sum("LDG" in x for x in instructions),
+                                 after_election=instructions_after_election(code) if "ATOMG" in code else 0)
+        rows.append(dict(kernel=rec.kernel.__name__, grid=tuple(rec.grid), **seen[rec.key]))
+    return rows
 
 
 def report(archs=ARCHS) -> list[dict]:

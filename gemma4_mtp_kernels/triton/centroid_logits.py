@@ -211,8 +211,11 @@ def _head(h_ptr, c_ptr, order_ptr, lm_ptr, score_ptr, part_val_ptr, part_id_ptr,
             tl.store(cnt_ptr + 1, 0)
 
 
-SCORE_TILES = dict(BLOCK_C=16, BLOCK_K=64)
-CENTROIDS_PER_PROGRAM = SCORE_TILES["BLOCK_C"]
+CENTROIDS_PER_PROGRAM = 16  # BLOCK_C: phase 1's centroid rows per tile
+# Phase 1's K tile: the whole hidden row up to 256 (E2B / E4B: one load wave). In 64-column blocks the
+# sm_90 SASS waited for each block's copy before issuing the next (LDGSTS, then DEPBAR.LE SB0, 0x0: the
+# nested loops are not pipelined), 4 dependent round trips before the grid barrier.
+SCORE_BLOCK_K = 256
 MIN_ROWS = 16
 
 
@@ -236,7 +239,8 @@ def launch_config(T: int, C: int, CS: int, Hd: int, top_k: int, rows: int) -> di
     block_cc = pow2_at_least(C, 2)
     k2 = pow2_at_least(top_k, 2)  # tl.topk needs k >= 2
     block_r = pow2_at_least(rows, 2)  # a [BLOCK_R, BLOCK_D] tile of rows: 32 x 256 at T = 1, 128 x 128 at T = 64
-    return dict(SCORE_TILES, BLOCK_T=min(64, pow2_at_least(T, 16)), BLOCK_CC=block_cc, K2=k2, ROW=ROW,
+    return dict(BLOCK_C=CENTROIDS_PER_PROGRAM, BLOCK_K=min(SCORE_BLOCK_K, pow2_at_least(Hd, 16)),
+                BLOCK_T=min(64, pow2_at_least(T, 16)), BLOCK_CC=block_cc, K2=k2, ROW=ROW,
                 IDX_BITS=idx_bits, TWO_LEVEL=block_cc >= k2 * ROW and block_cc > ROW,
                 BLOCK_R=block_r, BLOCK_D=min(16384 // block_r, 256, pow2_at_least(Hd, 16)), BLOCK_P=256,
                 num_warps=8, num_stages=2)

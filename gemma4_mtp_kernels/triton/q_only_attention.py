@@ -33,9 +33,12 @@ Design. The op is a pure K/V stream: every attended cache entry is read once, th
   finish (a per-tile counter, as the glue's split-K: bar.sync, one atom.acq_rel.gpu, partials read
   back with .cg, the counter reset by the merging program), which saves the dependent merge launch.
   Large groups (long full layers at small batch: E2B at B = 1 and 8K has 128 splits) go to a merge
-  kernel that reads the partials as [32 splits, 128-column] tiles, one program per (row, 128
-  columns): a handful of dependent steps instead of one per split (the first version looped over the
-  splits one by one, ~15 us of the 26 us measured for E2B at B = 1).
+  kernel that reads the partials as [32 splits, 128-column] tiles (more than 32 splits: [256, 16]),
+  one program per (row, columns), each tile's lse and partials in one load wave after one for the
+  row's largest lse: 2 dependent steps at 128 splits (the first version looped over the splits one
+  by one, ~15 us of the 26 us measured for E2B at B = 1; the second took 12: 4 for the largest lse,
+  then per 32 splits the lse and, masked by them, the partials). Every program writes its partial
+  and lse, an empty split 0 and -inf, so the merges read them without a mask from the lse.
 - One compile serves every batch size and table width: the integer sizes (split count, table
   width, window, block size, head counts) are not specialised by Triton's JIT (do_not_specialize),
   and no tile size follows them; only the strides keep Triton's divisibility-by-16 specialisation,
@@ -159,8 +162,11 @@ def _last_split_merges(po_ptr, plse_ptr, out_ptr, lse_ptr, cnt_ptr, b, kvh, row0
                        D: tl.constexpr, MR: tl.constexpr, MS: tl.constexpr, WRITE_LSE: tl.constexpr,
                        INTERP: tl.constexpr):
     """The merge of a small group (the `here` <= MR rows of one row tile x `splits` <= MS partials),
-    done by the group's last program to finish instead of a second launch: its partials are read as
-    one [MR, MS, D] tile and reduced over the splits. Same math as _merge_kernel."""
+    done by the group's last program to finish instead of a second launch: split by split (unrolled),
+    each split's [MR] lse and [MR, D] partial, so that every thread sums its own elements (a [MR, MS, D]
+    tile reduced over its split axis took ~22 barriers of shared-memory exchanges in the sm_90 SASS) and
+    every load is issued at once: no barrier orders them, and none depends on another's value. Same
+    math as _merge_kernel (the largest lse first, then the weighted sum in split order)."""
     tl.debug_barrier()  # every thread's partial stores before the release (see tree_verify's design note)
     cnt = cnt_ptr + tl.program_id(0) * tl.num_programs(2) + tl.program_id(2)
     if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == splits - 1:
@@ -168,22 +174,26 @@ def _last_split_merges(po_ptr, plse_ptr, out_ptr, lse_ptr, cnt_ptr, b, kvh, row0
         r = row0 + tl.arange(0, MR)
         qi = r // G
         head = kvh * G + r % G
-        s = tl.arange(0, MS)
-        valid = (tl.arange(0, MR) < here)[:, None] & (s < splits)[None, :]
-        lse_i = tl.load(plse_ptr + (b.to(tl.int64) * sl_b + qi * sl_q + head * sl_h)[:, None] + s[None, :] * sl_s,
-                        mask=valid, other=float("-inf"), cache_modifier=".cg")
-        m = tl.max(lse_i, axis=1)
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        w = tl.exp(lse_i - m_safe[:, None])
-        total = tl.sum(w, axis=1)  # a NaN lse (bad block id) makes it NaN
-        d = tl.arange(0, D)
-        part_off = (b.to(tl.int64) * so_b + qi * so_q + head * so_h)[:, None] + s[None, :] * so_s
-        # empty splits (lse -inf) are not read; a NaN weight still poisons its row
-        part = tl.load(po_ptr + part_off[:, :, None] + d[None, None, :], mask=(valid & (lse_i > float("-inf")))[:, :, None],
-                       other=0.0, cache_modifier=".cg")
-        acc = tl.sum(w[:, :, None] * part, axis=1)
-        total_div = tl.where(total == 0, 1.0, total)
         mine = tl.arange(0, MR) < here
+        d = tl.arange(0, D)
+        lse_row = plse_ptr + b.to(tl.int64) * sl_b + qi * sl_q + head * sl_h
+        part_row = po_ptr + (b.to(tl.int64) * so_b + qi * so_q + head * so_h)[:, None] + d[None, :]
+        m = tl.full((MR,), float("-inf"), tl.float32)
+        for j in tl.static_range(MS):
+            ok = mine & (j < splits)
+            m = tl.maximum(m, tl.load(lse_row + j * sl_s, mask=ok, other=float("-inf"), cache_modifier=".cg"))
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        total = tl.zeros((MR,), dtype=tl.float32)
+        acc = tl.zeros((MR, D), dtype=tl.float32)
+        for j in tl.static_range(MS):
+            ok = mine & (j < splits)
+            lse_j = tl.load(lse_row + j * sl_s, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            # every split's partial is written (0 for an empty one, lse -inf: weight 0)
+            part = tl.load(part_row + j * so_s, mask=ok[:, None], other=0.0, cache_modifier=".cg")
+            w = tl.exp(lse_j - m_safe)
+            total += w  # a NaN lse (bad block id) makes it NaN
+            acc += w[:, None] * part  # and poisons its row
+        total_div = tl.where(total == 0, 1.0, total)
         tl.store(out_ptr + (b.to(tl.int64) * fo_b + qi * fo_q + head * fo_h)[:, None] + d[None, :],
                  cast(acc / total_div[:, None], out_ptr.dtype.element_ty, INTERP), mask=mine[:, None])
         if WRITE_LSE:
@@ -194,7 +204,7 @@ def _last_split_merges(po_ptr, plse_ptr, out_ptr, lse_ptr, cnt_ptr, b, kvh, row0
 @triton.jit(do_not_specialize=["splits", "Qn", "Hq", "sl_b", "sl_q", "sl_h"])
 def _merge_kernel(po_ptr, plse_ptr, out_ptr, lse_ptr, splits, Qn, Hq,
                   so_b, so_q, so_h, sl_b, sl_q, sl_h,
-                  D: tl.constexpr, BLOCK_D: tl.constexpr, TILE_S: tl.constexpr,
+                  D: tl.constexpr, BLOCK_D: tl.constexpr, TILE_S: tl.constexpr, LSE_TILE: tl.constexpr,
                   WRITE_LSE: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
     wait_for_inputs(USE_PDL)  # the partials are the main kernel's output
     row = tl.program_id(0)  # (b, q, h) of the contiguous partial buffers
@@ -203,10 +213,10 @@ def _merge_kernel(po_ptr, plse_ptr, out_ptr, lse_ptr, splits, Qn, Hq,
     qi = (row // Hq) % Qn
     h = row % Hq
     lse_row = plse_ptr + row.to(tl.int64) * splits
-    # the row's largest lse, a tile of splits at a time (the lse are 4 bytes a split, from L2)
+    # the row's largest lse, LSE_TILE splits a step (4 bytes each, from L2): one step up to 1024 splits
     m = float("-inf")
-    for s0 in range(0, splits, TILE_S):
-        si = s0 + tl.arange(0, TILE_S)
+    for s0 in range(0, splits, LSE_TILE):
+        si = s0 + tl.arange(0, LSE_TILE)
         m = tl.maximum(m, tl.max(tl.load(lse_row + si, mask=si < splits, other=float("-inf")), axis=0))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -216,10 +226,11 @@ def _merge_kernel(po_ptr, plse_ptr, out_ptr, lse_ptr, splits, Qn, Hq,
     for s0 in range(0, splits, TILE_S):
         si = s0 + tl.arange(0, TILE_S)
         lse_i = tl.load(lse_row + si, mask=si < splits, other=float("-inf"))
+        # loaded with the lse, not after them: every split's partial is written (0 for an empty one, lse
+        # -inf: weight 0); a NaN weight still poisons the sum
+        part = tl.load(base + si[:, None] * D + d[None, :], mask=(si < splits)[:, None], other=0.0)
         w = tl.exp(lse_i - m_safe)
         total += tl.sum(w, axis=0)  # a NaN lse (bad block id) makes it NaN
-        # empty splits (lse -inf: short requests) are not read; a NaN weight still poisons the sum
-        part = tl.load(base + si[:, None] * D + d[None, :], mask=(lse_i > float("-inf"))[:, None], other=0.0)
         acc += tl.sum(w[:, None] * part, axis=0)
     total_div = tl.where(total == 0, 1.0, total)
     o = acc / total_div
@@ -256,16 +267,23 @@ def kernel_config(D: int, rows: int, elem_bytes: int = 2, *, block_n: int | None
     return cfg
 
 
-MERGE_BLOCK_D = 128  # partial columns per merge program
-# Splits per merge step, whatever the split count: tile sizes that followed the split count (it
-# follows the batch size and the table width) made a compile per power of two of it.
-MERGE_TILE_S = 32
+# The merge kernel's [TILE_S splits, BLOCK_D columns] fp32 tiles (4096 values, 32 a thread): one step
+# per TILE_S splits, each loading the tile's lse and partials together (one dependent L2 round trip),
+# after one step for the row's largest lse (MERGE_LSE_TILE at a time). Two shapes, not one per split
+# count (tile sizes that followed the split count, which follows the batch size and the table width,
+# made a compile per power of two of it): up to 32 splits, 128 columns a program; more (the long full
+# layers of small batches: E2B at B = 1 has 128-132, 31B 33, one wave of the main kernel), 256 splits
+# of 16 columns (64 bytes of each partial row), eight times the programs for one step where 32-split
+# tiles took 2-5 (2 round trips in all where they took 3-6).
+MERGE_BLOCK_D, MERGE_TILE_S = 128, 32
+MERGE_MANY_BLOCK_D, MERGE_MANY_TILE_S = 16, 256
+MERGE_LSE_TILE = 1024
 
 
 # The merge of a row tile's splits goes into the attention kernel (the tile's last program to finish
 # merges, no second launch: ~1.5-2.5 µs less per call on an H200, a dependent launch) when its partials
-# are small: at most 32 KiB and 64 (row, split) pairs, read back from L2 as one [rows, splits, D] tile
-# (~0.2-0.3 µs; rows and splits padded to powers of two, so the tile's registers stay bounded).
+# are small: at most 32 KiB and 64 (row, split) pairs, read back from L2 in one wave of loads, split by
+# split (~0.2-0.3 µs; rows and splits padded to powers of two, so its registers stay bounded).
 # Larger groups (E2B's full layer at B = 1: 128 splits x 4 rows of 2 KiB) keep the merge kernel, which
 # spreads them over programs.
 MERGE_IN_KERNEL_BYTES = 32 * 1024
@@ -289,9 +307,11 @@ def merges_in_kernel(tile_rows: int, splits: int, D: int) -> bool:
 COUNTER_OWNER = "triton.q_only_attention"  # its cached counters in gemma4_mtp_kernels._counters
 
 
-def merge_config(D: int) -> dict:
-    """Merge tiles (also used by the AOT compile check): [TILE_S, BLOCK_D] fp32 tiles of the partials."""
-    return dict(BLOCK_D=min(D, MERGE_BLOCK_D), TILE_S=MERGE_TILE_S)
+def merge_config(D: int, splits: int) -> dict:
+    """Merge tiles: [TILE_S, BLOCK_D] fp32 tiles of the partials (see MERGE_TILE_S)."""
+    block_d, tile_s = (MERGE_BLOCK_D, MERGE_TILE_S) if splits <= MERGE_TILE_S else (MERGE_MANY_BLOCK_D,
+                                                                                    MERGE_MANY_TILE_S)
+    return dict(BLOCK_D=min(D, block_d), TILE_S=tile_s, LSE_TILE=MERGE_LSE_TILE)
 
 
 def programs_per_sm(cfg: dict) -> int:
@@ -355,7 +375,7 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
                        *plse.stride(), *out.stride()[:3], *lse_strides, WRITE_LSE=True, PARTIAL=True, MERGE=fused,
                        MERGE_MR=mr, MERGE_MS=ms, MERGE_LSE=return_lse, **common)
     if not fused:
-        mc = merge_config(D)
+        mc = merge_config(D, splits)
         _merge_kernel[(B * Qn * Hq, D // mc["BLOCK_D"])](
             po, plse, out, lse, splits, Qn, Hq, *out.stride()[:3], *lse_strides, D=D, **mc,
             WRITE_LSE=return_lse, INTERP=interp, num_warps=4, num_stages=1, **pdl_args(q.device))

@@ -18,7 +18,8 @@ from triton.language.extra import libdevice
 
 from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, mma, pdl_args, prefetch_weight_rows,
                       wait_for_inputs)
-from .rms_norm_linear import BLOCK_K, normed_tile, prologue_args, prologue_stats, prologue_unroll, token_block
+from .rms_norm_linear import (BLOCK_K, normed_tile, prologue_args, prologue_stats, prologue_unroll, row_tile,
+                             token_block)
 
 
 @device_helper
@@ -38,7 +39,7 @@ def _gate_up_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, g_ptr, u_ptr, out_pt
                     T, H, I, eps, s_x, s_r, s_g, s_u, s_out, s_hout,
                     HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr, WRITE_H: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, STATS_UNROLL: tl.constexpr,
-                    NORM_UNROLL: tl.constexpr,
+                    NORM_UNROLL: tl.constexpr, ROW_K: tl.constexpr,
                     PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
@@ -53,7 +54,7 @@ def _gate_up_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, g_ptr, u_ptr, out_pt
     tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_mask = tok < T
     inv_x, inv_h = prologue_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, H, eps, s_x, s_r, HAS_RES, HAS_SCALE,
-                                  HAS_NORM, dt, BLOCK_T, BLOCK_K, STATS_UNROLL, NORM_UNROLL, INTERP)
+                                  HAS_NORM, dt, BLOCK_T, BLOCK_K, STATS_UNROLL, NORM_UNROLL, ROW_K, INTERP)
     g_rows = g_ptr + n.to(tl.int64)[:, None] * s_g
     u_rows = u_ptr + n.to(tl.int64)[:, None] * s_u
     acc_g = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
@@ -94,6 +95,7 @@ def rms_norm_gate_up(x, gate_weight, up_weight, *, norm_weight=None, eps=1e-6, r
                           gate_weight.stride(0), up_weight.stride(0), out.stride(0), hout.stride(0),
                           BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"],
                           **prologue_unroll(H, cfg["BLOCK_K"], cfg["BLOCK_T"], x.element_size()),
+                          ROW_K=row_tile(T, H, flags),
                           PREC=dot_precision(x.dtype), INTERP=interpreting(x.device), num_warps=cfg["num_warps"],
                           num_stages=cfg["num_stages"], **flags, **pdl_args(x.device, weights=True))
     return out

@@ -6,7 +6,8 @@ row operations on T x Hd activations (T <= 64 tokens, Hd <= 1024: at most 128 Ki
 projections whose weights are 0.1 to 32 MiB. Rather than launching it, every program of the
 projection that consumes it recomputes it for its token tile from L2 ("prologue"):
 - stats: 1 / rms of x (when a residual is added) and of h (when h is normalised), one pass each
-  over the tile's rows;
+  over the tile's rows; for one token (T = 1, `row_tile`) its row loaded whole, x, the residual, its
+  norm weight and the layer scalar in one wave of loads, both statistics from those vectors;
 - in the K loop, h and n for the K block: n = round(round(h * inv_rms) * w) exactly where Hugging
   Face rounds (rms_norm computes in fp32 and rounds once; the residual add and the layer scalar
   each round), then n feeds tl.dot against the weight tile.
@@ -48,6 +49,22 @@ DECODE_UNROLL = (16, 8)
 UNROLL = (None, 4)
 
 
+# A one-token prologue (T = 1, a decode step at batch 1) loads its row whole, as vectors of up to this many
+# columns (8 fp32 values a thread per tensor at 4 warps): x, the residual and its norm weight in one wave.
+ROW_K_MAX = 1024
+
+
+def row_tile(T: int, H: int, flags: dict) -> int:
+    """ROW_K, the kernel constexpr of the one-token prologue: the row's columns as a power of two when T
+    is 1 and the call has a prologue whose row fits ROW_K_MAX, else 0 (the statistics loops). sm_90 SASS
+    at T = 1 with a residual: one wave of loads before the K loop where the loops took 2 (E2B, H 256)
+    or 3 (31B, H 1024), and [H] vectors where the loops computed [64, 16] tiles of one valid token."""
+    if T != 1 or not (flags["HAS_RES"] or flags["HAS_NORM"]):
+        return 0
+    k = pow2_at_least(H, 16)
+    return k if k <= ROW_K_MAX else 0
+
+
 def prologue_unroll(H: int, block_k: int, block_t: int, elem_bytes: int) -> dict:
     """The statistics loops' unroll factors (kernel constexprs) for a row of H columns: the largest power of
     two of K blocks up to the cap and H's own block count. Unrolled further than the row has blocks, a
@@ -79,6 +96,26 @@ def _inv_rms(ptr, tok, tok_mask, H, eps, stride, BLOCK_T: tl.constexpr, BLOCK_K:
 
 
 @device_helper
+def _layer_scalar(sc_ptr, HAS_SCALE: tl.constexpr):
+    """The layer scalar as fp32 (1 without one: unused)."""
+    scale = 1.0
+    if HAS_SCALE:
+        scale = tl.load(sc_ptr).to(tl.float32)
+    return scale
+
+
+@device_helper
+def _add_residual(x, res, w, inv_x, scale, HAS_SCALE: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """round(res + round(x * inv_x * w)), then round(h * scale) (fp32 holding DTYPE values), the operands
+    broadcast by the caller."""
+    n = cast(x * inv_x * w, DTYPE, INTERP).to(tl.float32)
+    h = cast(res + n, DTYPE, INTERP).to(tl.float32)
+    if HAS_SCALE:
+        h = cast(h * scale, DTYPE, INTERP).to(tl.float32)
+    return h
+
+
+@device_helper
 def residual_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, k, k_mask, s_x, s_r, inv_x,
                   HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr):
     """h at columns k (fp32 holding DTYPE values): x, or round(residual + round(rms_norm(x) * w)),
@@ -86,22 +123,45 @@ def residual_tile(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, k, k_mask, s_x,
     h = _tile(x_ptr, tok, tok_mask, k, k_mask, s_x)
     if HAS_RES:
         w = tl.load(rw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
-        n = cast(h * inv_x[None, :] * w[:, None], DTYPE, INTERP).to(tl.float32)
-        h = cast(_tile(res_ptr, tok, tok_mask, k, k_mask, s_r) + n, DTYPE, INTERP).to(tl.float32)
-        if HAS_SCALE:
-            h = cast(h * tl.load(sc_ptr).to(tl.float32), DTYPE, INTERP).to(tl.float32)
+        res = _tile(res_ptr, tok, tok_mask, k, k_mask, s_r)
+        h = _add_residual(h, res, w[:, None], inv_x[None, :], _layer_scalar(sc_ptr, HAS_SCALE), HAS_SCALE, DTYPE,
+                          INTERP)
     return h
+
+
+@device_helper
+def _one_token_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, H, eps, HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr,
+                     ROW_K: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """(1 / rms of x, 1 / rms of h) of token 0 as scalars, from its row loaded whole (x, the residual, its
+    norm weight and the layer scalar issued together: one wave of loads, where the loops take one for x
+    and then one or two for h)."""
+    k = tl.arange(0, ROW_K)
+    k_mask = k < H
+    x = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+    h = x
+    inv_x = 0.0
+    if HAS_RES:
+        res = tl.load(res_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+        w = tl.load(rw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+        scale = _layer_scalar(sc_ptr, HAS_SCALE)
+        inv_x = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
+        h = _add_residual(x, res, w, inv_x, scale, HAS_SCALE, DTYPE, INTERP)
+    return inv_x, tl.rsqrt(tl.sum(h * h, axis=0) / H + eps)
 
 
 @device_helper
 def prologue_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, H, eps, s_x, s_r,
                    HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr,
                    DTYPE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, STATS_UNROLL: tl.constexpr,
-                   NORM_UNROLL: tl.constexpr, INTERP: tl.constexpr):
+                   NORM_UNROLL: tl.constexpr, ROW_K: tl.constexpr, INTERP: tl.constexpr):
     """(1 / rms of x, 1 / rms of h) of the token tile. Loads only: with no store in them, the loops
     unroll (`prologue_unroll`) and issue several blocks' loads at once (a store of h in the second loop,
     as there was, keeps every block's loads behind the previous block's store: one L2 round trip per 64
-    columns)."""
+    columns). ROW_K > 0 (one token): `_one_token_stats`."""
+    if ROW_K > 0:  # T = 1 (row_tile): the token's statistics from vectors, broadcast over the tile
+        one_x, one_h = _one_token_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, H, eps, HAS_RES, HAS_SCALE, ROW_K, DTYPE,
+                                        INTERP)
+        return tl.full((BLOCK_T,), 0.0, tl.float32) + one_x, tl.full((BLOCK_T,), 0.0, tl.float32) + one_h
     inv_x = tl.zeros((BLOCK_T,), dtype=tl.float32)
     if HAS_RES:
         inv_x = _inv_rms(x_ptr, tok, tok_mask, H, eps, s_x, BLOCK_T, BLOCK_K, STATS_UNROLL)
@@ -138,7 +198,8 @@ def _norm_linear_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, out_ptr, 
                         HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr,
                         WRITE_H: tl.constexpr, WRITE_N: tl.constexpr, SPLIT: tl.constexpr,
                         SPLIT_LOADS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-                        STATS_UNROLL: tl.constexpr, NORM_UNROLL: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr,
+                        STATS_UNROLL: tl.constexpr, NORM_UNROLL: tl.constexpr, ROW_K: tl.constexpr, PREC: tl.constexpr,
+                        INTERP: tl.constexpr,
                         USE_PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
@@ -155,7 +216,7 @@ def _norm_linear_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, out_ptr, 
     tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_mask = tok < T
     inv_x, inv_h = prologue_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, H, eps, s_x, s_r, HAS_RES, HAS_SCALE,
-                                  HAS_NORM, dt, BLOCK_T, BLOCK_K, STATS_UNROLL, NORM_UNROLL, INTERP)
+                                  HAS_NORM, dt, BLOCK_T, BLOCK_K, STATS_UNROLL, NORM_UNROLL, ROW_K, INTERP)
     w_rows = w_ptr + n.to(tl.int64)[:, None] * s_w
     acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
     for kb in range(kb_lo, kb_hi):
@@ -248,7 +309,7 @@ def rms_norm_linear(x, weight, *, norm_weight=None, eps=1e-6, residual=None, res
                               WRITE_N=normed_out is not None, SPLIT=split > 1, SPLIT_LOADS=cfg["SPLIT_LOADS"],
                               BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"],
                               **prologue_unroll(H, cfg["BLOCK_K"], cfg["BLOCK_T"], x.element_size()),
-                              PREC=dot_precision(x.dtype), INTERP=interpreting(x.device), num_warps=cfg["num_warps"],
+                              ROW_K=row_tile(T, H, flags), PREC=dot_precision(x.dtype), INTERP=interpreting(x.device), num_warps=cfg["num_warps"],
                               num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"], **flags,
                               **pdl_args(x.device, weights=True))
     return out

@@ -25,7 +25,8 @@ import triton.language as tl
 
 from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, mma, pdl_args, prefetch_weight_rows,
                       wait_for_inputs)
-from .rms_norm_linear import BLOCK_K, normed_tile, prologue_args, prologue_stats, prologue_unroll, token_block
+from .rms_norm_linear import (BLOCK_K, normed_tile, prologue_args, prologue_stats, prologue_unroll, row_tile,
+                             token_block)
 from .._counters import zeroed_counters
 
 COUNTER_OWNER = "triton.rms_norm_q_rope"  # its cached counters in gemma4_mtp_kernels._counters
@@ -63,6 +64,7 @@ def _norm_rope_head(ws_ptr, qw_ptr, pos_ptr, freq_ptr, out_ptr, head, t_lo, T, N
     for t0 in range(t_lo, tl.minimum(t_lo + BLOCK_T, T), EPI_T):
         tk = t0 + tl.arange(0, EPI_T)
         tm = tk < T
+        pos = tl.load(pos_ptr + tk // per_pos, mask=tm, other=0).to(tl.float32)
         row = ws_ptr + tk.to(tl.int64)[None, :] * N + head * D
         q = tl.load(row + d[:, None], mask=tm[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
         qp = tl.load(row + partner[:, None], mask=tm[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
@@ -70,7 +72,6 @@ def _norm_rope_head(ws_ptr, qw_ptr, pos_ptr, freq_ptr, out_ptr, head, t_lo, T, N
         qn = cast(q * inv[None, :] * w[:, None], DT, INTERP).to(tl.float32)
         qp = cast(qp * inv[None, :] * w_partner[:, None], DT, INTERP).to(tl.float32)
         rotated = tl.where(d[:, None] < half, -qp, qp)
-        pos = tl.load(pos_ptr + tk // per_pos, mask=tm, other=0).to(tl.float32)
         c, s = cos_sin(pos[None, :] * freq[:, None])
         c = cast(c, DT, INTERP).to(tl.float32)
         s = cast(s, DT, INTERP).to(tl.float32)
@@ -84,7 +85,7 @@ def _q_rope_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, qw_ptr, pos_pt
                    out_ptr, hout_ptr, T, H, N, Hq, per_pos, eps, s_x, s_r, s_w, s_hout,
                    HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_NORM: tl.constexpr, WRITE_H: tl.constexpr,
                    D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-                   STATS_UNROLL: tl.constexpr, NORM_UNROLL: tl.constexpr,
+                   STATS_UNROLL: tl.constexpr, NORM_UNROLL: tl.constexpr, ROW_K: tl.constexpr,
                    EPI_T: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
@@ -97,7 +98,7 @@ def _q_rope_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, qw_ptr, pos_pt
     tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_mask = tok < T
     inv_x, inv_h = prologue_stats(x_ptr, res_ptr, rw_ptr, sc_ptr, tok, tok_mask, H, eps, s_x, s_r, HAS_RES, HAS_SCALE,
-                                  HAS_NORM, dt, BLOCK_T, BLOCK_K, STATS_UNROLL, NORM_UNROLL, INTERP)
+                                  HAS_NORM, dt, BLOCK_T, BLOCK_K, STATS_UNROLL, NORM_UNROLL, ROW_K, INTERP)
     w_rows = w_ptr + n.to(tl.int64)[:, None] * s_w
     acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
@@ -123,7 +124,11 @@ MAXNREG = 168
 def launch_config(T: int, N: int, D: int, *, block_n: int | None = None, block_k: int = BLOCK_K, num_warps: int = 4,
                   num_stages: int = 3) -> dict:
     """BLOCK_N divides D (>= 64): 32-row slices for E2B/E4B (32-64 programs), 64 for 26B/31B (128-256).
-    The epilogue handles 2048 / D tokens at a time ([D, tokens] fp32 tiles of ~16 values per thread).
+    The epilogue handles 2048 / D tokens at a time ([D, tokens] fp32 tiles of ~16 values per thread),
+    one when T = 1: a decode step at batch 1 computed 8 (D 256) or 4 (D 512) tokens' norm and RoPE
+    for the one it stores, and its elected program ran ~1100 instructions, 15 barriers and 4-5
+    dependent load waves after the election (sm_90 SASS) where one token takes ~260, 9 and 2 (its own
+    compile: 6 q_rope compiles per drafter instead of 3, see tests/test_triton_aot.py).
     Register cap 168: left alone, ptxas fit the D 512 epilogue of some sm_80 launches in 64 registers
     by saving predicates to the stack (8 bytes per thread); the cap lets it take 72-168 and save none.
     The keywords replace one choice each (`benchmarks/tune_launch_configs.py` times them); block_n
@@ -131,7 +136,8 @@ def launch_config(T: int, N: int, D: int, *, block_n: int | None = None, block_k
     block_n = block_n or (32 if N <= 2048 else 64)
     if D % block_n:
         raise ValueError(f"block_n: must divide the head dim {D}, got {block_n}")
-    return dict(BLOCK_N=block_n, BLOCK_T=token_block(T), BLOCK_K=block_k, EPI_T=max(1, 2048 // D),
+    return dict(BLOCK_N=block_n, BLOCK_T=token_block(T), BLOCK_K=block_k,
+                EPI_T=1 if T == 1 else max(1, 2048 // D),
                 num_warps=num_warps, num_stages=num_stages, maxnreg=MAXNREG)
 
 
@@ -156,6 +162,7 @@ def rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, *, norm_weigh
         float(eps), *strides, weight.stride(0), hout.stride(0), D=D, BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"],
         BLOCK_K=cfg["BLOCK_K"], EPI_T=cfg["EPI_T"], **prologue_unroll(H, cfg["BLOCK_K"], cfg["BLOCK_T"],
                                                                       x.element_size()),
+        ROW_K=row_tile(T, H, flags),
         PREC=dot_precision(x.dtype), INTERP=interpreting(x.device), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"], **flags, **pdl_args(x.device, weights=True))
     return out
