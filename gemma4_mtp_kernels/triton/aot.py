@@ -99,8 +99,9 @@ def instructions_after_election(code: str) -> int:
     return len(re.findall(r"/\*[0-9a-f]{4}\*/", code[code.rfind("ATOMG"):]))
 
 
-# q_rope's elected epilogue for one token (EPI_T = 1, a decode step at batch 1) on sm_90: ~260
-# instructions; ~1100 when it computed 2048 / D tokens for the one it stores
+# q_rope's elected epilogue for one token (EPI_T = 1, a decode step at batch 1) on sm_90: ~200 (D 256) to
+# ~280 (D 512) instructions; ~1100 when it computed 2048 / D tokens for the one it stores, ~700 for 2048 / D
+# tokens now
 Q_ROPE_ONE_TOKEN_TAIL = 400
 
 

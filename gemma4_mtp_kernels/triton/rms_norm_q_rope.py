@@ -54,30 +54,33 @@ def cos_sin(f):
 def _norm_rope_head(ws_ptr, qw_ptr, pos_ptr, freq_ptr, out_ptr, head, t_lo, T, N, per_pos, eps,
                     D: tl.constexpr, EPI_T: tl.constexpr, BLOCK_T: tl.constexpr, DT: tl.constexpr,
                     INTERP: tl.constexpr):
-    """q_norm + RoPE of one head for the tokens [t_lo, t_lo + BLOCK_T) of the workspace."""
-    d = tl.arange(0, D)
-    half = D // 2
-    partner = (d + half) % D
-    w = tl.load(qw_ptr + d).to(tl.float32)
-    w_partner = tl.load(qw_ptr + partner).to(tl.float32)
-    freq = tl.load(freq_ptr + d % half)
+    """q_norm + RoPE of one head for the tokens [t_lo, t_lo + BLOCK_T) of the workspace, EPI_T tokens at a
+    time as [tokens, D / 2] tiles of the head's two halves: a neox pair (j, j + D / 2) shares its angle,
+    so each half is loaded once (not the head and then its partners) and each cos / sin computed once."""
+    HALF: tl.constexpr = D // 2
+    h = tl.arange(0, HALF)
+    w_lo = tl.load(qw_ptr + h).to(tl.float32)
+    w_hi = tl.load(qw_ptr + HALF + h).to(tl.float32)
+    freq = tl.load(freq_ptr + h)
     for t0 in range(t_lo, tl.minimum(t_lo + BLOCK_T, T), EPI_T):
         tk = t0 + tl.arange(0, EPI_T)
         tm = tk < T
         pos = tl.load(pos_ptr + tk // per_pos, mask=tm, other=0).to(tl.float32)
-        row = ws_ptr + tk.to(tl.int64)[None, :] * N + head * D
-        q = tl.load(row + d[:, None], mask=tm[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
-        qp = tl.load(row + partner[:, None], mask=tm[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
-        inv = tl.rsqrt(tl.sum(q * q, axis=0) / D + eps)
-        qn = cast(q * inv[None, :] * w[:, None], DT, INTERP).to(tl.float32)
-        qp = cast(qp * inv[None, :] * w_partner[:, None], DT, INTERP).to(tl.float32)
-        rotated = tl.where(d[:, None] < half, -qp, qp)
-        c, s = cos_sin(pos[None, :] * freq[:, None])
+        row = tk.to(tl.int64)[:, None] * N + head * D + h[None, :]
+        q_lo = tl.load(ws_ptr + row, mask=tm[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+        q_hi = tl.load(ws_ptr + row + HALF, mask=tm[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+        inv = tl.rsqrt((tl.sum(q_lo * q_lo, axis=1) + tl.sum(q_hi * q_hi, axis=1)) / D + eps)
+        n_lo = cast(q_lo * inv[:, None] * w_lo[None, :], DT, INTERP).to(tl.float32)
+        n_hi = cast(q_hi * inv[:, None] * w_hi[None, :], DT, INTERP).to(tl.float32)
+        c, s = cos_sin(pos[:, None] * freq[None, :])
         c = cast(c, DT, INTERP).to(tl.float32)
         s = cast(s, DT, INTERP).to(tl.float32)
-        o = cast(qn * c, DT, INTERP).to(tl.float32) + cast(rotated * s, DT, INTERP).to(tl.float32)
-        tl.store(out_ptr + tk.to(tl.int64)[None, :] * N + head * D + d[:, None], cast(o, DT, INTERP),
-                 mask=tm[None, :])
+        # as Hugging Face's apply_rotary_pos_emb: q * cos + rotate_half(q) * sin, each product rounded
+        o_lo = cast(n_lo * c, DT, INTERP).to(tl.float32) + cast(-n_hi * s, DT, INTERP).to(tl.float32)
+        o_hi = cast(n_hi * c, DT, INTERP).to(tl.float32) + cast(n_lo * s, DT, INTERP).to(tl.float32)
+        out_row = out_ptr + tk.to(tl.int64)[:, None] * N + head * D + h[None, :]
+        tl.store(out_row, cast(o_lo, DT, INTERP), mask=tm[:, None])
+        tl.store(out_row + HALF, cast(o_hi, DT, INTERP), mask=tm[:, None])
 
 
 @triton.jit(do_not_specialize=["T", "per_pos"])
@@ -127,7 +130,7 @@ def launch_config(T: int, N: int, D: int, *, block_n: int | None = None, block_k
     The epilogue handles 2048 / D tokens at a time ([D, tokens] fp32 tiles of ~16 values per thread),
     one when T = 1: a decode step at batch 1 computed 8 (D 256) or 4 (D 512) tokens' norm and RoPE
     for the one it stores, and its elected program ran ~1100 instructions, 15 barriers and 4-5
-    dependent load waves after the election (sm_90 SASS) where one token takes ~260, 9 and 2 (its own
+    dependent load waves after the election (sm_90 SASS) where one token takes ~200-280, 5-11 and 2 (its own
     compile: 6 q_rope compiles per drafter instead of 3, see tests/test_triton_aot.py).
     Register cap 168: left alone, ptxas fit the D 512 epilogue of some sm_80 launches in 64 registers
     by saving predicates to the stack (8 bytes per thread); the cap lets it take 72-168 and save none.
