@@ -7,15 +7,16 @@ layer's input norm), rounds it to x's dtype (Hugging Face's q_proj output) and p
 [T, Hq * D] workspace. q_norm needs a whole head, so the last of a head's D / BLOCK_N programs to
 finish (a per-(token tile, head) counter, the pattern of tree_verify: bar.sync, one
 atom.acq_rel.gpu, .cg loads, the counter reset by its consumer so the launch replays in a CUDA
-graph) normalises the head and rotates it: each element reads its neox partner (j +- D/2) from the
-workspace, cos/sin of the fp32 `position * inv_freq` (computed as Hugging Face does) come from
-`cos_sin` (~1 ulp, as torch's cosf / sinf) and are rounded to x's dtype, then q * cos, rotated * sin and their
-sum are each rounded, as Hugging Face's apply_rotary_pos_emb does. Positions are read per request
+graph) normalises the head and rotates it, its two halves read from the workspace as [tokens, D / 2]
+tiles (a neox pair j, j + D/2 sits at the same place of both): cos/sin of the fp32 `position *
+inv_freq` (computed as Hugging Face does) come from `cos_sin` (~1 ulp, as torch's cosf / sinf), once
+per pair, and are rounded to x's dtype, then q * cos, rotated * sin and their sum are each rounded, as
+Hugging Face's apply_rotary_pos_emb does. Positions are read per request
 (token t uses positions[t // (T / P)]): no repeat_interleave launch. Proportional RoPE (full
 layers) is the same code: its non-rotated pairs have inv_freq 0 (cos 1, sin 0).
 Expected on H100/H200: q_proj's weight (E2B 0.5-1 MiB, 31B 16-32 MiB) at the rate of
-`rms_norm_linear`'s projection, plus one L2 round trip for the counter and a [D, T] epilogue per
-head on the critical path (~1 us).
+`rms_norm_linear`'s projection, plus one L2 round trip for the counter and the head's epilogue on
+the critical path (~1 us).
 """
 from __future__ import annotations
 
@@ -127,8 +128,8 @@ MAXNREG = 168
 def launch_config(T: int, N: int, D: int, *, block_n: int | None = None, block_k: int = BLOCK_K, num_warps: int = 4,
                   num_stages: int = 3) -> dict:
     """BLOCK_N divides D (>= 64): 32-row slices for E2B/E4B (32-64 programs), 64 for 26B/31B (128-256).
-    The epilogue handles 2048 / D tokens at a time ([D, tokens] fp32 tiles of ~16 values per thread),
-    one when T = 1: a decode step at batch 1 computed 8 (D 256) or 4 (D 512) tokens' norm and RoPE
+    The epilogue handles 2048 / D tokens at a time (two [tokens, D / 2] fp32 tiles, ~8 values per thread
+    each), one when T = 1: a decode step at batch 1 computed 8 (D 256) or 4 (D 512) tokens' norm and RoPE
     for the one it stores, and its elected program ran ~1100 instructions, 15 barriers and 4-5
     dependent load waves after the election (sm_90 SASS) where one token takes ~200-280, 5-11 and 2 (its own
     compile: 6 q_rope compiles per drafter instead of 3, see tests/test_triton_aot.py).
