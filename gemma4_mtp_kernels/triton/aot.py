@@ -65,38 +65,31 @@ def sass(cubin: bytes) -> str:
     return _on_cubin("nvdisasm", "-c", cubin)
 
 
-def split_load_waves(code: str) -> int:
-    """In a split-K kernel's SASS, the runs of global loads after its election (the last ATOMG) that an
-    FADD ends: each is a dependent L2 round trip of the epilogue that sums the partials. 1: every
-    partial tile of a group is loaded before the first add (`_common.sum_splits`)."""
+def _after_election(code: str) -> str:
+    """The SASS after the kernel's last ATOMG: what the program elected by a counter (the last of a group
+    to finish) runs alone on the critical path."""
+    return code[code.rfind("ATOMG"):]
+
+
+def load_waves_after_election(code: str, ends: str) -> int:
+    """The runs of global loads after the election that an instruction containing `ends` ends: each run
+    waits for the one before it, a dependent L2 round trip. Split-K epilogues (`_common.sum_splits`): runs
+    ended by an FADD, 1 when every partial tile of a group is loaded before the first add; the attention's
+    in-kernel merge: runs ended by a bar.sync, 1 when the partials are loaded with their lse, before the
+    reductions (whose barriers ptxas does not move loads across)."""
     waves, loading = 0, False
-    for line in code[code.rfind("ATOMG"):].splitlines():
+    for line in _after_election(code).splitlines():
         if "LDG" in line:
             waves += not loading
             loading = True
-        elif "FADD" in line:
-            loading = False
-    return waves
-
-
-def merge_load_waves(code: str) -> int:
-    """In an attention kernel that merges its splits itself, the runs of global loads after its election
-    (the last ATOMG) that a barrier ends: 1 when the partials are loaded with their lse, before the
-    reductions (whose bar.sync ptxas does not move loads across)."""
-    waves, loading = 0, False
-    for line in code[code.rfind("ATOMG"):].splitlines():
-        if "LDG" in line:
-            waves += not loading
-            loading = True
-        elif "BAR.SYNC" in line:
+        elif ends in line:
             loading = False
     return waves
 
 
 def instructions_after_election(code: str) -> int:
-    """SASS instructions after the kernel's last ATOMG: what the elected program (the last of a group to
-    finish) runs alone on the critical path, e.g. q_rope's q_norm + RoPE of a head."""
-    return len(re.findall(r"/\*[0-9a-f]{4}\*/", code[code.rfind("ATOMG"):]))
+    """SASS instructions after the election, e.g. q_rope's q_norm + RoPE of a head."""
+    return len(re.findall(r"/\*[0-9a-f]{4}\*/", _after_election(code)))
 
 
 # q_rope's elected epilogue for one token (EPI_T = 1, a decode step at batch 1) on sm_90: ~200 (D 256) to
@@ -516,12 +509,12 @@ def _compile_row(launch: Launch, arch: int) -> dict:
     # L2 prefetches of the weight rows before the wait (`_common.prefetch_weight_rows`)
     row["prefetches_before_wait"] = ptx[:max(0, ptx.find("griddepcontrol.wait"))].count("prefetch.global.L2")
     if arch == 90 and constexprs.get("SPLIT") and rec.options.get("maxnreg"):  # the decode steps' split-K
-        row["split_load_waves"] = split_load_waves(sass(compiled.asm["cubin"]))
+        row["split_load_waves"] = load_waves_after_election(sass(compiled.asm["cubin"]), "FADD")
         if row["split_load_waves"] != 1:
             row["problems"].append(f"the split-K epilogue loads its partials in {row['split_load_waves']} dependent "
                                    "waves (one L2 round trip each) where sum_splits issues a group at once")
     if arch == 90 and row["kernel"] == "_attn_kernel" and constexprs.get("MERGE"):
-        row["merge_load_waves"] = merge_load_waves(sass(compiled.asm["cubin"]))
+        row["merge_load_waves"] = load_waves_after_election(sass(compiled.asm["cubin"]), "BAR.SYNC")
         if row["merge_load_waves"] != 1:
             row["problems"].append(f"the in-kernel merge loads its lse and partials in {row['merge_load_waves']} "
                                    "dependent waves where one suffices")
