@@ -1,6 +1,8 @@
 """Triton dense_lm_head against the fp64 oracle (ranks exact up to verified near ties) and the
 reference, under the interpreter on CPU: many tiles per program (the running top-k merge), several
 programs (the merge launch), token tiles, k up to 64, ties, NaN, the dense output."""
+import importlib
+
 import pytest
 import torch
 
@@ -34,6 +36,23 @@ def test_token_tiles(T):
 def test_k_16():
     hidden, lm_head = make(2, 16, 500, torch.bfloat16, torch.Generator().manual_seed(9))
     check_topk(hidden, lm_head, 16, "triton", what="k=16")
+
+
+@pytest.mark.parametrize("k", [1, 3, 16])
+def test_the_last_program_merges_many_tiles(monkeypatch, k):
+    """The last program reads the programs' published lists in tiles of MERGE_ELEMENTS / BLOCK_T
+    candidates: shrunk here so that 8 programs' lists take 8-32 tiles, with the best rows at the end of
+    the head (in the last programs' lists, the last tiles read) and more near the start, so that the
+    later tiles still admit candidates after earlier ones filled the list."""
+    head = importlib.import_module("gemma4_mtp_kernels.triton.dense_lm_head")  # the package exports the op
+    monkeypatch.setattr(head, "MERGE_ELEMENTS", 64)  # 4 candidates of 16 token columns a tile
+    gen = torch.Generator().manual_seed(k)
+    hidden, lm_head = make(2, 32, 3000, torch.float32, gen)
+    lm_head[-20:] *= 4  # the last programs hold the best rows of both tokens
+    lm_head[:10] *= 3
+    ids, _ = check_topk(hidden, lm_head, k, "triton", what=f"k={k} many merge tiles")
+    ref_ids, _ = g.dense_lm_head(hidden, lm_head, k=k, backend="torch")
+    assert torch.equal(ids, ref_ids)
 
 
 def test_k_equals_v():

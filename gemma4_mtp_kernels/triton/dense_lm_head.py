@@ -4,19 +4,23 @@ dtype, with the top-k fused in (no fp32 copy of the head, no [T, V] logits, no s
 Design. The cost is the head (512 MiB in bf16); T <= 64 tokens ride along.
 1. `_head_kernel`, grid (P, T / BLOCK_T): program p streams a contiguous chunk of whole BLOCK_V-row
    tiles (P ~ 2 programs per SM), acc[BLOCK_V, BLOCK_T] = W_tile @ h_tile^T in fp32 through tl.dot.
-   "dense" stores the fp32 tile; "topk" merges it into a running top-KP list per token held in
-   registers and publishes the list (KP = k rounded up to a power of two): [P, KP, T] keys + ids.
-   Ranking is on int32 keys (order-preserving fp32 bits, -0.0 as +0.0, every NaN as the one above
-   +inf, so a NaN ranks first as in torch's sort); ties go to the lower id. The merge takes the
-   best of (list, tile) KP times (two max and two min reductions each): no sort.
+   "dense" stores the fp32 tile; "topk" keeps a running top-KP list per token in registers (KP = k
+   rounded up to a power of two) and publishes it: [P * KP, T] int64. Ranking is on int32 keys
+   (order-preserving fp32 bits, -0.0 as +0.0, every NaN as the one above +inf, so a NaN ranks first as
+   in torch's sort), packed with the id into one int64 that orders as the ranking (ties to the lower
+   id), so one max reduction finds a column's best and its id. A tile enters the list by passes that
+   each move every column's best remaining row into its list's worst slot while it beats it
+   (`merge_topk`): as many passes as rows the tile admits, plus one, so after the first tiles mostly
+   one; k = 1 is a plain max. No sort.
 2. In the same launch, the last program of each token block to publish (a counter per block, left
-   zero again: gemma4_mtp_kernels._counters) runs the same selection over the P * KP published
-   candidates of its tokens, writing ids (int64) and logits (fp32) best first.
+   zero again: gemma4_mtp_kernels._counters) merges the P * KP published candidates of its tokens the
+   same way, 2048 per tile (`MERGE_ELEMENTS`), and writes ids (int64) and logits (fp32) best first.
 Expected on H100/H200: 31B / 26B head 537 MB -> ~128 us at 4.2 TB/s; the tl.dot tile pipeline
-(3 stages of 128 x 64 bf16) should reach ~85-90% (~145-150 us) at T <= 16; the k = 1 merge adds
-2 reductions per 128-row tile, k = 8 adds 32 (cheap beside 128 x 1024 weights), the merge by the
-last program ~1-2 us (it was a second launch, ~2 us plus its launch gap). The unfused path it
-replaces (fp32 copy of the head, fp32 GEMV, full sort) took ~640 us.
+(3 stages of 128 x 64 bf16) should reach ~85-90% (~145-150 us) at T <= 16 (measured 2026-12-04: 133 us
+at k = 1). The selection: ~1 reduction per 128-row tile at k = 1, ~4 at k = 8 (random logits: ~30
+passes over a program's 8 tiles); the last program's merge of k = 8 ~45 passes over 16 tiles (it took
+4096 dependent reductions before, 567 us in all). The unfused path it replaces (fp32 copy of the head,
+fp32 GEMV, full sort) took ~640 us.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from ._common import (cdiv, device_helper, dot_precision, interpreting, mma, num
 
 NO_ID = tl.constexpr(2147483647)
 EMPTY = tl.constexpr(-2147483648)  # below every key of a number or NaN
+EMPTY_P = tl.constexpr(-9223372036854775808)  # pack(EMPTY, NO_ID): below every packed key
 
 
 @device_helper
@@ -47,29 +52,39 @@ def from_key(key):
 
 
 @device_helper
-def take_topk(run_key, run_id, key, ids, KP: tl.constexpr):
-    """The KP best (key, id) per column of the union of the lists run_* [KP, C] and key / ids [R, C],
-    best first, ties to the lower id; ids are distinct within a column (NO_ID pads)."""
+def pack(key, ids):
+    """(key, id) as one int64 that orders as the ranking does: the key's 32 bits above, 2^31 - 1 - id
+    below (a lower id ranks higher among equal keys), so one max reduction finds a column's best and
+    its id. (EMPTY, NO_ID) packs to EMPTY_P."""
+    return (key.to(tl.int64) << 32) | (2147483647 - ids).to(tl.int64)
+
+
+@device_helper
+def merge_topk(run, cand, KP: tl.constexpr):
+    """The top KP of each column of the union of run [KP, C] (an unordered list of packed keys, EMPTY_P
+    pads) and cand [R, C] (packed, distinct within a column but for EMPTY_P), unordered. Each pass moves
+    every column's best remaining candidate into its list's worst slot where it beats it, and stops when
+    no column's can: one [R, C] max reduction per pass, as many passes as the most candidates one column
+    admits, plus one. (A pass per rank, KP of them whatever entered, with a key and an id reduction each,
+    made the last program's merge of k = 8 over 2048 candidates 4096 dependent reductions: 567 us on the
+    H200 for a 128 us head, where k = 1 took 133.)"""
+    best = tl.max(cand, axis=0)
+    if KP == 1:  # one slot: the better of the two, no pass to repeat
+        return tl.maximum(run, best[None, :])
     slot = tl.arange(0, KP)[:, None]
-    best_key = tl.full(run_key.shape, EMPTY, tl.int32)
-    best_id = tl.full(run_id.shape, NO_ID, tl.int32)
-    for i in tl.static_range(KP):
-        m = tl.maximum(tl.max(key, axis=0), tl.max(run_key, axis=0))
-        pick = tl.minimum(tl.min(tl.where(key == m[None, :], ids, NO_ID), axis=0),
-                          tl.min(tl.where(run_key == m[None, :], run_id, NO_ID), axis=0))
-        best_key = tl.where(slot == i, m[None, :], best_key)
-        best_id = tl.where(slot == i, pick[None, :], best_id)
-        taken = ids == pick[None, :]
-        key = tl.where(taken, EMPTY, key)
-        ids = tl.where(taken, NO_ID, ids)
-        taken = run_id == pick[None, :]
-        run_key = tl.where(taken, EMPTY, run_key)
-        run_id = tl.where(taken, NO_ID, run_id)
-    return best_key, best_id
+    worst = tl.min(run, axis=0)
+    while tl.max((best > worst).to(tl.int32), axis=0) > 0:
+        # padding slots are equal: the lowest one takes it
+        at = tl.min(tl.where(run == worst[None, :], slot, KP), axis=0)
+        run = tl.where((slot == at[None, :]) & (best > worst)[None, :], best[None, :], run)
+        cand = tl.where(cand == best[None, :], EMPTY_P, cand)
+        best = tl.max(cand, axis=0)
+        worst = tl.min(run, axis=0)
+    return run
 
 
 @triton.jit(do_not_specialize=["T", "tiles_per_prog"])
-def _head_kernel(h_ptr, w_ptr, out_ptr, key_ptr, id_ptr, cnt_ptr, out_id_ptr, out_val_ptr, T, V, Hd, top_k,
+def _head_kernel(h_ptr, w_ptr, out_ptr, list_ptr, cnt_ptr, out_id_ptr, out_val_ptr, T, V, Hd, top_k,
                  tiles_per_prog, s_h, s_w, s_out,
                  DENSE: tl.constexpr, KP: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr,
                  BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr, PREC: tl.constexpr, INTERP: tl.constexpr,
@@ -79,8 +94,7 @@ def _head_kernel(h_ptr, w_ptr, out_ptr, key_ptr, id_ptr, cnt_ptr, out_id_ptr, ou
     tok = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_mask = tok < T
     h_rows = h_ptr + tok.to(tl.int64)[None, :] * s_h
-    run_key = tl.full((KP, BLOCK_T), EMPTY, tl.int32)
-    run_id = tl.full((KP, BLOCK_T), NO_ID, tl.int32)
+    run = tl.full((KP, BLOCK_T), EMPTY_P, tl.int64)
     tile_lo = p * tiles_per_prog
     tile_hi = tl.minimum(tile_lo + tiles_per_prog, tl.cdiv(V, BLOCK_V))
     for tile in range(tile_lo, tile_hi):
@@ -98,13 +112,11 @@ def _head_kernel(h_ptr, w_ptr, out_ptr, key_ptr, id_ptr, cnt_ptr, out_id_ptr, ou
             tl.store(out_ptr + tok.to(tl.int64)[None, :] * s_out + v[:, None], acc,
                      mask=v_mask[:, None] & tok_mask[None, :])
         else:
-            ids = tl.where(v_mask, v, NO_ID)[:, None] + tl.zeros((BLOCK_V, BLOCK_T), tl.int32)
-            key = tl.where(v_mask[:, None], to_key(acc), EMPTY)
-            run_key, run_id = take_topk(run_key, run_id, key, ids, KP)
+            cand = tl.where(v_mask[:, None], pack(to_key(acc), v[:, None]), EMPTY_P)
+            run = merge_topk(run, cand, KP)
     if not DENSE:
         dst = (p * KP + tl.arange(0, KP))[:, None] * T + tok[None, :]
-        tl.store(key_ptr + dst, run_key, mask=tok_mask[None, :])
-        tl.store(id_ptr + dst, run_id, mask=tok_mask[None, :])
+        tl.store(list_ptr + dst, run, mask=tok_mask[None, :])
         # the last program of this token block to publish merges every program's list (bar.sync orders
         # the program's stores before the release; the loads after the acquire are .cg, from L2) and
         # leaves the counter zero for the next launch
@@ -112,25 +124,27 @@ def _head_kernel(h_ptr, w_ptr, out_ptr, key_ptr, id_ptr, cnt_ptr, out_id_ptr, ou
         done = tl.atomic_add(cnt_ptr + tl.program_id(1), 1, sem="acq_rel", scope="gpu")
         if done == tl.num_programs(0) - 1:
             n_cand = tl.num_programs(0) * KP
-            run_key = tl.full((KP, BLOCK_T), EMPTY, tl.int32)
-            run_id = tl.full((KP, BLOCK_T), NO_ID, tl.int32)
-            # (names of their own: a variable assigned before this branch may not change type in it)
+            top = tl.full((KP, BLOCK_T), EMPTY_P, tl.int64)
             for c0 in range(0, n_cand, BLOCK_C):
                 c = c0 + tl.arange(0, BLOCK_C)
                 c_mask = (c < n_cand)[:, None] & tok_mask[None, :]
-                src = c[:, None] * T + tok[None, :]
-                c_key = tl.load(key_ptr + src, mask=c_mask, other=EMPTY, cache_modifier=".cg")
-                c_id = tl.load(id_ptr + src, mask=c_mask, other=NO_ID, cache_modifier=".cg")
-                run_key, run_id = take_topk(run_key, run_id, c_key, c_id, KP)
-            slot = tl.arange(0, KP)[:, None]
-            out_at = tok.to(tl.int64)[None, :] * top_k + slot
-            out_mask = (slot < top_k) & tok_mask[None, :]
-            tl.store(out_id_ptr + out_at, run_id.to(tl.int64), mask=out_mask)
-            tl.store(out_val_ptr + out_at, from_key(run_key), mask=out_mask)
+                top = merge_topk(top, tl.load(list_ptr + c[:, None] * T + tok[None, :], mask=c_mask, other=EMPTY_P,
+                                              cache_modifier=".cg"), KP)
+            # best first: the list's largest KP times (its padding, EMPTY_P, comes last)
+            for i in tl.static_range(KP):
+                best = tl.max(top, axis=0)
+                top = tl.where(top == best[None, :], EMPTY_P, top)
+                out_at = tok.to(tl.int64) * top_k + i
+                out_mask = tok_mask & (i < top_k)
+                tl.store(out_id_ptr + out_at, 2147483647 - (best & 2147483647), mask=out_mask)
+                tl.store(out_val_ptr + out_at, from_key((best >> 32).to(tl.int32)), mask=out_mask)
             tl.store(cnt_ptr + tl.program_id(1), 0)
 
 
 BLOCK_K = 64
+# The last program's merge reads the published lists (P * KP candidates per token) in [MERGE_ELEMENTS /
+# BLOCK_T, BLOCK_T] tiles: 16 int64 values a thread at 4 warps; 2048 candidates (k = 8) in 16 tiles.
+MERGE_ELEMENTS = 2048
 
 
 def launch_config(T: int, V: int, sms: int, KP: int = 1) -> dict:
@@ -163,16 +177,15 @@ def dense_lm_head(hidden, lm_head, *, output="topk", k=1):
     KP = pow2_at_least(k, 1) if not dense else 1
     cfg = launch_config(T, V, num_sms(dev), KP)
     P, TB = cfg["programs"], cdiv(T, cfg["BLOCK_T"])
-    keys = ids = counters = None
+    lists = counters = None
     if not dense:
-        keys = torch.empty(P * KP, T, dtype=torch.int32, device=dev)
-        ids = torch.empty(P * KP, T, dtype=torch.int32, device=dev)
+        lists = torch.empty(P * KP, T, dtype=torch.int64, device=dev)
         counters = zeroed_counters(dev, TB, "triton.dense_lm_head")
     _head_kernel[(P, TB)](
-        hidden, lm_head, out if dense else None, keys, ids, counters, None if dense else out_ids,
+        hidden, lm_head, out if dense else None, lists, counters, None if dense else out_ids,
         None if dense else out_vals, T, V, Hd, k, cfg["tiles_per_prog"], hidden.stride(0), lm_head.stride(0), V,
         DENSE=dense, KP=KP, BLOCK_V=cfg["BLOCK_V"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"],
-        BLOCK_C=max(16, 1024 // (KP * cfg["BLOCK_T"])), PREC=dot_precision(hidden.dtype),
+        BLOCK_C=MERGE_ELEMENTS // cfg["BLOCK_T"], PREC=dot_precision(hidden.dtype),
         INTERP=interpreting(dev), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"],
         **pdl_args(dev))
     return out if dense else (out_ids, out_vals)
