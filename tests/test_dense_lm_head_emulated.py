@@ -7,10 +7,11 @@ exactly their extent (a read past a row or a tensor is an AddressSanitizer error
 (NaN, -1) and the workspace (all-ones keys, which outrank every real key, so a list the rows kernel
 never published shows up as a wrong id), launches, checks the launches (the rows kernel, then the merge
 for top-k; programmatic dependent launch on sm_90 only) and writes the outputs back. Covered: the
-16-byte and the element-wise loads, bf16 / fp16 / fp32, one to three passes of 8 tokens, k 1-16 (lists
-of 1-16 keys), the 31B head's width on an H100's 264 CTAs, ties to the lower id, NaN ranking first,
-signed zeros, the dense output. Not covered: timing, the GPU's memory ordering:
-test_dense_lm_head_cuda.py verifies those on a GPU.
+tensor-core kernel (16-bit types, 16-byte rows; one or two passes of 32 tokens for k <= 4, of 16 above)
+and the CUDA-core one (fp32, unaligned or strided rows; passes of 8 tokens), bf16 / fp16 / fp32, k 1-16
+(lists of 1-16 keys), the 31B head's width on an H100's CTAs and on a few CTAs of many row blocks, ties
+to the lower id, NaN ranking first, signed zeros, the dense output. Not covered: timing, the GPU's memory
+ordering: test_dense_lm_head_cuda.py verifies those on a GPU.
 """
 from __future__ import annotations
 
@@ -55,14 +56,17 @@ class Emulated:
         return self._read("dense", torch.float32, (hidden.shape[0], lm_head.shape[0]))
 
 
+# (T, k): the tensor-core kernel takes 32 tokens a pass for k <= 4, 16 above: 40 and 19 make two passes
 @pytest.mark.parametrize("T,k,schedule", [(1, 1, "rr"), (3, 2, "rr"), (8, 5, "rr"), (9, 16, "rr"), (19, 4, "rr"),
-                                          (9, 16, "behind")])  # 19: three passes of 8 tokens
-def test_top_k_at_the_31b_width(binary, tmp_path, T, k, schedule):
-    """The 26B / 31B head's width (1024) over 3000 rows on an H100's 132 SMs (188 CTAs of 16 rows: one
-    row pair per warp), lists of 1 to 16 keys; behind: warps and blocks from the highest index down."""
+                                          (40, 4, "rr"), (19, 16, "rr"), (9, 16, "behind")])
+@pytest.mark.parametrize("sms", [132, 4])
+def test_top_k_at_the_31b_width(binary, tmp_path, T, k, schedule, sms):
+    """The 26B / 31B head's width (1024) over 3000 rows: on an H100's 132 SMs (188 CTAs of 16 rows: half a
+    warp's 32-row block in warp 0), on 4 SMs (8 CTAs of 375 rows: 11-12 blocks over the 8 warps, the last
+    one cut); lists of 1 to 16 keys; behind: warps and blocks from the highest index down."""
     hidden, lm_head = make(T, 1024, 3000, torch.bfloat16, torch.Generator().manual_seed(T * 31 + k))
     check_topk(hidden, lm_head, k, "cuda (emulated)", what=f"T={T} k={k}",
-               call=Emulated(binary, tmp_path, sms=132, schedule=schedule))
+               call=Emulated(binary, tmp_path, sms=sms, schedule=schedule))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
