@@ -8,11 +8,15 @@
 #
 # Every stage is time-boxed so that one hang cannot eat the device budget (a device command may run
 # 10 minutes, 600 s; with every box spent, kill grace included, the script ends by ~580 s): build 60 s,
-# GPU suite 200 s (four files at a time, each at most 120 s; 160 s measured), main command 90 s, decode
-# profile 45 s, stage boundaries 60 s, step profile 60 s, memcheck 60 s or
-# what is left before 470 s (skipped under 20 s), benchmarks what is left before 520 s (skipped under
-# 30 s; + 20 s grace), the summary table, the plot 20 s if it can start by 550 s, then the HF
-# assisted-generation benchmark only if at least 60 s remain before 540 s.
+# GPU suite 200 s (four files at a time, each at most 120 s; 160 s measured), main command 90 s, the
+# benchmarks what is left before 420 s (benchmarks/checklist.py's cases first: the open predictions;
+# skipped under 30 s; + 20 s grace), step profile 40 s, decode profile 40 s, memcheck what is left
+# before 560 s (at most 60 s, skipped under 20 s), the summary table, the plot 20 s if it can start by
+# 560 s. On 2026-12-04 the benchmarks came last and got 94 s, which timed two drafter steps and none of
+# the rounds; before this order they would have had ~55 s. The stage-boundary benchmark (measured on
+# 2026-12-04, its conclusion drawn: benchmarks/README.md, "Stage boundaries") and the Hugging Face
+# assisted-generation benchmark run by hand (python -m benchmarks.bench_stage_boundary,
+# python -m benchmarks.bench_hf_assisted).
 # Exit status: 2 = no GPU; otherwise 0 only if every stage passed.
 # Not in this call (its ~150 s do not fit): the launch-configuration sweep, a second device call,
 #   PYTHONPATH=$PWD python -m benchmarks.tune_launch_configs --out $OUT/tune.json --time-budget 150 --jobs 16
@@ -153,42 +157,14 @@ for backend in auto triton cuda; do
     done
 done
 
-# Where a decode round's wall clock goes (host time per phase, GPU kernel time per round) for the main
-# command's configurations: ~20 s; why a tree or a sampling round cost ~2x a greedy chain round on
-# 2026-12-04 (benchmarks/README.md, "Decode rounds, phase by phase").
-stage decode-profile 45 "$OUT/decode_profile.log" "$PY" -m benchmarks.profile_decode --out "$OUT/decode_profile.json"
-
-# What a dependent stage boundary costs (launch, PDL, grid barrier): ~10 s, the input of issue 11's
-# persistent-step decision (benchmarks/README.md, "Stage boundaries").
-stage stage-boundary 60 "$OUT/stage_boundary.log" "$PY" -m benchmarks.bench_stage_boundary \
-    --out "$OUT/stage_boundary.json"
-
-# Where a graph-replayed step's time goes, kernel by kernel (E2B and 31B, triton with and without PDL,
-# cuda): ~30 s, issue 11's next question (benchmarks/README.md, "Kernel by kernel").
-stage step-profile 60 "$OUT/step_profile.log" "$PY" -m benchmarks.profile_step --out "$OUT/step_profile.json"
-
-# The op tests once under compute-sanitizer memcheck (out-of-bounds and misaligned accesses, errors of
-# the kernels we launch); time-boxed, what finished is in the log.
-left=$(( 470 - SECONDS )); [ $left -gt 60 ] && left=60
-if ! command -v compute-sanitizer > /dev/null; then
-    say "compute-sanitizer not found: memcheck stage skipped"
-    status=1
-elif [ $left -lt 20 ]; then
-    say "memcheck not run: ${left}s left of its time box"
-    status=1
-else
-    stage memcheck $left "$OUT/memcheck.log" compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
-        "$PY" -m pytest -q -m gpu -p no:cacheprovider -x tests/test_q_only_attention_cuda.py \
-        tests/test_fused_glue_cuda.py tests/test_fused_concat_down_proj_cuda.py tests/test_centroid_logits_cuda.py \
-        tests/test_tree_verify_cuda.py tests/test_q_only_attention_triton.py tests/test_tree_verify_triton.py
-fi
-
-# The benchmarks get what the stages above left before 520 s (none under 30 s); 16 processes first run every
-# case once (at most 40% of that: compiles land in the on-disk caches; run_all.precompile). The vLLM anchor runs when
-# GEMMA4_MTP_VLLM_UNIFIED_ATTENTION names a copy of its kernel (benchmarks/vllm_anchor.py). run_all stops starting
-# new cases after its budget (its share per op: half for the drafter step and rounds, run_all.WEIGHTS) and
-# records the rest as "not run"; the JSON is rewritten after every case, so even a kill leaves the finished cases.
-budget=$(( 520 - SECONDS ))
+# The benchmarks get what the stages above left before 420 s (none under 30 s); 16 processes first run every
+# case once (at most 40% of that: compiles land in the on-disk caches; run_all.precompile), the checklist's
+# cases first. The vLLM anchor runs when
+# GEMMA4_MTP_VLLM_UNIFIED_ATTENTION names a copy of its kernel (benchmarks/vllm_anchor.py). run_all times
+# benchmarks/checklist.py's cases first, then stops starting new cases after its budget (its share per op:
+# half for the drafter step and rounds, run_all.WEIGHTS) and records the rest as "not run"; the JSON is
+# rewritten after every case, so even a kill leaves the finished cases.
+budget=$(( 420 - SECONDS ))
 rc=0
 if [ $budget -ge 30 ]; then
     stage benchmarks $(( budget + 20 )) "$OUT/benchmarks.log" "$PY" -m benchmarks.run_all --out "$OUT/results.json" \
@@ -202,37 +178,57 @@ fi
 # fail: run_all then exits 3 naming the baseline in results.json, and the rest runs in a fresh process
 # without the baselines starting with that name (cuda also drops cuda_eager), while time is left.
 skip=""
-while [ $rc -eq 3 ] && [ $(( 520 - SECONDS )) -ge 30 ]; do
+while [ $rc -eq 3 ] && [ $(( 420 - SECONDS )) -ge 30 ]; do
     lost=$("$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))['context_lost']['baseline'])" \
         "$OUT/results.json")
     skip="${skip:+$skip,}$lost"
-    budget=$(( 520 - SECONDS ))
+    budget=$(( 420 - SECONDS ))
     say "benchmarks: the CUDA context was lost in baseline $lost; resuming without baselines starting with $skip"
     stage benchmarks-resume $(( budget + 20 )) "$OUT/benchmarks_resume.log" "$PY" -m benchmarks.run_all \
         --out "$OUT/results.json" --resume --skip-baselines "$skip" --time-budget $budget
     rc=$?
 done
+
+# Where a graph-replayed step's time goes, kernel by kernel (E2B and 31B, triton with and without PDL,
+# cuda): ~30 s, issue 11's next question (benchmarks/README.md, "Kernel by kernel").
+stage step-profile 40 "$OUT/step_profile.log" "$PY" -m benchmarks.profile_step --out "$OUT/step_profile.json"
+
+# Where a decode round's wall clock goes (host time per phase, GPU kernel time per round) for the main
+# command's configurations: ~20 s; why a tree or a sampling round cost ~2x a greedy chain round on
+# 2026-12-04 (benchmarks/README.md, "Decode rounds, phase by phase").
+stage decode-profile 40 "$OUT/decode_profile.log" "$PY" -m benchmarks.profile_decode --out "$OUT/decode_profile.json"
+
+# The op tests once under compute-sanitizer memcheck (out-of-bounds and misaligned accesses, errors of
+# the kernels we launch); time-boxed, what finished is in the log.
+left=$(( 560 - SECONDS )); [ $left -gt 60 ] && left=60
+if ! command -v compute-sanitizer > /dev/null; then
+    say "compute-sanitizer not found: memcheck stage skipped"
+    status=1
+elif [ $left -lt 20 ]; then
+    say "memcheck not run: ${left}s left of its time box"
+    status=1
+else
+    stage memcheck $left "$OUT/memcheck.log" compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+        "$PY" -m pytest -q -m gpu -p no:cacheprovider -x tests/test_q_only_attention_cuda.py \
+        tests/test_fused_glue_cuda.py tests/test_fused_concat_down_proj_cuda.py tests/test_centroid_logits_cuda.py \
+        tests/test_tree_verify_cuda.py tests/test_q_only_attention_triton.py tests/test_tree_verify_triton.py
+fi
+
 if [ -f "$OUT/results.json" ]; then
     "$PY" -m benchmarks.run_all --table "$OUT/results.json" > "$OUT/summary.txt" 2>&1
+    # each open prediction against this run (in range, below, above, not measured)
+    "$PY" -m benchmarks.checklist "$OUT/results.json" > "$OUT/checklist.md" 2>&1
     if ! "$PY" -c "import matplotlib" 2>/dev/null; then
         say "matplotlib is not installed: no roofline.png (draw it later: python -m benchmarks.plot results.json out.png)"
-    elif [ $SECONDS -gt 550 ]; then
+    elif [ $SECONDS -gt 560 ]; then
         say "no time left for the plot: draw it later (python -m benchmarks.plot results.json out.png)"
     else
         stage plot 20 "$OUT/plot.log" "$PY" -m benchmarks.plot "$OUT/results.json" "$OUT/roofline.png"
     fi
 fi
-# Hugging Face assisted generation with and without gemma4_mtp.hf.accelerate, when time is left
-# (it is not needed for any other result).
-left=$(( 540 - SECONDS ))
-if [ $left -ge 60 ]; then
-    stage hf-assisted $left "$OUT/hf_assisted.log" "$PY" -m benchmarks.bench_hf_assisted --out "$OUT/hf_assisted.json"
-else
-    say "hf-assisted benchmark not run: ${left}s left of the time box"
-fi
 say "done in ${SECONDS}s, status $status; files in $OUT"
 { echo "GPU suite (per file):"; cat "$OUT/gpu_suite.txt"; } >> "$OUT/summary.txt" 2>/dev/null
-{ echo "Stage boundaries:"; cat "$OUT/stage_boundary.log"; } >> "$OUT/summary.txt" 2>/dev/null
+{ echo "Checklist:"; cat "$OUT/checklist.md"; } >> "$OUT/summary.txt" 2>/dev/null
 { echo "Step profile:"; cat "$OUT/step_profile.log"; } >> "$OUT/summary.txt" 2>/dev/null
 { echo "Decode profile:"; cat "$OUT/decode_profile.log"; } >> "$OUT/summary.txt" 2>/dev/null
 [ -f "$OUT/summary.txt" ] && cat "$OUT/summary.txt"

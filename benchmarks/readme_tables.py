@@ -6,7 +6,8 @@
 
 README.md gets one line per op (how close to the floor each backend gets, how ours compare with the
 fastest anchor); benchmarks/README.md one line per case, and the stage-boundary table of the newest run
-per device that has one (stage_boundary.json, bench_stage_boundary). "Anchor" = any baseline that is not ours
+per device that has one (stage_boundary.json, bench_stage_boundary), and the checklist of the open predictions
+the next run settles (benchmarks/checklist.py, not drawn from the runs). "Anchor" = any baseline that is not ours
 and computes the op (or the function it replaces, e.g. the dense LM head), except the calls labelled
 as not what an engine runs and our own drafter's variants (NOT_ANCHORS).
 """
@@ -24,7 +25,8 @@ from .make_verified import CANDIDATES, ROOT, Run, load_runs
 # vLLM's 2D path (not what vLLM runs for decode: bench_q_only_attention) and our own drafter's variants
 NOT_ANCHORS = {"vllm_unified_2d"} | OUR_VARIANTS
 FILES = {"summary": os.path.join(ROOT, "README.md"), "cases": os.path.join(ROOT, "benchmarks", "README.md"),
-         "stage_boundary": os.path.join(ROOT, "benchmarks", "README.md")}
+         "stage_boundary": os.path.join(ROOT, "benchmarks", "README.md"),
+         "checklist": os.path.join(ROOT, "benchmarks", "README.md")}
 
 
 def _begin(kind):
@@ -142,7 +144,15 @@ def stage_boundary_table(runs: list[Run]) -> str:
     return "\n".join(out).rstrip() + "\n" if out else "No stage-boundary measurement is committed yet.\n"
 
 
-TABLES = {"summary": summary_table, "cases": cases_table, "stage_boundary": stage_boundary_table}
+def checklist_table(runs: list[Run]) -> str:
+    """The open predictions a run's results.json settles (benchmarks/checklist.py), not drawn from the runs."""
+    from .checklist import table
+
+    return table() + "\n"
+
+
+TABLES = {"summary": summary_table, "cases": cases_table, "stage_boundary": stage_boundary_table,
+          "checklist": checklist_table}
 
 
 def rewrite(text: str, kind: str, table: str, path: str) -> str:

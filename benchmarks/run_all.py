@@ -179,17 +179,26 @@ def _warm_case(task: tuple[str, int, bool]) -> tuple[int, int]:
     return len(case.baselines), failed
 
 
-def precompile(modules, jobs: int, deadline: float, *, dry: bool, done=frozenset(), log=print) -> dict:
+def ordered(cases_of: dict[str, list], first=()) -> list[tuple[str, int]]:
+    """(module, case index) of every case of the modules of `cases_of` (module -> its cases): the (op, case)
+    pairs of `first` in their order (benchmarks.checklist.cases(): what the next GPU run must settle), then
+    each module's other cases in module order."""
+    listed = [(m, i, (c.op, c.label)) for m, cs in cases_of.items() for i, c in enumerate(cs)]
+    rank = {key: n for n, key in enumerate(first)}
+    head = sorted((x for x in listed if x[2] in rank), key=lambda x: rank[x[2]])
+    return [(m, i) for m, i, _ in head] + [(m, i) for m, i, key in listed if key not in rank]
+
+
+def precompile(modules, jobs: int, deadline: float, *, dry: bool, done=frozenset(), first=(), log=print) -> dict:
     """Every baseline of every case of `modules` (but the (op, label) pairs in `done`) run once, by `jobs`
-    spawned processes, one case at a time each, until `deadline` (time.monotonic()): what compiles on a
-    first call (Triton's JIT, inductor) compiles there, in parallel, into the on-disk caches the timed
-    process then reads, instead of one kernel after another inside the timed process's budget (on
+    spawned processes, one case at a time each (those of `first` first, `ordered`), until `deadline`
+    (time.monotonic()): what compiles on a first call (Triton's JIT, inductor) compiles there, in
+    parallel, into the on-disk caches the timed process then reads, instead of one kernel after another inside the timed process's budget (on
     2026-12-04 the benchmark stage's 94 s timed two drafter steps). Bounded by the deadline whatever a
     worker does (one that dies loses its case, which then compiles when it is timed). Returns what ran."""
-    tasks = []
-    for m in modules:
-        cases = importlib.import_module(f"{__package__}.{m}").cases(dry)
-        tasks += [(m, i, dry) for i, c in enumerate(cases) if (c.op, c.label) not in done]
+    cases_of = {m: importlib.import_module(f"{__package__}.{m}").cases(dry) for m in modules}
+    tasks = [(m, i, dry) for m, i in ordered(cases_of, first)
+             if (cases_of[m][i].op, cases_of[m][i].label) not in done]
     ran = failed = finished = 0
     pool = multiprocessing.get_context("spawn").Pool(jobs)
     try:
@@ -208,14 +217,16 @@ def precompile(modules, jobs: int, deadline: float, *, dry: bool, done=frozenset
 
 
 def run(*, dry: bool, out_path: str, ops=None, time_budget_s: float | None = None, runs: int = 30,
-        log=print, resume: bool = False, skip_baselines=(), modules=None, precompile_jobs: int = 0) -> dict:
-    """Runs the cases of every module of `modules` (default MODULES; of `ops`) and writes the results to
+        log=print, resume: bool = False, skip_baselines=(), modules=None, precompile_jobs: int = 0,
+        checklist_first: bool = True) -> dict:
+    """Runs the cases of every module of `modules` (default MODULES; of `ops`), with checklist_first the
+    cases benchmarks.checklist's predictions read before all others, and writes the results to
     out_path after each case. precompile_jobs > 1: `precompile` first, with at most 40% of the budget.
     resume: keep the cases out_path already holds (those with any baseline run) and run the others;
     skip_baselines: prefixes of baseline names recorded as not run (after a lost CUDA context).
     Raises ContextLost, after writing what finished, when a baseline leaves the CUDA context unusable."""
     import torch
-    from . import devices, timer
+    from . import checklist, devices, timer
     if not dry and not torch.cuda.is_available():
         raise SystemExit("run_all: no GPU (torch.cuda.is_available() is False); use --dry-run on a CPU machine")
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())) if dry else torch.get_num_threads())
@@ -247,44 +258,53 @@ def run(*, dry: bool, out_path: str, ops=None, time_budget_s: float | None = Non
         log(f"device {results['env']['device']}: copy {peaks['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
             f"bf16 matmul {peaks['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s, launch {peaks['launch_floor_s'] * 1e6:.2f} µs")
     mods = [m for m in modules or MODULES if not ops or any(o in m for o in ops)]
+    first = checklist.cases() if checklist_first else ()
     if precompile_jobs > 1:
         t0 = time.monotonic()
         budget = float("inf") if time_budget_s is None else 0.4 * (start + time_budget_s - t0)
-        results["precompile"] = precompile(mods, precompile_jobs, t0 + budget, dry=dry, done=done, log=log)
+        results["precompile"] = precompile(mods, precompile_jobs, t0 + budget, dry=dry, done=done, first=first,
+                                           log=log)
         results["precompile"]["wall_s"] = time.monotonic() - t0
         log(f"precompile: {results['precompile']}")
     write_json(results, out_path)
-    for n_mod, modname in enumerate(mods):
-        mod = importlib.import_module(f".{modname}", __package__)
-        # each op gets its weighted share of what is left of the budget, so a slow op cannot starve the rest
-        deadline = None
-        if time_budget_s is not None:
+    cases_of = {m: importlib.import_module(f".{m}", __package__).cases(dry) for m in mods}
+    order = ordered(cases_of, first)
+    n_first = sum((c.op, c.label) in set(first) for cs in cases_of.values() for c in cs)
+    deadline, module = None, None
+    for n, (modname, i) in enumerate(order):
+        case = cases_of[modname][i]
+        # the checklist's cases may take the whole budget; then each module gets its weighted share of
+        # what is left, so a slow op cannot starve the rest
+        if time_budget_s is not None and n == 0 and n_first:
+            deadline = start + time_budget_s
+        if time_budget_s is not None and n >= n_first and modname != module:
+            module = modname
             now = time.monotonic()
-            deadline = now + share(mods[n_mod:], start + time_budget_s - now)
-        for case in mod.cases(dry):
-            if (case.op, case.label) in done:
-                continue
-            if deadline is not None and time.monotonic() > deadline:
-                results["cases"].append({"op": case.op, "case": case.label, "params": case.params,
-                                         "bytes": case.cost.bytes, "flops": case.cost.flops, "parts": case.cost.parts,
-                                         "floor_s": case.cost.floor_s(measured_dev) if measured_dev else None,
-                                         "results": [{"baseline": b, "status": "not run",
-                                                      "reason": "the time budget of this op was spent"}
-                                                     for b in case.baselines]})
-                continue
-            t0 = time.monotonic()
-            try:
-                rec = _run_case(case, torch=torch, dry=dry, device=device, dtype=dtype, l2_bytes=l2,
-                                measured_dev=measured_dev, datasheet=datasheet, timer=timer, runs=runs, skip=skip)
-            except ContextLost as e:
-                results["cases"].append(e.rec)
-                results["context_lost"] = {"case": e.case, "baseline": e.baseline}
-                write_json(results, out_path)
-                raise
-            rec["wall_s"] = time.monotonic() - t0  # what the case cost of the budget (compiles included)
-            results["cases"].append(rec)
+            left = list(dict.fromkeys(m for m, _ in order[n:]))
+            deadline = now + share(left, start + time_budget_s - now)
+        if (case.op, case.label) in done:
+            continue
+        if deadline is not None and time.monotonic() > deadline:
+            results["cases"].append({"op": case.op, "case": case.label, "params": case.params,
+                                     "bytes": case.cost.bytes, "flops": case.cost.flops, "parts": case.cost.parts,
+                                     "floor_s": case.cost.floor_s(measured_dev) if measured_dev else None,
+                                     "results": [{"baseline": b, "status": "not run",
+                                                  "reason": "the time budget of this op was spent"}
+                                                 for b in case.baselines]})
+            continue
+        t0 = time.monotonic()
+        try:
+            rec = _run_case(case, torch=torch, dry=dry, device=device, dtype=dtype, l2_bytes=l2,
+                            measured_dev=measured_dev, datasheet=datasheet, timer=timer, runs=runs, skip=skip)
+        except ContextLost as e:
+            results["cases"].append(e.rec)
+            results["context_lost"] = {"case": e.case, "baseline": e.baseline}
             write_json(results, out_path)
-            log(f"{case.op:24s} {case.label:45s} {rec['wall_s']:6.1f} s")
+            raise
+        rec["wall_s"] = time.monotonic() - t0  # what the case cost of the budget (compiles included)
+        results["cases"].append(rec)
+        write_json(results, out_path)
+        log(f"{case.op:24s} {case.label:45s} {rec['wall_s']:6.1f} s")
     results["wall_s"] = time.monotonic() - start
     write_json(results, out_path)
     return results

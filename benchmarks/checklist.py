@@ -1,0 +1,176 @@
+"""The open predictions of benchmarks/README.md that a run's results.json settles, as data: what the next
+GPU run measures first (`run_all` runs these cases before any other) and what it is checked against.
+
+    python -m benchmarks.checklist                  # the README's checklist table (markdown)
+    python -m benchmarks.checklist RESULTS.json     # each prediction against that run's numbers
+
+Each row names a case of the benchmark modules (op, case label) and a baseline, the range predicted for
+its median time in µs (graph-replayed unless the baseline says otherwise), the 2026-12-04 measurement it
+was predicted from, and the README section that holds its model and its refutation rule. A row with
+`minus` predicts a difference: its baseline's time less that (case, baseline)'s, from the same run. The
+verdict of a measured row is "in range", "below" (faster than predicted) or "above" (slower: the row's
+model is refuted unless its section says otherwise); a row whose case did not run is "not measured".
+Predictions measured elsewhere (the main command, profile_step, profile_decode, the launch-configuration
+sweep) stay in the README's hand-written table beside this one.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import NamedTuple
+
+
+class Prediction(NamedTuple):
+    what: str
+    op: str
+    case: str
+    baseline: str
+    lo: float
+    hi: float
+    before: float | None  # µs on 2026-12-04 (of the difference, for a row with minus); None: not measured then
+    section: str
+    minus: tuple[str, str] | None = None  # (case, baseline) of the same op whose time is subtracted
+
+
+STEP_E2B, STEP_31B = "E2B step B=1 ctx=8192", "31B step B=1 ctx=8192"
+ALL_FOUR = "the four sections of 2026-12-04 after \"Kernel by kernel\""
+PREDICTIONS = (
+    Prediction("E2B step", "drafter_step", STEP_E2B, "triton", 150, 160, 171.3, ALL_FOUR),
+    Prediction("31B step", "drafter_step", STEP_31B, "triton", 470, 490, 522.8, ALL_FOUR),
+    Prediction("31B step without the weight prefetch, less with it", "drafter_step", STEP_31B, "triton_no_prefetch",
+               7, 12, None, "Weights asked of L2 before the wait", minus=(STEP_31B, "triton")),
+    Prediction("31B step, PDL triggered at each kernel's exit, less at its wait", "drafter_step", STEP_31B,
+               "triton_pdl_at_exit", -23, -13, None, "Kernel by kernel", minus=(STEP_31B, "triton")),
+    Prediction("E2B step, PDL triggered at each kernel's exit, less at its wait", "drafter_step", STEP_E2B,
+               "triton_pdl_at_exit", 1, 7, None, "Kernel by kernel", minus=(STEP_E2B, "triton")),
+    Prediction("E2B sampled chain round less the greedy chain round", "draft_round",
+               "E2B sampled chain round k=4 T=0.8 B=1 ctx=8192", "triton", 30, 50, None,
+               "Sampled draft tokens in two launches", minus=("E2B chain round k=4 B=1 ctx=8192", "triton")),
+    Prediction("31B sampled chain round less the greedy chain round", "draft_round",
+               "31B sampled chain round k=4 T=0.8 B=1 ctx=8192", "triton", 30, 50, None,
+               "Sampled draft tokens in two launches", minus=("31B chain round k=4 B=1 ctx=8192", "triton")),
+    Prediction("E2B q_rope T=1", "rms_norm_q_rope", "E2B q_proj full T=1", "triton", 6.7, 7.3, 8.4,
+               "q_rope's elected epilogue for one token"),
+    Prediction("E2B gate_up T=1", "rms_norm_gate_up", "E2B gate_up T=1", "triton", 5.5, 5.8, 6.1,
+               "One token's prologue from its row loaded whole"),
+    Prediction("E2B pre-projection T=1", "fused_concat_down_proj", "E2B T=1", "triton", 2.8, 3.5, 5.23,
+               "Serial L2 round trips inside the glue kernels"),
+    Prediction("31B down_proj T=1", "rms_norm_linear", "31B down_proj T=1", "triton", 8.0, 8.7, 9.94,
+               "Serial L2 round trips inside the glue kernels"),
+    Prediction("31B q_proj T=1", "rms_norm_q_rope", "31B q_proj full T=1", "triton", 23, 24.5, 25.9,
+               "The 31B prologue's statistics in 3 waves of loads instead of 8"),
+    Prediction("E2B full attention 8K", "q_only_paged_attention", "E2B full D=512 B=1 Q=1 ctx=8192", "triton",
+               18.5, 20.5, 23.4, "The attention merges and the centroid scores in fewer dependent loads"),
+    Prediction("E2B full attention 32K", "q_only_paged_attention", "E2B full D=512 B=1 Q=1 ctx=32768", "triton",
+               40, 42, 45.7, "The attention merges and the centroid scores in fewer dependent loads"),
+    Prediction("E2B sliding attention 8K", "q_only_paged_attention", "E2B sliding D=256 B=1 Q=1 ctx=8192", "triton",
+               8.2, 8.8, 9.2, "The attention merges and the centroid scores in fewer dependent loads"),
+    Prediction("E2B centroid head, argmax T=1", "centroid_logits", "E2B argmax T=1", "triton", 12.3, 12.8, 13.7,
+               "The attention merges and the centroid scores in fewer dependent loads"),
+    Prediction("softmax_sample, 4096 candidates, B=1", "softmax_sample", "centroid head (4096 candidates) B=1",
+               "triton", 5, 8, None, "Sampled draft tokens in two launches"),
+    Prediction("softmax_sample, V = 262144, B=1", "softmax_sample", "dense head B=1", "triton", 5, 8, None,
+               "Sampled draft tokens in two launches"),
+    Prediction("softmax_sample, 4096 candidates, B=8", "softmax_sample", "centroid head (4096 candidates) B=8",
+               "triton", 8, 12, None, "Sampled draft tokens in two launches"),
+    Prediction("softmax_sample, 4096 candidates, B=32", "softmax_sample", "centroid head (4096 candidates) B=32",
+               "triton", 25, 40, None, "Sampled draft tokens in two launches"),
+    Prediction("31B dense head top-1 T=1", "dense_lm_head", "31B top1 T=1", "triton", 128, 136, 133.0,
+               "The dense head's top-k in passes that stop"),
+    Prediction("31B dense head top-2 T=1", "dense_lm_head", "31B top2 T=1", "triton", 133, 142, 146.0,
+               "The dense head's top-k in passes that stop"),
+    Prediction("31B dense head top-8 T=1", "dense_lm_head", "31B top8 T=1", "triton", 145, 175, 567.0,
+               "The dense head's top-k in passes that stop"),
+    Prediction("31B dense head top-8 T=8", "dense_lm_head", "31B top8 T=8", "triton", 150, 180, 565.7,
+               "The dense head's top-k in passes that stop"),
+    Prediction("31B dense head top-8 T=32", "dense_lm_head", "31B top8 T=32", "triton", 190, 260, 916.1,
+               "The dense head's top-k in passes that stop"),
+    Prediction("31B dense head top-1 T=1, CUDA", "dense_lm_head", "31B top1 T=1", "cuda", 135, 150, 188.1,
+               "The dense head's top-k in passes that stop"),
+    Prediction("31B dense head top-1 T=8, CUDA", "dense_lm_head", "31B top1 T=8", "cuda", 135, 155, 421.9,
+               "The dense head's top-k in passes that stop"),
+    Prediction("31B dense head top-1 T=32, CUDA", "dense_lm_head", "31B top1 T=32", "cuda", 165, 220, 1640.2,
+               "The dense head's top-k in passes that stop"),
+    Prediction("31B dense head top-8 T=1, CUDA", "dense_lm_head", "31B top8 T=1", "cuda", 140, 160, 212.6,
+               "The dense head's top-k in passes that stop"),
+    Prediction("31B dense head top-8 T=8, CUDA", "dense_lm_head", "31B top8 T=8", "cuda", 140, 165, 609.4,
+               "The dense head's top-k in passes that stop"),
+    Prediction("31B dense head top-8 T=32, CUDA", "dense_lm_head", "31B top8 T=32", "cuda", 270, 330, 2361.5,
+               "The dense head's top-k in passes that stop"),
+)
+
+
+def cases() -> list[tuple[str, str]]:
+    """The (op, case) pairs the predictions read, in the table's order, each once: what run_all runs first."""
+    seen: dict[tuple[str, str], None] = {}
+    for p in PREDICTIONS:
+        seen.setdefault((p.op, p.case))
+        if p.minus:
+            seen.setdefault((p.op, p.minus[0]))
+    return list(seen)
+
+
+def _time_us(results: dict, op: str, case: str, baseline: str) -> float | None:
+    for c in results.get("cases", []):
+        if c["op"] == op and c["case"] == case:
+            for r in c["results"]:
+                if r["baseline"] == baseline and r.get("status") == "ok" and r.get("time_s"):
+                    return r["time_s"] * 1e6
+    return None
+
+
+def verdicts(results: dict) -> list[dict]:
+    """Each prediction with its measured value in `results` (µs; None if its case or baseline did not
+    run) and its verdict."""
+    rows = []
+    for p in PREDICTIONS:
+        value = _time_us(results, p.op, p.case, p.baseline)
+        if value is not None and p.minus:
+            other = _time_us(results, p.op, *p.minus)
+            value = None if other is None else value - other
+        verdict = ("not measured" if value is None else "below" if value < p.lo else "above" if value > p.hi
+                   else "in range")
+        rows.append({**p._asdict(), "measured": value, "verdict": verdict})
+    return rows
+
+
+def _baseline(p: Prediction) -> str:
+    if not p.minus:
+        return f"`{p.baseline}`"
+    other = f"`{p.minus[1]}`" if p.minus[0] == p.case else f"`{p.minus[1]}` of {p.minus[0]}"
+    return f"`{p.baseline}` - {other}"
+
+
+def table(results: dict | None = None) -> str:
+    """Markdown: one line per prediction; with `results`, its measurement and verdict."""
+    head = "| prediction | op: case | baseline | 2026-12-04 µs | predicted µs | section |"
+    rule = "|---|---|---|---|---|---|"
+    if results is not None:
+        head, rule = head + " measured µs | verdict |", rule + "---|---|"
+    lines = [head, rule]
+    for row in (verdicts(results) if results is not None else [dict(p._asdict()) for p in PREDICTIONS]):
+        p = Prediction(*(row[f] for f in Prediction._fields))
+        before = "-" if p.before is None else f"{p.before:g}"
+        line = f"| {p.what} | {p.op}: {p.case} | {_baseline(p)} | {before} | {p.lo:g} to {p.hi:g} | {p.section} |"
+        if results is not None:
+            measured = "-" if row["measured"] is None else f"{row['measured']:.1f}"
+            line += f" {measured} | {row['verdict']} |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) > 1 or (args and args[0].startswith("-")):
+        print(__doc__.strip().splitlines()[2], file=sys.stderr)
+        return 2
+    results = None
+    if args:
+        with open(args[0]) as f:
+            results = json.load(f)
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

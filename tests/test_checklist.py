@@ -1,0 +1,81 @@
+"""benchmarks/checklist.py: its predictions name cases the benchmarks run, its verdicts of a hand-written
+run, and run_all timing its cases before any other."""
+import importlib
+import json
+import sys
+import types
+
+import pytest
+
+from benchmarks import checklist, run_all
+
+
+def test_every_prediction_names_a_case_and_baseline_the_benchmarks_run():
+    baselines = {}
+    for m in run_all.MODULES:
+        for c in importlib.import_module(f"benchmarks.{m}").cases(False):
+            baselines[(c.op, c.label)] = set(c.baselines)
+    for p in checklist.PREDICTIONS:
+        assert p.baseline in baselines.get((p.op, p.case), ()), p
+        if p.minus:
+            assert p.minus[1] in baselines.get((p.op, p.minus[0]), ()), p
+        assert p.lo <= p.hi, p
+    assert len(checklist.cases()) == len(set(checklist.cases()))
+
+
+def _case(op, label, **times_us):
+    return {"op": op, "case": label, "results": [
+        {"baseline": b, "status": "ok" if t is not None else "error", "time_s": None if t is None else t * 1e-6}
+        for b, t in times_us.items()]}
+
+
+def test_verdicts_of_a_hand_written_run():
+    step31 = "31B step B=1 ctx=8192"
+    results = {"cases": [
+        _case("drafter_step", "E2B step B=1 ctx=8192", triton=155.0, triton_pdl_at_exit=None),
+        _case("drafter_step", step31, triton=500.0, triton_no_prefetch=510.0, triton_pdl_at_exit=470.0),
+        _case("rms_norm_q_rope", "E2B q_proj full T=1", triton=6.0),
+        _case("draft_round", "E2B sampled chain round k=4 T=0.8 B=1 ctx=8192", triton=740.0),
+    ]}
+    got = {(r["what"]): (r["measured"], r["verdict"]) for r in checklist.verdicts(results)}
+    assert got["E2B step"] == (pytest.approx(155.0), "in range")
+    assert got["31B step"] == (pytest.approx(500.0), "above")
+    assert got["31B step without the weight prefetch, less with it"] == (pytest.approx(10.0), "in range")
+    assert got["31B step, PDL triggered at each kernel's exit, less at its wait"] == (pytest.approx(-30.0), "below")
+    assert got["E2B q_rope T=1"] == (pytest.approx(6.0), "below")
+    # a failed baseline, a missing case, a difference whose other side did not run: not measured
+    assert got["E2B step, PDL triggered at each kernel's exit, less at its wait"] == (None, "not measured")
+    assert got["E2B gate_up T=1"] == (None, "not measured")
+    assert got["E2B sampled chain round less the greedy chain round"] == (None, "not measured")
+    text = checklist.table(results)
+    assert text.count("\n") == len(checklist.PREDICTIONS) + 1 and "| 155.0 | in range |" in text
+
+
+def test_the_command_prints_the_verdicts(tmp_path, capsys):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"cases": [_case("drafter_step", "E2B step B=1 ctx=8192", triton=171.0)]}))
+    assert checklist.main([str(path)]) == 0
+    assert "| 171.0 | above |" in capsys.readouterr().out
+    assert checklist.main([]) == 0 and "| 150 to 160 |" in capsys.readouterr().out
+
+
+def test_ordered_puts_the_checklist_cases_first():
+    cases_of = {m: importlib.import_module(f"benchmarks.{m}").cases(False) for m in run_all.MODULES}
+    order = run_all.ordered(cases_of, checklist.cases())
+    keys = [(cases_of[m][i].op, cases_of[m][i].label) for m, i in order]
+    assert keys[:len(checklist.cases())] == checklist.cases()
+    assert sorted(keys) == sorted((c.op, c.label) for cs in cases_of.values() for c in cs)
+
+
+def test_run_all_times_the_checklist_cases_before_the_others(tmp_path, monkeypatch):
+    from test_bench_dry import _toy_cases
+
+    fake = types.ModuleType("benchmarks.bench_toy")
+    fake.cases = lambda dry: _toy_cases()
+    monkeypatch.setitem(sys.modules, "benchmarks.bench_toy", fake)
+    monkeypatch.setattr(run_all, "MODULES", ("bench_toy",))
+    op = _toy_cases()[0].op
+    monkeypatch.setattr(checklist, "cases", lambda: [(op, "second")])
+    out = tmp_path / "results.json"
+    assert run_all.main(["--dry-run", "--out", str(out)]) == 0
+    assert [c["case"] for c in json.loads(out.read_text())["cases"]] == ["second", "first"]
