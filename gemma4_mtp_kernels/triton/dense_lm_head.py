@@ -149,10 +149,10 @@ MERGE_ELEMENTS = 2048
 
 def launch_config(T: int, V: int, sms: int, KP: int = 1) -> dict:
     """~2 programs per SM along V, each a run of whole BLOCK_V-row tiles; 128-row tiles up to 16
-    tokens, 64 rows and 8 warps above (the [BLOCK_V, BLOCK_T] accumulator, keys and ids stay in
-    registers: 64 tokens with k = 8 spilled at 4 warps). Register caps from the sm_80 / sm_90 compiles:
-    without one, ptxas fit the dense and small-k launches in 64-96 registers by saving predicates to
-    the stack (8 bytes per thread); with one, the large lists (k = 64, or k = 8 over 64 tokens) spill."""
+    tokens, 64 rows and 8 warps above (the [BLOCK_V, BLOCK_T] accumulator and its packed keys stay in
+    registers). Register caps from the sm_80 / sm_90 compiles: without one, ptxas fit the dense and
+    small-k launches in 64-96 registers by saving predicates to the stack (8 bytes per thread); the
+    wider lists (k = 16, or k > 2 over more than 16 tokens) are left uncapped."""
     block_t = min(64, pow2_at_least(T, 16))
     block_v = 128 if block_t <= 16 else 64
     tiles = cdiv(V, block_v)

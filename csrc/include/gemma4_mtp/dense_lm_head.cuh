@@ -61,6 +61,24 @@ __device__ __forceinline__ uint64_t score_key(float s, int row) {
   return topk_key(orderable_bits(s != s ? NAN : s), static_cast<uint32_t>(row));  // one NaN: every NaN ranks first
 }
 
+// Thread t < tokens merges the warps' lists of token t0 + t (lists[w][t], each best first) into the CTA's
+// list and publishes it to p.partial; a key enters only when it beats the list's last.
+template <int N, int K>
+__device__ __forceinline__ void publish_cta_lists(const uint64_t (&lists)[kWarps][N][K], int tokens, int t0,
+                                                  const DenseHeadParams& p) {
+  if (static_cast<int>(threadIdx.x) >= tokens) return;
+  uint64_t merged[K];
+#pragma unroll
+  for (int i = 0; i < K; ++i) merged[i] = kEmpty;
+  for (int w = 0; w < kWarps; ++w)
+#pragma unroll
+    for (int i = 0; i < K; ++i)
+      if (lists[w][threadIdx.x][i] > merged[K - 1]) insert<K>(merged, lists[w][threadIdx.x][i]);
+  uint64_t* dst = p.partial + (static_cast<int64_t>(blockIdx.x) * p.T + t0 + threadIdx.x) * K;
+#pragma unroll
+  for (int i = 0; i < K; ++i) dst[i] = merged[i];
+}
+
 // Shared memory of kernel 1: the kTokens hidden rows of a pass.
 inline size_t smem_bytes(int Hd, size_t elem) { return static_cast<size_t>(kTokens) * Hd * elem; }
 
@@ -140,17 +158,7 @@ __global__ void __launch_bounds__(kThreads, 2) rows_kernel(DenseHeadParams p) {
       for (int i = 0; i < K; ++i) lists[warp][lane][i] = best[i];
     }
     __syncthreads();
-    if (threadIdx.x < nt) {
-      uint64_t merged[K];
-#pragma unroll
-      for (int i = 0; i < K; ++i) merged[i] = kEmpty;
-      for (int w = 0; w < kWarps; ++w)
-#pragma unroll
-        for (int i = 0; i < K; ++i) insert<K>(merged, lists[w][threadIdx.x][i]);
-      uint64_t* dst = p.partial + (static_cast<int64_t>(blockIdx.x) * p.T + t0 + threadIdx.x) * K;
-#pragma unroll
-      for (int i = 0; i < K; ++i) dst[i] = merged[i];
-    }
+    publish_cta_lists(lists, nt, t0, p);
   }
 }
 
@@ -271,18 +279,7 @@ __global__ void __launch_bounds__(kThreads, K == 16 ? 1 : 2) mma_rows_kernel(Den
           for (int i = 0; i < K; ++i) lists[warp][mt * 16 + mma_a_row(lane, h)][i] = best[mt][h][i];
     }
     __syncthreads();
-    if (threadIdx.x < min(kTok, p.T - t0)) {
-      uint64_t merged[K];
-#pragma unroll
-      for (int i = 0; i < K; ++i) merged[i] = lists[0][threadIdx.x][i];
-      for (int w = 1; w < kWarps; ++w)
-#pragma unroll
-        for (int i = 0; i < K; ++i)
-          if (lists[w][threadIdx.x][i] > merged[K - 1]) insert<K>(merged, lists[w][threadIdx.x][i]);
-      uint64_t* dst = p.partial + (static_cast<int64_t>(blockIdx.x) * p.T + t0 + threadIdx.x) * K;
-#pragma unroll
-      for (int i = 0; i < K; ++i) dst[i] = merged[i];
-    }
+    publish_cta_lists(lists, min(kTok, p.T - t0), t0, p);
   }
 }
 
