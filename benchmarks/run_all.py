@@ -193,8 +193,8 @@ def precompile(modules, jobs: int, deadline: float, *, dry: bool, done=frozenset
     """Every baseline of every case of `modules` (but the (op, label) pairs in `done`) run once, by `jobs`
     spawned processes, one case at a time each (those of `first` first, `ordered`), until `deadline`
     (time.monotonic()): what compiles on a first call (Triton's JIT, inductor) compiles there, in
-    parallel, into the on-disk caches the timed process then reads, instead of one kernel after another inside the timed process's budget (on
-    2026-12-04 the benchmark stage's 94 s timed two drafter steps). Bounded by the deadline whatever a
+    parallel, into the on-disk caches the timed process then reads, instead of one kernel after another
+    inside the timed process's budget (on 2026-12-04 the benchmark stage's 94 s timed two drafter steps). Bounded by the deadline whatever a
     worker does (one that dies loses its case, which then compiles when it is timed). Returns what ran."""
     cases_of = {m: importlib.import_module(f"{__package__}.{m}").cases(dry) for m in modules}
     tasks = [(m, i, dry) for m, i in ordered(cases_of, first)
@@ -217,11 +217,10 @@ def precompile(modules, jobs: int, deadline: float, *, dry: bool, done=frozenset
 
 
 def run(*, dry: bool, out_path: str, ops=None, time_budget_s: float | None = None, runs: int = 30,
-        log=print, resume: bool = False, skip_baselines=(), modules=None, precompile_jobs: int = 0,
-        checklist_first: bool = True) -> dict:
-    """Runs the cases of every module of `modules` (default MODULES; of `ops`), with checklist_first the
-    cases benchmarks.checklist's predictions read before all others, and writes the results to
-    out_path after each case. precompile_jobs > 1: `precompile` first, with at most 40% of the budget.
+        log=print, resume: bool = False, skip_baselines=(), modules=None, precompile_jobs: int = 0) -> dict:
+    """Runs the cases of every module of `modules` (default MODULES; of `ops`), those that
+    benchmarks.checklist's predictions read before all others, and writes the results to out_path after
+    each case. precompile_jobs > 1: `precompile` first, with at most 40% of the budget.
     resume: keep the cases out_path already holds (those with any baseline run) and run the others;
     skip_baselines: prefixes of baseline names recorded as not run (after a lost CUDA context).
     Raises ContextLost, after writing what finished, when a baseline leaves the CUDA context unusable."""
@@ -258,7 +257,7 @@ def run(*, dry: bool, out_path: str, ops=None, time_budget_s: float | None = Non
         log(f"device {results['env']['device']}: copy {peaks['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
             f"bf16 matmul {peaks['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s, launch {peaks['launch_floor_s'] * 1e6:.2f} µs")
     mods = [m for m in modules or MODULES if not ops or any(o in m for o in ops)]
-    first = checklist.cases() if checklist_first else ()
+    first = checklist.cases()
     if precompile_jobs > 1:
         t0 = time.monotonic()
         budget = float("inf") if time_budget_s is None else 0.4 * (start + time_budget_s - t0)
@@ -269,7 +268,8 @@ def run(*, dry: bool, out_path: str, ops=None, time_budget_s: float | None = Non
     write_json(results, out_path)
     cases_of = {m: importlib.import_module(f".{m}", __package__).cases(dry) for m in mods}
     order = ordered(cases_of, first)
-    n_first = sum((c.op, c.label) in set(first) for cs in cases_of.values() for c in cs)
+    wanted = set(first)
+    n_first = sum((c.op, c.label) in wanted for cs in cases_of.values() for c in cs)  # `order`'s head
     deadline, module = None, None
     for n, (modname, i) in enumerate(order):
         case = cases_of[modname][i]

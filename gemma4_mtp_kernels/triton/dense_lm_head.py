@@ -32,9 +32,9 @@ from .._counters import zeroed_counters
 from ._common import (cdiv, device_helper, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least,
                       wait_for_inputs)
 
-NO_ID = tl.constexpr(2147483647)
-EMPTY = tl.constexpr(-2147483648)  # below every key of a number or NaN
-EMPTY_P = tl.constexpr(-9223372036854775808)  # pack(EMPTY, NO_ID): below every packed key
+MAX_ID = tl.constexpr(2147483647)  # ids are below 2^31: the packed key's low half is id ^ MAX_ID
+EMPTY_P = tl.constexpr(-9223372036854775808)  # below every packed key: the key -2^31 (below every number's
+# and NaN's) with the id MAX_ID
 
 
 @device_helper
@@ -53,10 +53,10 @@ def from_key(key):
 
 @device_helper
 def pack(key, ids):
-    """(key, id) as one int64 that orders as the ranking does: the key's 32 bits above, 2^31 - 1 - id
-    below (a lower id ranks higher among equal keys), so one max reduction finds a column's best and
-    its id. (EMPTY, NO_ID) packs to EMPTY_P."""
-    return (key.to(tl.int64) << 32) | (2147483647 - ids).to(tl.int64)
+    """(key, id) as one int64 that orders as the ranking does: the key's 32 bits above, id ^ MAX_ID
+    (= MAX_ID - id) below (a lower id ranks higher among equal keys), so one max reduction finds a
+    column's best and its id."""
+    return (key.to(tl.int64) << 32) | (ids ^ MAX_ID).to(tl.int64)
 
 
 @device_helper
@@ -136,7 +136,7 @@ def _head_kernel(h_ptr, w_ptr, out_ptr, list_ptr, cnt_ptr, out_id_ptr, out_val_p
                 top = tl.where(top == best[None, :], EMPTY_P, top)
                 out_at = tok.to(tl.int64) * top_k + i
                 out_mask = tok_mask & (i < top_k)
-                tl.store(out_id_ptr + out_at, 2147483647 - (best & 2147483647), mask=out_mask)
+                tl.store(out_id_ptr + out_at, (best & MAX_ID) ^ MAX_ID, mask=out_mask)
                 tl.store(out_val_ptr + out_at, from_key((best >> 32).to(tl.int32)), mask=out_mask)
             tl.store(cnt_ptr + tl.program_id(1), 0)
 
