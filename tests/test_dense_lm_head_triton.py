@@ -38,14 +38,29 @@ def test_k_16():
     check_topk(hidden, lm_head, 16, "triton", what="k=16")
 
 
+class _Poisoned:
+    """torch as the launcher sees it, with torch.empty poisoned: floats NaN, integers their largest value,
+    so an id never written is out of range and a published list slot no program wrote outranks every
+    packed key (it would win the last program's merge)."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*args, **kwargs):
+        t = torch.empty(*args, **kwargs)
+        return t.fill_(float("nan") if t.is_floating_point() else torch.iinfo(t.dtype).max)
+
+
 @pytest.mark.parametrize("k", [1, 3, 16])
 def test_the_last_program_merges_many_tiles(monkeypatch, k):
     """The last program reads the programs' published lists in tiles of MERGE_ELEMENTS / BLOCK_T
     candidates: shrunk here so that 8 programs' lists take 8-32 tiles, with the best rows at the end of
     the head (in the last programs' lists, the last tiles read) and more near the start, so that the
-    later tiles still admit candidates after earlier ones filled the list."""
+    later tiles still admit candidates after earlier ones filled the list; outputs and lists poisoned."""
     head = importlib.import_module("gemma4_mtp_kernels.triton.dense_lm_head")  # the package exports the op
     monkeypatch.setattr(head, "MERGE_ELEMENTS", 64)  # 4 candidates of 16 token columns a tile
+    monkeypatch.setattr(head, "torch", _Poisoned())
     gen = torch.Generator().manual_seed(k)
     hidden, lm_head = make(2, 32, 3000, torch.float32, gen)
     lm_head[-20:] *= 4  # the last programs hold the best rows of both tokens

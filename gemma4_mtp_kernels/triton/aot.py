@@ -87,9 +87,13 @@ def load_waves_after_election(code: str, ends: str) -> int:
     return waves
 
 
+# One SASS instruction of nvdisasm's listing: its address comment, then the instruction up to its ';'.
+_INSTRUCTION = re.compile(r"/\*[0-9a-f]{4}\*/\s*([^;]*);")
+
+
 def instructions_after_election(code: str) -> int:
     """SASS instructions after the election, e.g. q_rope's q_norm + RoPE of a head."""
-    return len(re.findall(r"/\*[0-9a-f]{4}\*/", _after_election(code)))
+    return len(_INSTRUCTION.findall(_after_election(code)))
 
 
 # q_rope's elected epilogue for one token (EPI_T = 1, a decode step at batch 1) on sm_90: ~200 (D 256) to
@@ -565,7 +569,7 @@ def step_sass(name: str, B: int = 1, ctx: int = 8192, arch: int = 90, sms: int =
         if rec.key not in seen:
             compiled, res = compile_launch(Launch(name, rec, "bf16", (arch,)), arch)
             code = sass(compiled.asm["cubin"])
-            instructions = re.findall(r"/\*[0-9a-f]{4}\*/\s*([^;]*);", code)
+            instructions = _INSTRUCTION.findall(code)
             seen[rec.key] = dict(registers=res.registers, instructions=len(instructions),
                                  barriers=sum("BAR.SYNC" in x for x in instructions),
                                  global_loads=sum("LDG" in x for x in instructions),

@@ -309,7 +309,7 @@ def rms_norm_linear(x, weight, *, norm_weight=None, eps=1e-6, residual=None, res
                               WRITE_N=normed_out is not None, SPLIT=split > 1, SPLIT_LOADS=cfg["SPLIT_LOADS"],
                               BLOCK_N=cfg["BLOCK_N"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"],
                               **prologue_unroll(H, cfg["BLOCK_K"], cfg["BLOCK_T"], x.element_size()),
-                              ROW_K=row_tile(T, H, flags), PREC=dot_precision(x.dtype), INTERP=interpreting(x.device), num_warps=cfg["num_warps"],
-                              num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"], **flags,
+                              ROW_K=row_tile(T, H, flags), PREC=dot_precision(x.dtype), INTERP=interpreting(x.device),
+                              num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"], **flags,
                               **pdl_args(x.device, weights=True))
     return out
