@@ -7,8 +7,9 @@ runs under benchmarks/results/<run>/ (results.json from run_all, gpu_suite.json 
 Rules, per device (the CUDA device name the run recorded) and op:
 - only the newest run on that device that timed the op counts (a later run supersedes an earlier one,
   also where a backend that passed before now fails);
-- a backend is a candidate for a case only if the GPU suite passed for (op, backend) in that run, and
-  the case's result is ok, timed, and agreed with the reference;
+- a backend is a candidate for a case only if the GPU suite passed for (op, backend) in that run, its
+  kernel was not rewritten after the run (REWRITTEN: the verdict and times were the replaced kernel's),
+  and the case's result is ok, timed, and agreed with the reference;
 - the case's choice is the fastest candidate; cases without one give no entry;
 - cases with the same dtype and the same exact shape parameters (SHAPES) are ordered by the range
   parameter, and neighbours with the same choice merge into one range [lo, hi]. A call between two
@@ -28,6 +29,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 TARGET = os.path.join(ROOT, "gemma4_mtp_kernels", "verified.py")
 CANDIDATES = ("triton", "cuda")  # the backends `auto` chooses between on CUDA tensors
+# (op, backend) -> (date, what): a kernel rewritten on that date; runs from before it verify nothing of it
+# (the next GPU run's suite and times do). Not every kernel change: one that replaces what a run measured.
+REWRITTEN = {
+    ("dense_lm_head", "cuda"): ("2026-12-05", "bf16 / fp16 rows take the tensor-core mma_rows_kernel, which "
+                                              "replaced the CUDA-core kernel the 2026-12-04 run verified"),
+}
 
 # op -> (parameters a call must match exactly, the parameter that ranges). The public ops pass these
 # names to resolve(); shape_of() reads them from a benchmark case's params.
@@ -75,6 +82,10 @@ class Run:
         return self.results["env"].get("date") or self.name
 
     def passed(self, op: str, backend: str) -> bool:
+        """(op, backend) passed this run's GPU suite, and its kernel is still the one the run tested."""
+        rewritten = REWRITTEN.get((op, backend))
+        if rewritten and self.date < rewritten[0]:
+            return False
         return bool(self.suite and self.suite.get("ops", {}).get(op, {}).get(backend, {}).get("passed"))
 
     def suite_summary(self) -> str:

@@ -17,10 +17,9 @@ SOURCES = (
 # (device, op, dtype) -> ((exact (name, value) pairs), (range name, lo, hi), backend, evidence), ...
 EVIDENCE = {
     ('NVIDIA H200', 'dense_lm_head', 'bfloat16'): (
-        ((('Hd', 1024), ('V', 262144), ('k', 1), ('output', 'topk')), ('T', 1, 32), 'triton', '2026-12-04-h200: 31B top1 T=1: triton 133.0 us, cuda 188.1 us; 26B-A4B top1 T=1: triton 133.9 us, cuda 189.4 us; 31B top1 T=8: triton 133.4 us, cuda 421.9 us; 26B-A4B top1 T=8: triton 132.5 us, cuda 420.8 us; 31B top1 T=32: triton 164.1 us, cuda 1640.2 us; 26B-A4B top1 T=32: triton 163.9 us, cuda 1639.8 us'),
-        ((('Hd', 1024), ('V', 262144), ('k', 2), ('output', 'topk')), ('T', 1, 32), 'triton', '2026-12-04-h200: 31B top2 T=1: triton 146.0 us, cuda 189.9 us; 26B-A4B top2 T=1: triton 146.8 us, cuda 191.2 us; 31B top2 T=8: triton 146.5 us, cuda 441.1 us; 26B-A4B top2 T=8: triton 145.2 us, cuda 439.6 us; 31B top2 T=32: triton 216.6 us, cuda 1715.6 us; 26B-A4B top2 T=32: triton 217.6 us, cuda 1715.3 us'),
-        ((('Hd', 1024), ('V', 262144), ('k', 8), ('output', 'topk')), ('T', 1, 1), 'cuda', '2026-12-04-h200: 31B top8 T=1: cuda 212.6 us, triton 567.0 us; 26B-A4B top8 T=1: cuda 211.4 us, triton 567.6 us'),
-        ((('Hd', 1024), ('V', 262144), ('k', 8), ('output', 'topk')), ('T', 8, 32), 'triton', '2026-12-04-h200: 31B top8 T=8: triton 565.7 us, cuda 609.4 us; 26B-A4B top8 T=8: triton 568.2 us, cuda 608.1 us; 31B top8 T=32: triton 916.1 us, cuda 2361.5 us; 26B-A4B top8 T=32: triton 915.0 us, cuda 2355.2 us'),
+        ((('Hd', 1024), ('V', 262144), ('k', 1), ('output', 'topk')), ('T', 1, 32), 'triton', '2026-12-04-h200: 31B top1 T=1: triton 133.0 us; 26B-A4B top1 T=1: triton 133.9 us; 31B top1 T=8: triton 133.4 us; 26B-A4B top1 T=8: triton 132.5 us; 31B top1 T=32: triton 164.1 us; 26B-A4B top1 T=32: triton 163.9 us'),
+        ((('Hd', 1024), ('V', 262144), ('k', 2), ('output', 'topk')), ('T', 1, 32), 'triton', '2026-12-04-h200: 31B top2 T=1: triton 146.0 us; 26B-A4B top2 T=1: triton 146.8 us; 31B top2 T=8: triton 146.5 us; 26B-A4B top2 T=8: triton 145.2 us; 31B top2 T=32: triton 216.6 us; 26B-A4B top2 T=32: triton 217.6 us'),
+        ((('Hd', 1024), ('V', 262144), ('k', 8), ('output', 'topk')), ('T', 1, 32), 'triton', '2026-12-04-h200: 31B top8 T=1: triton 567.0 us; 26B-A4B top8 T=1: triton 567.6 us; 31B top8 T=8: triton 565.7 us; 26B-A4B top8 T=8: triton 568.2 us; 31B top8 T=32: triton 916.1 us; 26B-A4B top8 T=32: triton 915.0 us'),
     ),
     ('NVIDIA H200', 'fused_concat_down_proj', 'bfloat16'): (
         ((('Hb', 1536), ('Hd', 256)), ('T', 1, 8), 'cuda', '2026-12-04-h200: E2B T=1: cuda 4.7 us, triton 5.2 us; E2B T=8: cuda 4.6 us, triton 5.4 us'),

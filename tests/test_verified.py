@@ -115,6 +115,18 @@ def test_the_newest_run_on_a_device_supersedes_older_ones(tmp_path):
     assert [e[2] for e in table[("NVIDIA H100 80GB HBM3", OP, "bfloat16")]] == ["cuda"]
 
 
+def test_a_kernel_rewritten_after_a_run_is_not_verified_by_it(tmp_path, monkeypatch):
+    """make_verified.REWRITTEN: a run from before a backend's kernel was rewritten verifies nothing of the
+    new kernel (the same run still verifies the other backend); a run from after it does."""
+    monkeypatch.setattr(make_verified, "REWRITTEN", {(OP, "cuda"): ("2026-12-15", "a new kernel")})
+    _write_run(tmp_path / "a", "before", [_down(1, triton=9.0, cuda=3.0)], passed=ALL_PASS,
+               date="2026-12-10T00:00:00+00:00")
+    assert [e[2] for e in _table(tmp_path / "a")[(H200, OP, "bfloat16")]] == ["triton"]
+    _write_run(tmp_path / "b", "after", [_down(1, triton=9.0, cuda=3.0)], passed=ALL_PASS,
+               date="2026-12-20T00:00:00+00:00")
+    assert [e[2] for e in _table(tmp_path / "b")[(H200, OP, "bfloat16")]] == ["cuda"]
+
+
 def test_generated_module_is_importable_and_round_trips(tmp_path):
     _write_run(tmp_path, "r", [_down(1, triton=9.0, cuda=3.0)], passed=ALL_PASS)
     text = make_verified.generate(str(tmp_path))
