@@ -24,8 +24,11 @@ A step is `Gemma4MTPDrafter.step` + `top_tokens(last, 1)`; a round is `gemma4_mt
   weight lines before their wait (`_common.PREFETCH_WEIGHTS` off), graph-replayed: what that prefetch saves
   (benchmarks/README.md, "Weights asked of L2 before the wait");
 - `triton_eager`, `cuda_eager`: the same calls eagerly, timed with events around them: on a GPU this
-  is the host time per call (Python, validation, launches), the GPU waiting on it (`cuda_eager`: torch
-  custom-op dispatch instead of Triton's launcher);
+  is the host time per call (Python, validation, launches), the GPU waiting on it (`cuda_eager`: a
+  step is one call into C++, csrc/ops/drafter_step.cu);
+- `cuda_eager_ops` (steps): `cuda_eager` with the step made of the ops one by one
+  (`Gemma4MTPDrafter.one_call_step` False), what the one-call step saves (benchmarks/README.md, "A
+  drafter step in one host call");
 - `torch_eager`: the reference backend (the unfused composition, host reads in its attention).
 Floors: roofline.drafter_step, roofline.draft_round (chain), and the tree round's three steps with 1,
 2 and 4 queries per request plus the verify of its 11 nodes (roofline.draft_round counts 1 + 7).
@@ -48,7 +51,7 @@ from .common import Case, external
 # Our own drafter with a switch off, timed eagerly, or on the reference backend: what our choices are
 # worth, never an anchor to beat (benchmarks.readme_tables).
 OUR_VARIANTS = frozenset({"triton_no_pdl", "triton_merge_kernel", "triton_pdl_at_exit", "triton_no_prefetch",
-                          "triton_eager", "cuda_eager", "torch_eager"})
+                          "triton_eager", "cuda_eager", "cuda_eager_ops", "torch_eager"})
 
 # "sampled": the chain round of a sampling request (graphs.DraftSampling, temperature 0.8), its verify with
 # the drafts' probabilities
@@ -116,17 +119,18 @@ def _inputs(shape, B, ctx, kind):
     return make
 
 
-def _with_backend(drafter, backend):
-    """The same weights under another backend (a shallow copy shares the parameters)."""
+def _with_backend(drafter, backend, one_call=True):
+    """The same weights under another backend (a shallow copy shares the parameters); one_call False:
+    a cuda step made of the ops one by one (Gemma4MTPDrafter.one_call_step)."""
     d = copy.copy(drafter)
-    d.backend = backend
+    d.backend, d.one_call_step = backend, one_call
     return d
 
 
-def run_ours(inp, backend, kind):
+def run_ours(inp, backend, kind, one_call=True):
     from gemma4_mtp.graphs import DraftSampling, draft_tree
 
-    drafter = _with_backend(inp["drafter"], backend)
+    drafter = _with_backend(inp["drafter"], backend, one_call)
     if kind == "step":
         last, _ = drafter.step(inp["ctx"], inp["pending"].view(-1, 1), inp["hidden"].unsqueeze(1))
         return drafter.top_tokens(last, 1).view(-1)
@@ -141,9 +145,9 @@ def run_ours(inp, backend, kind):
     return torch.cat([tokens.view(-1), verify.output_tokens.view(-1)])
 
 
-def ours(backend, kind):
+def ours(backend, kind, one_call=True):
     def factory(inp):
-        return lambda: run_ours(inp, backend, kind)
+        return lambda: run_ours(inp, backend, kind, one_call)
     return factory
 
 
@@ -237,6 +241,8 @@ def cases(dry: bool) -> list[Case]:
         if not dry:  # the same calls as "triton" / "cuda", timed eagerly: nothing more to exercise on a CPU
             baselines["triton_eager"] = ours("triton", kind)
             baselines["cuda_eager"] = ours("cuda", kind)
+            if kind == "step":
+                baselines["cuda_eager_ops"] = ours("cuda", kind, one_call=False)
         baselines["torch_eager"] = ours("torch", kind)
         what = {"step": "step", "chain": "chain round k=4", "tree": "tree round (2,2,1)",
                 "sampled": f"sampled chain round k=4 T={TEMPERATURE}"}[kind]
@@ -246,6 +252,6 @@ def cases(dry: bool) -> list[Case]:
             make_inputs=_inputs(shape, B, ctx, kind), reference=lambda i, kind=kind: run_ours(i, "torch", kind),
             baselines=baselines, default_compare=agree,
             compare={"hf_assistant": lambda o, r: {"ok": None, "detail": "Hugging Face's weights: a different model"}},
-            eager=frozenset({"hf_assistant", "triton_eager", "cuda_eager", "torch_eager"})))
+            eager=frozenset({"hf_assistant", "triton_eager", "cuda_eager", "cuda_eager_ops", "torch_eager"})))
     return out
 

@@ -34,9 +34,16 @@ class Prediction(NamedTuple):
 
 STEP_E2B, STEP_31B = "E2B step B=1 ctx=8192", "31B step B=1 ctx=8192"
 ALL_FOUR = "the four sections of 2026-12-04 after \"Kernel by kernel\""
+ONE_CALL = "A drafter step in one host call"
 PREDICTIONS = (
     Prediction("E2B step", "drafter_step", STEP_E2B, "triton", 150, 160, 171.3, ALL_FOUR),
     Prediction("31B step", "drafter_step", STEP_31B, "triton", 470, 490, 522.8, ALL_FOUR),
+    Prediction("E2B eager step, cuda: one host call", "drafter_step", STEP_E2B, "cuda_eager", 220, 340, 1292.6,
+               ONE_CALL),
+    Prediction("E2B eager step, cuda: the ops one by one", "drafter_step", STEP_E2B, "cuda_eager_ops", 1150, 1450,
+               1292.6, ONE_CALL),
+    Prediction("31B eager step, cuda: one host call", "drafter_step", STEP_31B, "cuda_eager", 590, 700, 1598.1,
+               ONE_CALL),
     Prediction("31B step without the weight prefetch, less with it", "drafter_step", STEP_31B, "triton_no_prefetch",
                7, 12, None, "Weights asked of L2 before the wait", minus=(STEP_31B, "triton")),
     Prediction("31B step, PDL triggered at each kernel's exit, less at its wait", "drafter_step", STEP_31B,

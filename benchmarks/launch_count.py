@@ -24,7 +24,8 @@ torch's dispatch, and Triton's own launch path (binder, specialisation, cache ke
 metadata), each launch stopping at a stub standing in for its compiled kernel. `host_ours_us` drops
 every launch at Triton's JIT entry instead: our side alone. The driver call (~2-4 µs a launch on a
 GPU host, 27 launches) comes on top of `host_us`. `host_cuda_us`: the same step with
-backend="cuda" (every launch a torch custom op, its Python fake standing in for the C++ launcher).
+backend="cuda" (the step one torch custom op, its Python fake standing in for the C++ side);
+`host_cuda_ops_us`: the same with every launch one (Gemma4MTPDrafter.one_call_step = False).
 Needs the real @triton.jit kernels: run it without TRITON_INTERPRET (tests do, in a subprocess).
 """
 from __future__ import annotations
@@ -135,13 +136,16 @@ def count_step(name: str, B: int = 1, ctx: int = 8192, *, Q: int = 1, k: int = 1
         row["host_us"] = _host_us(step, sms, triton_path=True)
         row["host_ours_us"] = _host_us(step, sms, triton_path=False)
         row["host_cuda_us"] = _cuda_host_us(drafter, dctx, tokens, hidden, k)
+        row["host_cuda_ops_us"] = _cuda_host_us(drafter, dctx, tokens, hidden, k, one_call=False)
     return row
 
 
-def _cuda_host_us(drafter, dctx, tokens, hidden, k: int, repeats: int = 50) -> float | None:
-    """Median wall time in µs of the same eager step with backend="cuda": every launch a torch custom
-    op, whose Python fake implementation (the ops on meta tensors) stands in for the C++ launcher
-    (argument checks, plan, workspace, cudaLaunchKernelEx). None without the compiled extension."""
+def _cuda_host_us(drafter, dctx, tokens, hidden, k: int, repeats: int = 50, *, one_call: bool = True
+                  ) -> float | None:
+    """Median wall time in µs of the same eager step with backend="cuda": the step one torch custom op
+    (one_call, Gemma4MTPDrafter.one_call_step) or every launch one, whose Python fake implementation
+    (on meta tensors) stands in for the C++ side (argument checks, plans, workspace, cudaLaunchKernelEx:
+    not measured here). None without the compiled extension."""
     from unittest import mock
 
     from gemma4_mtp_kernels import _dispatch
@@ -152,7 +156,7 @@ def _cuda_host_us(drafter, dctx, tokens, hidden, k: int, repeats: int = 50) -> f
     meta_ok = _dispatch.BackendStatus(True, "meta tensors standing for CUDA tensors")
     with mock.patch.object(_dispatch, "_cuda_status", lambda device=None: meta_ok):
         cuda = copy.copy(drafter)
-        cuda.backend = "cuda"
+        cuda.backend, cuda.one_call_step = "cuda", one_call
         cuda._checked_glue = None
         times = []
         for i in range(repeats + 1):  # the first step checks the glue calls

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "check_message.h"
+#include "gemma4_mtp/drafter_step_params.h"
 #include "ops/dense_lm_head.h"
 #include "ops/launchers.h"
 
@@ -700,6 +701,207 @@ void softmax_sample(const at::Tensor& logits, const at::Tensor& temperature, con
   check_launch(gemma4_mtp::launch_softmax_sample(dt, p, at::cuda::getCurrentCUDAStream()), "softmax_sample");
 }
 
+// ---- a whole drafter step in one call (csrc/ops/drafter_step.cu) ----
+
+// The names of a layer's 12 tensors in layer_weights, in order (python_api/gemma4_mtp/drafter.py
+// _LayerWeights).
+constexpr const char* kLayerWeightNames[] = {"input_norm", "q_proj", "q_norm", "inv_freq", "o_proj",
+                                             "post_attn_norm", "pre_ff_norm", "gate", "up", "down",
+                                             "post_ff_norm", "layer_scalar"};
+constexpr int64_t kLayerWeights = 12;
+
+// layer_weights[layer * 12 + i]: on the device, of dtype `type`, contiguous, of `shape`; the message
+// names the layer and the weight.
+const at::Tensor& step_weight(const at::TensorList& w, int64_t layer, int i, const at::Device& dev,
+                              at::ScalarType type, at::IntArrayRef shape) {
+  const at::Tensor& t = w[layer * kLayerWeights + i];
+  const char* name = kLayerWeightNames[i];
+  G4_CHECK(t.is_cuda() && t.device() == dev, "gemma4_mtp: drafter_step: layer ", layer, " ", name, " must be on ",
+           dev, ", got ", t.device());
+  G4_CHECK(t.scalar_type() == type, "gemma4_mtp: drafter_step: layer ", layer, " ", name, " has dtype ",
+           t.scalar_type(), ", expected ", type);
+  G4_CHECK(t.sizes() == shape, "gemma4_mtp: drafter_step: layer ", layer, " ", name, " must have shape ", shape,
+           ", got ", t.sizes());
+  G4_CHECK(t.is_contiguous(), "gemma4_mtp: drafter_step: layer ", layer, " ", name, " must be contiguous, got strides ",
+           t.strides());
+  return t;
+}
+
+void drafter_step(const at::Tensor& token_ids, const at::Tensor& hidden, const at::Tensor& embed_table,
+                  double embed_scale, const at::Tensor& pre_projection, at::TensorList layer_weights,
+                  at::IntArrayRef layer_kv, at::TensorList k_caches, at::TensorList v_caches,
+                  at::TensorList block_tables, at::IntArrayRef windows, const at::Tensor& seq_lens,
+                  const at::Tensor& positions, const at::Tensor& final_norm, const at::Tensor& post_projection,
+                  double eps, at::Tensor& last, at::Tensor& proj) {
+  const auto dev = hidden.device();
+  check_tensor(token_ids, "token_ids", 2, dev);
+  check_dtype(token_ids, "token_ids", at::kInt, at::kLong);
+  check_contiguous(token_ids, "token_ids");
+  const int64_t B = token_ids.size(0), Q = token_ids.size(1), T = B * Q;
+  G4_CHECK(B >= 1 && Q >= 1, "gemma4_mtp: drafter_step: token_ids must be a non-empty [B, Q], got ", token_ids.sizes());
+  check_tensor(hidden, "hidden", 2, dev);
+  const DType dt = float_dtype(hidden, "hidden");
+  const at::ScalarType type = hidden.scalar_type();
+  const int64_t Hb = hidden.size(1);
+  G4_CHECK(hidden.size(0) == T, "gemma4_mtp: drafter_step: hidden must have T = B * Q = ", T, " rows, got ",
+           hidden.sizes());
+  check_inner(hidden, "hidden");
+  check_tensor(embed_table, "embed_table", 2, dev);
+  check_dtype(embed_table, "embed_table", type);
+  G4_CHECK(embed_table.size(1) == Hb, "gemma4_mtp: drafter_step: embed_table must have Hb = ", Hb, " columns, got ",
+           embed_table.sizes());
+  check_inner(embed_table, "embed_table");
+  check_tensor(pre_projection, "pre_projection", 2, dev);
+  check_dtype(pre_projection, "pre_projection", type);
+  const int64_t Hd = pre_projection.size(0);
+  check_shape(pre_projection, "pre_projection", {Hd, 2 * Hb});
+  check_contiguous(pre_projection, "pre_projection");
+  check_tensor(final_norm, "final_norm", 1, dev);
+  check_dtype(final_norm, "final_norm", type);
+  check_shape(final_norm, "final_norm", {Hd});
+  check_contiguous(final_norm, "final_norm");
+  check_tensor(post_projection, "post_projection", 2, dev);
+  check_dtype(post_projection, "post_projection", type);
+  check_shape(post_projection, "post_projection", {Hb, Hd});
+  check_contiguous(post_projection, "post_projection");
+  check_tensor(seq_lens, "seq_lens", 1, dev);
+  check_dtype(seq_lens, "seq_lens", at::kInt);
+  check_shape(seq_lens, "seq_lens", {B});
+  check_contiguous(seq_lens, "seq_lens");
+  check_tensor(positions, "positions", 1, dev);
+  check_dtype(positions, "positions", at::kInt, at::kLong);
+  check_shape(positions, "positions", {B});
+  check_contiguous(positions, "positions");
+  for (const auto& [t, name, cols] : {std::tuple{&last, "last", Hd}, std::tuple{&proj, "proj", Hb}}) {
+    check_tensor(*t, name, 3, dev);
+    check_dtype(*t, name, type);
+    check_shape(*t, name, {B, Q, cols});
+    check_contiguous(*t, name);
+  }
+
+  gemma4_mtp::DrafterStepParams p{};
+  const int64_t L = static_cast<int64_t>(layer_kv.size()), K = static_cast<int64_t>(k_caches.size());
+  G4_CHECK(L >= 1 && static_cast<int64_t>(layer_weights.size()) == kLayerWeights * L,
+           "gemma4_mtp: drafter_step: layer_kv must name at least one layer and layer_weights hold 12 tensors a "
+           "layer, got ", L, " layers and ", layer_weights.size(), " tensors");
+  G4_CHECK(K >= 1 && static_cast<int64_t>(v_caches.size()) == K && static_cast<int64_t>(block_tables.size()) == K &&
+               static_cast<int64_t>(windows.size()) == K,
+           "gemma4_mtp: drafter_step: k_caches, v_caches, block_tables and windows must hold one entry per attention "
+           "type, got ", K, ", ", v_caches.size(), ", ", block_tables.size(), ", ", windows.size());
+  std::vector<gemma4_mtp::DrafterStepKV> kvs(static_cast<size_t>(K));
+  std::vector<gemma4_mtp::DrafterStepLayer> layers(static_cast<size_t>(L));
+  p.kv = kvs.data();
+  p.layers = layers.data();
+  for (int64_t j = 0; j < K; ++j) {
+    const at::Tensor &k = k_caches[j], &v = v_caches[j], &table = block_tables[j];
+    const std::string index = "[" + std::to_string(j) + "]", kn = "k_caches" + index, vn = "v_caches" + index,
+                      tn = "block_tables" + index;
+    check_tensor(k, kn.c_str(), 4, dev);
+    check_dtype(k, kn.c_str(), type);
+    check_16_byte_rows(k, kn.c_str());
+    check_inner(k, kn.c_str());
+    check_tensor(v, vn.c_str(), 4, dev);
+    check_dtype(v, vn.c_str(), type);
+    check_shape(v, vn.c_str(), k.sizes());
+    check_16_byte_rows(v, vn.c_str());
+    check_inner(v, vn.c_str());
+    check_tensor(table, tn.c_str(), 2, dev);
+    check_dtype(table, tn.c_str(), at::kInt);
+    G4_CHECK(table.size(0) == B, "gemma4_mtp: drafter_step: block_tables[", j, "] must have B = ", B, " rows, got ",
+             table.sizes());
+    check_inner(table, tn.c_str());
+    const int64_t D = k.size(3);
+    G4_CHECK(D == 64 || D == 128 || D == 256 || D == 512, "gemma4_mtp: drafter_step: k_caches[", j,
+             "] head dim must be 64, 128, 256 or 512, got shape ", k.sizes());
+    G4_CHECK(k.size(0) <= INT32_MAX && k.size(1) > 0 && k.size(2) > 0 && table.size(1) <= INT32_MAX,
+             "gemma4_mtp: drafter_step: k_caches[", j, "] ", k.sizes(), " or block_tables[", j, "] ", table.sizes(),
+             " out of range");
+    gemma4_mtp::DrafterStepKV& kv = kvs[j];
+    kv.k_cache = k.data_ptr();
+    kv.v_cache = v.data_ptr();
+    for (int i = 0; i < 3; ++i) {
+      kv.k_stride[i] = stride(k, i);
+      kv.v_stride[i] = stride(v, i);
+    }
+    kv.block_table = table.data_ptr<int32_t>();
+    kv.block_table_stride = table.stride(0);
+    kv.num_blocks = static_cast<int>(k.size(0));
+    kv.block_size = static_cast<int>(k.size(1));
+    kv.Hkv = static_cast<int>(k.size(2));
+    kv.D = static_cast<int>(D);
+    kv.max_blocks = static_cast<int>(table.size(1));
+    kv.window = windows[j];
+  }
+  int64_t Hq = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    G4_CHECK(layer_kv[i] >= 0 && layer_kv[i] < K, "gemma4_mtp: drafter_step: layer_kv[", i, "] must be in [0, ", K,
+             "), got ", layer_kv[i]);
+    const gemma4_mtp::DrafterStepKV& kv = p.kv[layer_kv[i]];
+    const int64_t D = kv.D;
+    const at::Tensor& q_proj = layer_weights[i * kLayerWeights + 1];
+    if (i == 0) Hq = q_proj.dim() == 2 ? q_proj.size(0) / D : 0;
+    G4_CHECK(Hq >= 1 && Hq % kv.Hkv == 0, "gemma4_mtp: drafter_step: layer ", i, " q_proj ", q_proj.sizes(),
+             " must hold a multiple of the KV heads (", kv.Hkv, ") of head dim ", D);
+    const int64_t I = layer_weights[i * kLayerWeights + 7].dim() == 2 ? layer_weights[i * kLayerWeights + 7].size(0) : 0;
+    G4_CHECK(I >= 1 && I <= INT32_MAX, "gemma4_mtp: drafter_step: layer ", i, " gate must be [I, Hd], got ",
+             layer_weights[i * kLayerWeights + 7].sizes());
+    gemma4_mtp::DrafterStepLayer& w = layers[i];
+    auto vec = [&](int k) { return step_weight(layer_weights, i, k, dev, type, {Hd}).data_ptr(); };
+    w.kv = static_cast<int>(layer_kv[i]);
+    w.input_norm = vec(0);
+    w.q_proj = step_weight(layer_weights, i, 1, dev, type, {Hq * D, Hd}).data_ptr();
+    w.q_norm = step_weight(layer_weights, i, 2, dev, type, {D}).data_ptr();
+    w.inv_freq = step_weight(layer_weights, i, 3, dev, at::kFloat, {D / 2}).data_ptr<float>();
+    w.o_proj = step_weight(layer_weights, i, 4, dev, type, {Hd, Hq * D}).data_ptr();
+    w.post_attn_norm = vec(5);
+    w.pre_ff_norm = vec(6);
+    w.gate = step_weight(layer_weights, i, 7, dev, type, {I, Hd}).data_ptr();
+    w.up = step_weight(layer_weights, i, 8, dev, type, {I, Hd}).data_ptr();
+    w.down = step_weight(layer_weights, i, 9, dev, type, {Hd, I}).data_ptr();
+    w.post_ff_norm = vec(10);
+    w.layer_scalar = step_weight(layer_weights, i, 11, dev, type, {1}).data_ptr();
+    w.I = static_cast<int>(I);
+  }
+  // the kernels index rows, heads and columns with 32-bit ints
+  G4_CHECK(T * Hq <= INT32_MAX && 2 * Hb <= INT32_MAX && Hd <= INT32_MAX && Hq * 512 <= INT32_MAX,
+           "gemma4_mtp: drafter_step sizes must fit 32-bit indices: hidden ", hidden.sizes(), ", pre_projection ",
+           pre_projection.sizes());
+  p.B = static_cast<int>(B);
+  p.Q = static_cast<int>(Q);
+  p.Hb = static_cast<int>(Hb);
+  p.Hd = static_cast<int>(Hd);
+  p.Hq = static_cast<int>(Hq);
+  p.num_layers = static_cast<int>(L);
+  p.num_kv = static_cast<int>(K);
+  p.eps = static_cast<float>(eps);
+  p.token_ids = token_ids.data_ptr();
+  p.token_ids_int64 = token_ids.scalar_type() == at::kLong;
+  p.embed_table = embed_table.data_ptr();
+  p.table_stride = embed_table.stride(0);
+  p.vocab = embed_table.size(0);
+  p.embed_scale = static_cast<float>(embed_scale);
+  p.hidden = hidden.data_ptr();
+  p.hidden_stride = hidden.stride(0);
+  p.pre_projection = pre_projection.data_ptr();
+  p.seq_lens = seq_lens.data_ptr<int32_t>();
+  p.positions = positions.data_ptr();
+  p.positions_int64 = positions.scalar_type() == at::kLong;
+  p.final_norm = final_norm.data_ptr();
+  p.post_projection = post_projection.data_ptr();
+  p.last = last.data_ptr();
+  p.proj = proj.data_ptr();
+
+  const c10::cuda::CUDAGuard guard(dev);
+  const int sms = sm_count();
+  int64_t n_counters = 0;
+  const int64_t bytes = gemma4_mtp::prepare_drafter_step(dt, p, sms, &n_counters);
+  // the caching allocator's blocks are 512-byte aligned, as the step's carving needs
+  at::Tensor ws = at::empty({bytes}, hidden.options().dtype(at::kByte)), fresh;
+  int32_t* counters = zeroed_counters("drafter_step", n_counters, hidden, &fresh);
+  check_launch(gemma4_mtp::launch_drafter_step(dt, p, sms, ws.data_ptr(), counters, at::cuda::getCurrentCUDAStream()),
+               "drafter_step");
+}
+
 }  // namespace
 
 TORCH_LIBRARY(gemma4_mtp, m) {
@@ -725,6 +927,10 @@ TORCH_LIBRARY(gemma4_mtp, m) {
         "Tensor(a!) out, Tensor(b!)? residual_out) -> ()");
   m.def("softmax_sample(Tensor logits, Tensor temperature, Tensor uniforms, Tensor(a!) probs, Tensor(b!) tokens) "
         "-> ()");
+  m.def("drafter_step(Tensor token_ids, Tensor hidden, Tensor embed_table, float embed_scale, Tensor pre_projection, "
+        "Tensor[] layer_weights, int[] layer_kv, Tensor[] k_caches, Tensor[] v_caches, Tensor[] block_tables, "
+        "int[] windows, Tensor seq_lens, Tensor positions, Tensor final_norm, Tensor post_projection, float eps, "
+        "Tensor(a!) last, Tensor(b!) proj) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(gemma4_mtp, CUDA, m) {
@@ -737,6 +943,7 @@ TORCH_LIBRARY_IMPL(gemma4_mtp, CUDA, m) {
   m.impl("rms_norm_gate_up", &rms_norm_gate_up);
   m.impl("rms_norm_q_rope", &rms_norm_q_rope);
   m.impl("softmax_sample", &softmax_sample);
+  m.impl("drafter_step", &drafter_step);
 }
 
 // The extension is imported as the Python module gemma4_mtp_kernels._C only for its side effect of

@@ -22,10 +22,11 @@ DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32
 
 def sources(main: str) -> list[Path]:
     """What an emulator build of `main` compiles (the key of its cached binary): the emulation, the
-    driver, every kernel header and the benchmarks' device headers, so that no edit of an included
-    header reuses a stale binary."""
+    driver, every kernel header, the host-side launchers (csrc/ops) and the benchmarks' device headers,
+    so that no edit of an included file reuses a stale binary."""
     return [EMU / "emu.h", EMU / "io.h", EMU / "gemma4_mtp" / "common.cuh", EMU / "cuda" / "atomic", EMU / main,
-            *sorted((ROOT / "csrc" / "include" / "gemma4_mtp").iterdir()), *sorted(BENCH_CUDA.glob("*.cuh"))]
+            *sorted(EMU.glob("cuda_*.h")), *sorted((ROOT / "csrc" / "include" / "gemma4_mtp").iterdir()),
+            *sorted((ROOT / "csrc" / "ops").iterdir()), *sorted(BENCH_CUDA.glob("*.cuh"))]
 
 
 def compiler_flags() -> list[str]:

@@ -22,6 +22,7 @@ OPS = {
     "rms_norm_gate_up": ["out", "residual_out"],
     "rms_norm_q_rope": ["out", "residual_out"],
     "softmax_sample": ["probs", "tokens"],
+    "drafter_step": ["last", "proj"],
 }
 
 
@@ -135,6 +136,53 @@ def test_opcheck_meta_softmax_sample():
     B, V = logits.shape
     opcheck_meta(ops().softmax_sample, (logits, temperature, uniforms, torch.empty(B, V, device="meta"),
                                         torch.empty(B, dtype=torch.long, device="meta")))
+
+
+STEP_SHAPES = dict(Hb=64, Hd=128, inter=160, Hq=4, Hkv_swa=2, Hkv_full=1, D_swa=64, D_full=128, window=24,
+                   vocab=96, centroids=None, top_k=None)
+
+
+class _OpCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "gemma4_mtp":
+            self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_cuda_step_is_one_op_and_its_fake_checks():
+    """backend="cuda": Gemma4MTPDrafter.step is the one drafter_step op (its fake on meta tensors, which
+    opcheck checks against the schema), and the 22 ops one by one with one_call_step False."""
+    from unittest import mock
+
+    from gemma4_mtp.drafter import random_drafter, synthetic_context
+    from gemma4_mtp_kernels import _dispatch
+
+    drafter = random_drafter(STEP_SHAPES, device="meta", backend="cuda")
+    ctx = synthetic_context(drafter, 2, 70, device="meta")
+    tokens = torch.empty(2, 3, dtype=torch.long, device="meta")
+    hidden = torch.empty(2, 3, 64, dtype=torch.bfloat16, device="meta")
+    with _OpCounter() as counted:
+        last, proj = drafter.step(ctx, tokens, hidden)
+    assert counted.names == ["drafter_step"]
+    assert last.shape == (2, 3, 128) and proj.shape == (2, 3, 64) and last.dtype == proj.dtype == torch.bfloat16
+    t = drafter.config.text
+    kinds = list(dict.fromkeys(t.layer_types))
+    weights = [w for i in range(t.num_layers) for w in drafter._layer_weights(i)]
+    opcheck_meta(ops().drafter_step, (
+        tokens, hidden.view(6, 64), ctx.embed_table, 8.0, drafter.pre_projection.weight, weights,
+        [kinds.index(k) for k in t.layer_types], [ctx.k_cache[k] for k in kinds], [ctx.v_cache[k] for k in kinds],
+        [ctx.block_table[k] for k in kinds], [ctx.window[k] or 0 for k in kinds], ctx.seq_lens, ctx.positions,
+        drafter.norm.weight, drafter.post_projection.weight, 1e-6, torch.empty_like(last), torch.empty_like(proj)))
+    drafter.one_call_step = False
+    meta_ok = _dispatch.BackendStatus(True, "meta tensors standing for CUDA tensors")
+    with mock.patch.object(_dispatch, "_cuda_status", lambda device=None: meta_ok), _OpCounter() as counted:
+        drafter.step(ctx, tokens, hidden)
+    # the pre-projection, 5 a layer (q, attention, o_proj, gate / up, down), the post-projection
+    assert "drafter_step" not in counted.names and len(counted.names) == 1 + 4 * 5 + 1, counted.names
 
 
 def shapes(x):

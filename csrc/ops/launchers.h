@@ -47,4 +47,14 @@ cudaError_t launch_rms_norm_q_rope(DType dtype, const GlueParams& p, cudaStream_
 // p.counters (left zero) must be set.
 cudaError_t launch_softmax_sample(DType dtype, const SoftmaxSampleParams& p, cudaStream_t stream);
 
+struct DrafterStepParams;  // gemma4_mtp/drafter_step_params.h
+
+// A whole drafter step (DrafterStepParams; csrc/ops/drafter_step.cu): returns the bytes of the one
+// workspace its launches carve (activations, partials, workspaces) and, in *counters, the int32
+// counters they need (zero before the first launch, left zero by every launch). The workspace must be
+// 256-byte aligned; the plan depends on the device's SM count only.
+int64_t prepare_drafter_step(DType dtype, const DrafterStepParams& p, int num_sms, int64_t* counters);
+cudaError_t launch_drafter_step(DType dtype, const DrafterStepParams& p, int num_sms, void* workspace,
+                                int32_t* counters, cudaStream_t stream);
+
 }  // namespace gemma4_mtp

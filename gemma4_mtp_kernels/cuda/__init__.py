@@ -199,3 +199,22 @@ def softmax_sample(logits, temperature, uniforms, *, probs_out=None):
     tokens = torch.empty((B,), dtype=torch.int64, device=logits.device)
     _ops().softmax_sample(logits, temperature, uniforms, probs, tokens)
     return tokens, probs
+
+
+def drafter_step(token_ids, hidden, embed_table, pre_projection, layer_weights, layer_kv, k_caches, v_caches,
+                 block_tables, windows, seq_lens, positions, final_norm, post_projection, *, embed_scale, eps):
+    """A whole drafter step in one call (csrc/ops/drafter_step.cu): token_ids [B, Q], hidden [B, Q, Hb]
+    -> (last [B, Q, Hd], proj [B, Q, Hb]), what Gemma4MTPDrafter.step computes from the ops.
+    layer_weights: 12 tensors a layer (gemma4_mtp.drafter._LayerWeights' order), layer_kv: each layer's
+    index into k_caches / v_caches / block_tables / windows (one entry per attention type; window 0:
+    none). Every argument is checked in C++ (a RuntimeError naming it)."""
+    B, Q = token_ids.shape
+    Hb, Hd = hidden.shape[-1], pre_projection.shape[0]
+    last = torch.empty((B, Q, Hd), dtype=hidden.dtype, device=hidden.device)
+    proj = torch.empty((B, Q, Hb), dtype=hidden.dtype, device=hidden.device)
+    # the layouts the op takes, copied only where a caller's differ (as the per-op step's calls accept them)
+    _ops().drafter_step(token_ids.contiguous(), hidden.reshape(B * Q, Hb), embed_table, float(embed_scale),
+                        pre_projection, layer_weights, layer_kv, k_caches, v_caches, block_tables, windows,
+                        seq_lens.contiguous(), positions.contiguous(), final_norm, post_projection, float(eps), last,
+                        proj)
+    return last, proj

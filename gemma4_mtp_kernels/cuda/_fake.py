@@ -51,3 +51,9 @@ def _rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, norm_weight,
 @torch.library.register_fake("gemma4_mtp::softmax_sample")
 def _softmax_sample(logits, temperature, uniforms, probs, tokens):
     return None
+
+
+@torch.library.register_fake("gemma4_mtp::drafter_step")
+def _drafter_step(token_ids, hidden, embed_table, embed_scale, pre_projection, layer_weights, layer_kv, k_caches,
+                  v_caches, block_tables, windows, seq_lens, positions, final_norm, post_projection, eps, last, proj):
+    return None

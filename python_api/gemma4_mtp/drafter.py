@@ -129,6 +129,10 @@ class Gemma4MTPDrafter(nn.Module):
     """Draft steps over a borrowed target cache. `backend` goes to every gemma4_mtp_kernels op, the
     fused glue and the dense LM head included (backend="cuda": no Triton launch in a step)."""
 
+    # backend="cuda": a step is one call into C++ (see step); False makes it the ops one by one (the
+    # benchmarks' per-op baseline, `cuda_eager_ops`)
+    one_call_step = True
+
     def __init__(self, config: DrafterConfig, *, backend: str = "auto"):
         super().__init__()
         t = config.text
@@ -219,7 +223,14 @@ class Gemma4MTPDrafter(nn.Module):
         step with these weights on this device and dtype, and through
         `gemma4_mtp_kernels.implementation` (no checks: ~30 µs less host time a call on a 2-core VM)
         after it, until a weight is replaced (its address or shape changes) or the backend, device or
-        dtype does."""
+        dtype does.
+
+        backend="cuda" on a device: the same composition in one call into C++ (`torch.ops.gemma4_mtp.
+        drafter_step`, csrc/ops/drafter_step.cu), which checks every argument and makes every launch
+        there; not under torch.compile, which traces the ops instead."""
+        if (self.backend == "cuda" and self.one_call_step and token_ids.device.type != "cpu"
+                and not torch.compiler.is_compiling()):
+            return self._one_call_step(ctx, token_ids, hidden)
         B, Q = token_ids.shape
         T = B * Q
         t = self.config.text
@@ -265,6 +276,20 @@ class Gemma4MTPDrafter(nn.Module):
             self._glue_impls = tuple(_Unchecked(op, self.backend, x.device, x.dtype) for op in _GLUE_OPS)
             self._checked_glue = key
         return last.view(B, Q, -1), proj.view(B, Q, Hb)
+
+    def _one_call_step(self, ctx: DraftContext, token_ids: torch.Tensor, hidden: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        from gemma4_mtp_kernels import cuda
+
+        t = self.config.text
+        kinds = tuple(dict.fromkeys(t.layer_types))  # attention types in order of first use
+        weights = [w for i in range(t.num_layers) for w in self._layer_weights(i)]
+        return cuda.drafter_step(
+            token_ids, hidden, ctx.embed_table, self.pre_projection.weight, weights,
+            [kinds.index(lt) for lt in t.layer_types], [ctx.k_cache[k] for k in kinds],
+            [ctx.v_cache[k] for k in kinds], [ctx.block_table[k] for k in kinds],
+            [ctx.window[k] or 0 for k in kinds], ctx.seq_lens, ctx.positions, self.norm.weight,
+            self.post_projection.weight, embed_scale=ctx.embed_scale, eps=t.rms_norm_eps)
 
     def _layer_weights(self, i: int) -> "_LayerWeights":
         # Read every step, to notice a replaced weight: through the modules' own dicts, because

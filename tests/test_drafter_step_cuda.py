@@ -1,0 +1,83 @@
+"""The drafter step in one host call (backend="cuda", csrc/ops/drafter_step.cu) on a GPU: the same
+kernels with the same plans as the step made of the ops one by one, so the same bits, eagerly and
+replayed as a CUDA graph; and every refused argument a RuntimeError naming it, before any launch.
+Its CPU twin, tests/test_drafter_step_emulated.py, runs the same C++ against the reference step."""
+import copy
+
+import pytest
+import torch
+
+from gemma4_mtp.drafter import random_drafter, synthetic_context
+
+pytestmark = pytest.mark.gpu
+DEV = torch.device("cuda")
+SHAPES = dict(Hb=64, Hd=128, inter=160, Hq=4, Hkv_swa=2, Hkv_full=1, D_swa=64, D_full=128, window=24, vocab=96,
+              centroids=None, top_k=None)
+
+
+def _setup(B, Q, name=None, dtype=torch.bfloat16):
+    drafter = random_drafter(name or SHAPES, device=DEV, dtype=dtype, backend="cuda", seed=3)
+    ctx = synthetic_context(drafter, B, 200, device=DEV, dtype=dtype, seed=3)
+    g = torch.Generator(device=DEV).manual_seed(4)
+    tokens = torch.randint(0, drafter.config.text.vocab_size, (B, Q), generator=g, device=DEV)
+    hidden = torch.randn(B, Q, drafter.config.backbone_hidden_size, generator=g, device=DEV).to(dtype)
+    ops = copy.copy(drafter)
+    ops.one_call_step = False
+    return drafter, ops, ctx, tokens, hidden
+
+
+@pytest.mark.parametrize("B,Q,name", [(1, 1, None), (3, 2, None), (1, 1, "E2B"), (8, 1, "E2B")])
+def test_one_call_matches_the_ops_one_by_one(B, Q, name):
+    drafter, ops, ctx, tokens, hidden = _setup(B, Q, name)
+    last, proj = drafter.step(ctx, tokens, hidden)
+    ref_last, ref_proj = ops.step(ctx, tokens, hidden)
+    assert torch.equal(last, ref_last) and torch.equal(proj, ref_proj)
+
+
+def test_one_call_step_replays_as_a_graph():
+    drafter, ops, ctx, tokens, hidden = _setup(2, 1)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        drafter.step(ctx, tokens, hidden)  # warm-up: the cached counters
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        last, proj = drafter.step(ctx, tokens, hidden)
+    hidden.copy_(torch.randn_like(hidden))
+    tokens.copy_(torch.randint_like(tokens, drafter.config.text.vocab_size))
+    graph.replay()
+    ref_last, ref_proj = ops.step(ctx, tokens, hidden)
+    assert torch.equal(last, ref_last) and torch.equal(proj, ref_proj)
+
+
+def _mutations(ctx):
+    k = ctx.k_cache["sliding_attention"]
+    return {
+        # 2 bytes past a 16-byte boundary
+        "k_caches[0]": lambda c: setattr(c, "k_cache", {**c.k_cache, "sliding_attention": torch.empty(
+            k.numel() + 8, dtype=k.dtype, device=DEV)[1:1 + k.numel()].view(k.shape)}),
+        "block_tables[1]": lambda c: setattr(c, "block_table", {**c.block_table, "full_attention":
+                                                                c.block_table["full_attention"].long()}),
+        "seq_lens": lambda c: setattr(c, "seq_lens", c.seq_lens[:-1]),
+        "positions": lambda c: setattr(c, "positions", c.positions.float()),
+        "embed_table": lambda c: setattr(c, "embed_table", c.embed_table.float()),
+    }
+
+
+@pytest.mark.parametrize("what", ["k_caches[0]", "block_tables[1]", "seq_lens", "positions", "embed_table"])
+def test_bad_context_is_refused_by_name(what):
+    drafter, _, ctx, tokens, hidden = _setup(2, 1)
+    bad = copy.copy(ctx)
+    _mutations(ctx)[what](bad)
+    with pytest.raises(RuntimeError, match=what.replace("[", r"\[").replace("]", r"\]")):
+        drafter.step(bad, tokens, hidden)
+
+
+def test_bad_layer_weight_is_refused_by_layer_and_name():
+    drafter, _, ctx, tokens, hidden = _setup(1, 1)
+    gate = drafter.layers[2].mlp.gate_proj
+    gate.weight.data = gate.weight.data.float()
+    with pytest.raises(RuntimeError, match="layer 2 gate has dtype"):
+        drafter.step(ctx, tokens, hidden)

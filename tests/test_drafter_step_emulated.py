@@ -1,0 +1,118 @@
+"""The whole drafter step in one host call (csrc/ops/drafter_step.cu, what backend="cuda" runs for
+`Gemma4MTPDrafter.step` on a GPU) on the CPU: the composition, the host-side launchers of csrc/ops it
+calls and the kernels they launch, compiled with g++ against tests/cuda_emulator under
+AddressSanitizer, against the same step composed of the PyTorch reference ops (backend="torch").
+
+A random drafter at small shapes (3 sliding layers and a full one of different head dims and KV
+heads, a window shorter than the context, released blocks in the sliding tables, requests of
+different lengths, tree levels of Q queries a request); tensors go through a directory
+(tests/cuda_emulator/drafter_step_main.cpp), the workspace starts as NaN, every counter must be left
+zero and every launch must use programmatic dependent launch on sm_90. fp32 (the CUDA-core kernels)
+is held to the fp32 reference's accuracy; bf16 / fp16 (the tensor-core kernels) to twice the error of
+the reference run in the same dtype, both against the fp32 reference."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+import emulated
+from gemma4_mtp.drafter import random_drafter, synthetic_context
+from gemma4_mtp.layers import to_dtype
+from helpers import assert_tolerance
+
+SHAPES = dict(Hb=64, Hd=128, inter=160, Hq=4, Hkv_swa=2, Hkv_full=1, D_swa=64, D_full=128, window=24, vocab=96,
+              centroids=None, top_k=None)
+LENGTH = 70  # 5 blocks of 16: the sliding tables release the first two
+LAYER_VECTORS = {"input_norm": 0, "post_attn_norm": 5, "pre_ff_norm": 6, "post_ff_norm": 10}
+LAYER_MATRICES = {"q_proj": 1, "q_norm": 2, "inv_freq": 3, "o_proj": 4, "gate": 7, "up": 8, "down": 9,
+                  "layer_scalar": 11}
+
+
+@pytest.fixture(scope="module")
+def binary(request):
+    return emulated.build(request, "drafter_step_main.cpp", "drafter_step")
+
+
+def _inputs(dtype, B, Q, seed):
+    drafter = random_drafter(SHAPES, dtype=torch.float32, backend="torch", seed=seed)
+    ctx = synthetic_context(drafter, B, LENGTH, dtype=torch.float32, seed=seed)
+    # requests of different lengths (the last one 3 positions shorter), their queries at the last one
+    ctx.seq_lens = torch.tensor([LENGTH - 3 * (b % 2) for b in range(B)], dtype=torch.int32)
+    ctx.positions = ctx.seq_lens.long() - 1
+    g = torch.Generator().manual_seed(seed + 1)
+    tokens = torch.randint(0, SHAPES["vocab"], (B, Q), generator=g)
+    hidden = torch.randn(B, Q, SHAPES["Hb"], generator=g)
+    return drafter, ctx, tokens, hidden
+
+
+def _in_dtype(drafter, ctx, hidden, dtype):
+    """The drafter, context and hidden states rounded to dtype (RoPE frequencies stay fp32)."""
+    ctx = dataclasses.replace(ctx, k_cache={t: k.to(dtype) for t, k in ctx.k_cache.items()},
+                              v_cache={t: v.to(dtype) for t, v in ctx.v_cache.items()},
+                              embed_table=ctx.embed_table.to(dtype))
+    return to_dtype(copy.deepcopy(drafter), dtype), ctx, hidden.to(dtype)
+
+
+def _emulate(binary, tmp_path, drafter, ctx, tokens, hidden, *, sms, major, schedule, offset, tok64):
+    cfg = drafter.config.text
+    kinds = list(dict.fromkeys(cfg.layer_types))  # attention types in order of first use: kv index
+    B, Q = tokens.shape
+    dtype = hidden.dtype
+    tensors = {"token_ids": tokens.reshape(-1).to(torch.int64 if tok64 else torch.int32),
+               "hidden": hidden.reshape(B * Q, -1), "embed_table": ctx.embed_table,
+               "pre_projection": drafter.pre_projection.weight, "final_norm": drafter.norm.weight,
+               "post_projection": drafter.post_projection.weight, "seq_lens": ctx.seq_lens,
+               "positions": ctx.positions}
+    args = [f"dtype={emulated.DTYPE_NAMES[dtype]}", f"B={B}", f"Q={Q}", f"Hb={SHAPES['Hb']}", f"Hd={SHAPES['Hd']}",
+            f"Hq={SHAPES['Hq']}", f"V={SHAPES['vocab']}", f"I={SHAPES['inter']}", f"layers={cfg.num_layers}",
+            "kinds=" + ",".join(str(kinds.index(t)) for t in cfg.layer_types), f"eps={cfg.rms_norm_eps}",
+            f"embed_scale={ctx.embed_scale!r}", f"sms={sms}", f"major={major}", f"schedule={schedule}",
+            f"offset={int(offset)}", f"tok64={int(tok64)}", "pos64=1"]
+    for j, t in enumerate(kinds):
+        k, table = ctx.k_cache[t], ctx.block_table[t]
+        tensors.update({f"k{j}": k, f"v{j}": ctx.v_cache[t], f"block_table{j}": table})
+        args += [f"D{j}={k.shape[3]}", f"Hkv{j}={k.shape[2]}", f"nb{j}={k.shape[0]}", f"bs{j}={k.shape[1]}",
+                 f"mb{j}={table.shape[1]}", f"window{j}={ctx.window[t] or 0}"]
+    for i in range(cfg.num_layers):
+        w = drafter._layer_weights(i)
+        for name, idx in {**LAYER_VECTORS, **LAYER_MATRICES}.items():
+            tensors[f"l{i}_{name}"] = w[idx]
+    for f in tmp_path.glob("*.bin"):
+        f.unlink()
+    for name, t in tensors.items():
+        emulated.write(tmp_path / f"{name}.bin", t.detach())
+    info = emulated.run(binary, f"dir={tmp_path} " + " ".join(args))
+    last = emulated.read(tmp_path / "last.bin", dtype, (B, Q, SHAPES["Hd"]))
+    proj = emulated.read(tmp_path / "proj.bin", dtype, (B, Q, SHAPES["Hb"]))
+    return last, proj, info
+
+
+CASES = [  # dtype, B, Q, sms, major, schedule, offset, tok64
+    pytest.param(torch.float32, 2, 1, 8, 9, "rr", False, True, id="fp32-B2"),
+    pytest.param(torch.bfloat16, 1, 1, 8, 9, "rr", False, True, id="bf16-B1"),
+    pytest.param(torch.bfloat16, 2, 2, 4, 8, "ahead", True, False, id="bf16-B2-Q2-sm80-offset"),
+    pytest.param(torch.float16, 3, 1, 132, 9, "behind", False, False, id="fp16-B3-132sms"),
+]
+
+
+@pytest.mark.parametrize("dtype,B,Q,sms,major,schedule,offset,tok64", CASES)
+def test_one_call_step_matches_the_reference_step(binary, tmp_path, dtype, B, Q, sms, major, schedule, offset,
+                                                  tok64):
+    drafter, ctx, tokens, hidden = _inputs(dtype, B, Q, seed=B * 10 + Q)
+    exact_last, exact_proj = drafter.step(ctx, tokens, hidden)
+    d, c, h = (drafter, ctx, hidden) if dtype == torch.float32 else _in_dtype(drafter, ctx, hidden, dtype)
+    last, proj, info = _emulate(binary, tmp_path, d, c, tokens, h, sms=sms, major=major, schedule=schedule,
+                                offset=offset, tok64=tok64)
+    # 5 launches a layer (6 where the attention merges its splits in a launch of its own) + 2
+    layers = drafter.config.text.num_layers
+    assert 5 * layers + 2 <= int(info["launches"]) <= 6 * layers + 2, info
+    if dtype == torch.float32:
+        torch.testing.assert_close(last, exact_last, atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(proj, exact_proj, atol=2e-5, rtol=2e-5)
+        return
+    ref_last, ref_proj = d.step(c, tokens, h)
+    assert_tolerance(last, exact_last, ref_last, atol=1e-2, what="last")
+    assert_tolerance(proj, exact_proj, ref_proj, atol=1e-2, what="proj")
