@@ -1,4 +1,4 @@
-// G4_CHECK(cond, parts...): TORCH_CHECK with a message concatenated here, never written to a
+// G4_CHECK(cond, parts...): a torch check with a message concatenated here, never written to a
 // std::ostream. On the GPU image (its g++ links its own libstdc++ into the extension) writing a
 // number to a c10::str stream crashed the process (SIGSEGV in the num_put facet, 2026-12-04), so a
 // refused argument killed the engine instead of raising; with -static-libstdc++ on gcc 12 the number
@@ -38,4 +38,9 @@ std::string concat(const Parts&... parts) {
 
 }  // namespace gemma4_mtp::message
 
-#define G4_CHECK(cond, ...) TORCH_CHECK(cond, ::gemma4_mtp::message::concat(__VA_ARGS__))
+// The ops' argument checks raise what the Python ops raise for the same mistake (gemma4_mtp_kernels/
+// _checks.py): G4_CHECK a ValueError, G4_CHECK_TYPE (a wrong dtype) a TypeError. What is not an
+// argument's fault (a failed launch) is a RuntimeError: G4_CHECK_RUNTIME.
+#define G4_CHECK(cond, ...) TORCH_CHECK_VALUE(cond, ::gemma4_mtp::message::concat(__VA_ARGS__))
+#define G4_CHECK_TYPE(cond, ...) TORCH_CHECK_TYPE(cond, ::gemma4_mtp::message::concat(__VA_ARGS__))
+#define G4_CHECK_RUNTIME(cond, ...) TORCH_CHECK(cond, ::gemma4_mtp::message::concat(__VA_ARGS__))

@@ -12,6 +12,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -33,7 +34,7 @@ DType float_dtype(const at::Tensor& t, const char* name) {
     case at::kFloat: return DType::kFloat32;
     case at::kHalf: return DType::kFloat16;
     case at::kBFloat16: return DType::kBFloat16;
-    default: G4_CHECK(false, "gemma4_mtp: ", name, " must be float32, float16 or bfloat16, got ", t.scalar_type());
+    default: G4_CHECK_TYPE(false, "gemma4_mtp: ", name, " must be float32, float16 or bfloat16, got ", t.scalar_type());
   }
 }
 
@@ -44,7 +45,7 @@ void check_tensor(const at::Tensor& t, const char* name, int64_t ndim, const at:
 }
 
 void check_dtype(const at::Tensor& t, const char* name, at::ScalarType a, at::ScalarType b = at::ScalarType::Undefined) {
-  G4_CHECK(t.scalar_type() == a || t.scalar_type() == b, "gemma4_mtp: ", name, " has dtype ", t.scalar_type(),
+  G4_CHECK_TYPE(t.scalar_type() == a || t.scalar_type() == b, "gemma4_mtp: ", name, " has dtype ", t.scalar_type(),
            ", expected ", a, b == at::ScalarType::Undefined ? "" : " or ", b == at::ScalarType::Undefined ? "" : c10::toString(b));
 }
 
@@ -62,7 +63,7 @@ void check_shape(const at::Tensor& t, const char* name, at::IntArrayRef shape) {
 }
 
 void check_launch(cudaError_t err, const char* op) {
-  G4_CHECK(err == cudaSuccess, "gemma4_mtp::", op, ": kernel launch failed: ", cudaGetErrorString(err));
+  G4_CHECK_RUNTIME(err == cudaSuccess, "gemma4_mtp::", op, ": kernel launch failed: ", cudaGetErrorString(err));
 }
 
 // The stride of a size-1 dimension is never applied; 0 keeps it out of the kernels' 16-byte checks.
@@ -421,7 +422,7 @@ void tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents, cons
   p.output_tokens = output_tokens.data_ptr<int64_t>();
   p.last_node = last_node.data_ptr<int32_t>();
   const int64_t ws_bytes = gemma4_mtp::prepare_tree_verify(dt, p, sm_count());
-  G4_CHECK(ws_bytes >= 0, "gemma4_mtp::tree_verify: unsupported dtype");
+  G4_CHECK_TYPE(ws_bytes >= 0, "gemma4_mtp::tree_verify: unsupported dtype");
   at::Tensor ws = at::empty({ws_bytes}, target_logits.options().dtype(at::kByte));
   p.workspace = ws.data_ptr();
   at::Tensor fresh;  // graph-private counters, alive until the launch is enqueued
@@ -718,7 +719,7 @@ const at::Tensor& step_weight(const at::TensorList& w, int64_t layer, int i, con
   const char* name = kLayerWeightNames[i];
   G4_CHECK(t.is_cuda() && t.device() == dev, "gemma4_mtp: drafter_step: layer ", layer, " ", name, " must be on ",
            dev, ", got ", t.device());
-  G4_CHECK(t.scalar_type() == type, "gemma4_mtp: drafter_step: layer ", layer, " ", name, " has dtype ",
+  G4_CHECK_TYPE(t.scalar_type() == type, "gemma4_mtp: drafter_step: layer ", layer, " ", name, " has dtype ",
            t.scalar_type(), ", expected ", type);
   G4_CHECK(t.sizes() == shape, "gemma4_mtp: drafter_step: layer ", layer, " ", name, " must have shape ", shape,
            ", got ", t.sizes());
@@ -734,6 +735,10 @@ void drafter_step(const at::Tensor& token_ids, const at::Tensor& hidden, const a
                   const at::Tensor& positions, const at::Tensor& final_norm, const at::Tensor& post_projection,
                   double eps, at::Tensor& last, at::Tensor& proj) {
   const auto dev = hidden.device();
+  G4_CHECK(std::isfinite(embed_scale), "gemma4_mtp: drafter_step: embed_scale must be finite, got ",
+           std::to_string(embed_scale));
+  G4_CHECK(std::isfinite(eps) && eps >= 0, "gemma4_mtp: drafter_step: eps must be finite and >= 0, got ",
+           std::to_string(eps));
   check_tensor(token_ids, "token_ids", 2, dev);
   check_dtype(token_ids, "token_ids", at::kInt, at::kLong);
   check_contiguous(token_ids, "token_ids");

@@ -1,6 +1,7 @@
 """The drafter step in one host call (backend="cuda", csrc/ops/drafter_step.cu) on a GPU: the same
 kernels with the same plans as the step made of the ops one by one, so the same bits, eagerly and
-replayed as a CUDA graph; and every refused argument a RuntimeError naming it, before any launch.
+replayed as a CUDA graph; and every refused argument a ValueError (a TypeError for a dtype) naming it,
+as the ops one by one raise, before any launch.
 Its CPU twin, tests/test_drafter_step_emulated.py, runs the same C++ against the reference step."""
 import copy
 
@@ -66,12 +67,14 @@ def _mutations(ctx):
     }
 
 
-@pytest.mark.parametrize("what", ["k_caches[0]", "block_tables[1]", "seq_lens", "positions", "embed_table"])
-def test_bad_context_is_refused_by_name(what):
+@pytest.mark.parametrize("what,error", [("k_caches[0]", ValueError), ("block_tables[1]", TypeError),
+                                        ("seq_lens", ValueError), ("positions", TypeError),
+                                        ("embed_table", TypeError)])
+def test_bad_context_is_refused_by_name(what, error):
     drafter, _, ctx, tokens, hidden = _setup(2, 1)
     bad = copy.copy(ctx)
     _mutations(ctx)[what](bad)
-    with pytest.raises(RuntimeError, match=what.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(error, match=what.replace("[", r"\[").replace("]", r"\]")):
         drafter.step(bad, tokens, hidden)
 
 
@@ -79,5 +82,20 @@ def test_bad_layer_weight_is_refused_by_layer_and_name():
     drafter, _, ctx, tokens, hidden = _setup(1, 1)
     gate = drafter.layers[2].mlp.gate_proj
     gate.weight.data = gate.weight.data.float()
-    with pytest.raises(RuntimeError, match="layer 2 gate has dtype"):
+    with pytest.raises(TypeError, match="layer 2 gate has dtype"):
         drafter.step(ctx, tokens, hidden)
+
+
+def test_value_checks_take_the_ops_that_read_values():
+    """With value checks on, the step is the ops one by one, which read the token ids back: an id out of
+    the vocabulary is refused by name instead of becoming a NaN row."""
+    from gemma4_mtp_kernels import set_value_checks
+
+    drafter, _, ctx, tokens, hidden = _setup(1, 1)
+    tokens.fill_(drafter.config.text.vocab_size)
+    set_value_checks(True)
+    try:
+        with pytest.raises(ValueError, match="token_ids"):
+            drafter.step(ctx, tokens, hidden)
+    finally:
+        set_value_checks(False)

@@ -207,7 +207,7 @@ def drafter_step(token_ids, hidden, embed_table, pre_projection, layer_weights, 
     -> (last [B, Q, Hd], proj [B, Q, Hb]), what Gemma4MTPDrafter.step computes from the ops.
     layer_weights: 12 tensors a layer (gemma4_mtp.drafter._LayerWeights' order), layer_kv: each layer's
     index into k_caches / v_caches / block_tables / windows (one entry per attention type; window 0:
-    none). Every argument is checked in C++ (a RuntimeError naming it)."""
+    none). Every argument is checked in C++ (a ValueError, or a TypeError for a dtype, naming it)."""
     B, Q = token_ids.shape
     Hb, Hd = hidden.shape[-1], pre_projection.shape[0]
     last = torch.empty((B, Q, Hd), dtype=hidden.dtype, device=hidden.device)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import gemma4_mtp_kernels as K
+from gemma4_mtp_kernels._checks import values_checkable
 from gemma4_mtp_kernels.ops.rms_norm_linear import shape_params as linear_shape
 from gemma4_mtp_kernels.ops.rms_norm_q_rope import check_positions
 from gemma4_mtp_kernels.ops.rms_norm_q_rope import shape_params as q_rope_shape
@@ -225,11 +226,13 @@ class Gemma4MTPDrafter(nn.Module):
         after it, until a weight is replaced (its address or shape changes) or the backend, device or
         dtype does.
 
-        backend="cuda" on a device: the same composition in one call into C++ (`torch.ops.gemma4_mtp.
-        drafter_step`, csrc/ops/drafter_step.cu), which checks every argument and makes every launch
-        there; not under torch.compile, which traces the ops instead."""
+        backend="cuda" on a device: the same composition in one call into C++
+        (`torch.ops.gemma4_mtp.drafter_step`, csrc/ops/drafter_step.cu), which checks every argument
+        (the errors the ops raise) and makes every launch there; not under torch.compile, which traces
+        the ops instead, nor with value checks on (`gemma4_mtp_kernels.set_value_checks`: the ops read
+        the token ids, lengths and block tables back to check them)."""
         if (self.backend == "cuda" and self.one_call_step and token_ids.device.type != "cpu"
-                and not torch.compiler.is_compiling()):
+                and not torch.compiler.is_compiling() and not values_checkable(token_ids)):
             return self._one_call_step(ctx, token_ids, hidden)
         B, Q = token_ids.shape
         T = B * Q
