@@ -251,8 +251,10 @@ def count_decode(shape: dict, *, max_new_tokens: int = 10, sms: int = 132) -> di
     runners' static buffers (capture=False: the code a GPU captures, run eagerly), backend "triton".
 
     Each round's one host read (`speculative._read_round`) cannot run on meta tensors: it answers
-    "nothing accepted, emit token 3" (so each round emits one token and commits no move); any other
-    host read raises. Counted per round (the prefill and its verification are round 0): launches
+    "nothing accepted, emit token 3" (so each round emits one token and commits no move), and for a
+    tree "the root's second child accepted" (two tokens, and the accepted node's K/V moves, as a tree's
+    accepted path usually does; its commit's launches count in the next round); any other host read
+    raises. Counted per round (the prefill and its verification are round 0): launches
     (Triton and torch; `in_graphs`: those inside a runner's replay, what a GPU replays as one graph;
     `eager`: the rest, each a launch from the host) and host-to-device transfers (TransferCounter).
     No host time: torch's meta kernels cost several times a device op's dispatch."""
@@ -308,9 +310,12 @@ def count_decode(shape: dict, *, max_new_tokens: int = 10, sms: int = 132) -> di
         stop()
         B, N = res.output_tokens.shape
         tokens = torch.full((B, N), -1, dtype=torch.long)
+        accept_len, nodes = torch.zeros(B, dtype=torch.long), torch.full((B, N), -1, dtype=torch.long)
+        if shape.get("tree") and N > 2:  # a tree round accepts its root's second child: its K/V moves
+            accept_len[:], nodes[:, 0], tokens[:, 1] = 1, 2, 3
         tokens[:, 0] = 3
         start()
-        return torch.zeros(B, dtype=torch.long), torch.full((B, N), -1, dtype=torch.long), tokens
+        return accept_len, nodes, tokens
 
     with mock.patch.object(speculative, "_read_round", read_round), \
             mock.patch.object(Replays, "replay", staticmethod(replay)):

@@ -27,9 +27,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PER_LAYER, PER_STEP, TREE_SORT = 6, 3, 5
 # A decode round whose draft and target forward replay their graphs launches its bookkeeping from the
 # host: the copies into the graphs' static buffers, tree_verify, the next round's pending tokens and
-# hidden states (19 for a draft round of the embedded pair, 23 for a sampled chain round, 16 target-only,
-# at this budget's writing; 35 / 39 / 21 before the draft round's and the target forward's host inputs
-# went over in one copy each).
+# hidden states (19 for a chain draft round of the embedded pair, 23 for a sampled chain round, 16
+# target-only, at this budget's writing; 35 / 39 / 21 before the draft round's and the target forward's
+# host inputs went over in one copy each), and a tree round's commit of an accepted path that moves
+# (24 for a (2, 2, 1) tree round: one copy of the slot ids and a gather and a scatter per cache for the
+# whole batch; counted from 2026-12-05, when it would have been 31: two copies and four index ops per
+# cache and request).
 EAGER_PER_REPLAYED_ROUND = 25
 
 

@@ -96,6 +96,43 @@ def test_tree_forward_and_commit_match_sequential(pair):
         target.release(fresh)
 
 
+def test_commit_many_keeps_each_accepted_path(pair):
+    """A round's commits batched (one gather and one scatter per cache for all requests): each request's
+    cache then holds what a fresh prefill of its accepted sequence holds; a bad path anywhere changes
+    no request."""
+    _, target = pair
+    g = torch.Generator().manual_seed(2)
+    n = 9
+    parents = [-1, 0, 0, 1, 1, 2, 3, 4, 6]
+    paths = [tree_path(parents, 7), tree_path(parents, 8), [1, 3], []]  # two skip siblings, two do not
+    prefixes = [torch.randint(0, hf_tiny.VOCAB, (L,), generator=g) for L in (11, 6, 9, 13)]
+    trees = [torch.randint(0, hf_tiny.VOCAB, (n,), generator=g) for _ in prefixes]
+    batch = [target.new_request() for _ in prefixes]
+    fresh = [target.new_request() for _ in prefixes]
+    try:
+        target.prefill(batch, [p[:-1] for p in prefixes])
+        target.forward_tree(batch, [torch.cat([p[-1:], t[1:]]) for p, t in zip(prefixes, trees)],
+                            [parents] * len(batch))
+        lengths = [target.lengths[r] for r in batch]
+        with pytest.raises(ValueError, match="accepted_nodes"):
+            target.commit_many([(batch[0], paths[0]), (batch[1], [2, 1])])
+        assert [target.lengths[r] for r in batch] == lengths
+        target.commit_many(list(zip(batch, paths)))
+        accepted = [torch.cat([p, t[path]]) for p, t, path in zip(prefixes, trees, paths)]
+        target.prefill(fresh, accepted)
+        for a, b, seq in zip(batch, fresh, accepted):
+            L = len(seq)
+            assert target.lengths[a] == target.lengths[b] == L
+            for cache in target.caches.values():
+                pos = torch.arange(0 if cache.window is None else L - cache.window, L)
+                for layer in range(cache.k.shape[0]):
+                    for x, y in zip(cache.read(layer, a, pos), cache.read(layer, b, pos)):
+                        close(x, y)
+    finally:
+        for r in batch + fresh:
+            target.release(r)
+
+
 def test_batched_ragged_equals_alone(pair):
     _, target = pair
     g = torch.Generator().manual_seed(2)

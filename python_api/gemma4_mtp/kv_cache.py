@@ -45,8 +45,9 @@ class PagedKVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, *,
                  dtype: torch.dtype, device: torch.device | str, window: int | None):
         shape = (num_layers, num_blocks + 1, block_size, num_kv_heads, head_dim)
-        self.k_all = torch.full(shape, float("nan"), dtype=dtype, device=device)
-        self.v_all = torch.full(shape, float("nan"), dtype=dtype, device=device)
+        # K and V in one allocation, so that a commit moves both with one gather and one scatter
+        self.kv_all = torch.full((2, *shape), float("nan"), dtype=dtype, device=device)
+        self.k_all, self.v_all = self.kv_all[0], self.kv_all[1]
         self.k, self.v = self.k_all[:, :num_blocks], self.v_all[:, :num_blocks]
         self.trash = num_blocks
         self.block_size = block_size
@@ -81,10 +82,10 @@ class PagedKVCache:
                 self.allocator.release(table[j])
                 table[j] = -1
 
-    def _slots(self, req: int, positions) -> torch.Tensor:
+    def _host_slots(self, req: int, positions) -> torch.Tensor:
         """Flat slot ids (block * block_size + offset, see _flat) of positions (host integers: a range,
-        a list or a CPU tensor) on the cache's device, from the host's block table: nothing is read
-        back from the device."""
+        a list or a CPU tensor) on the host, from the host's block table: nothing is read back from the
+        device."""
         if isinstance(positions, range):
             pos = torch.arange(positions.start, positions.stop, positions.step)
         else:
@@ -92,7 +93,11 @@ class PagedKVCache:
         blocks = torch.tensor(self.tables[req], dtype=torch.long)[pos // self.block_size]
         if bool((blocks < 0).any()):
             raise RuntimeError("internal error: access to a released KV block")
-        return to_device(blocks * self.block_size + pos % self.block_size, self.k.device)
+        return blocks * self.block_size + pos % self.block_size
+
+    def _slots(self, req: int, positions) -> torch.Tensor:
+        """_host_slots on the cache's device."""
+        return to_device(self._host_slots(req, positions), self.k.device)
 
     @staticmethod
     def _flat(cache: torch.Tensor) -> torch.Tensor:
@@ -108,12 +113,17 @@ class PagedKVCache:
         slots = self._slots(req, positions)
         return self._flat(self.k_all)[layer, slots], self._flat(self.v_all)[layer, slots]
 
-    def move(self, req: int, src: list[int], dst: list[int]) -> None:
-        """Copy the K/V of positions src to positions dst in every layer (gathered first, so overlaps are safe)."""
-        s, d = self._slots(req, src), self._slots(req, dst)
-        for cache in (self.k_all, self.v_all):
-            flat = self._flat(cache)
-            flat[:, d] = flat[:, s]
+    def move_slots(self, moves: list[tuple[int, list[int], list[int]]]) -> torch.Tensor:
+        """The host's [2, n] flat slot ids (sources, destinations) of `moves`, (request, src positions,
+        dst positions) each, for `move`."""
+        return torch.stack([torch.cat([self._host_slots(r, src) for r, src, _ in moves]),
+                            torch.cat([self._host_slots(r, dst) for r, _, dst in moves])])
+
+    def move(self, slots: torch.Tensor) -> None:
+        """Copy the K/V of slots[0] to slots[1] ([2, n] on the cache's device, from move_slots) in every
+        layer, all gathered first (overlaps are safe): one gather and one scatter for K and V together."""
+        flat = self.kv_all.view(2, self.kv_all.shape[1], -1, *self.kv_all.shape[-2:])
+        flat[:, :, slots[1]] = flat[:, :, slots[0]]
 
     def block_table(self, reqs: list[int], device=None) -> torch.Tensor:
         """int32 [len(reqs), max_blocks] on `device` (default the cache's); -1 past each request's blocks

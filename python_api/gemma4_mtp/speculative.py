@@ -304,15 +304,15 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
             pending[sel] = res.output_tokens[rows, res.accept_len.long()]
             hidden[sel] = out.hidden[rows, res.last_node.long()]
             accept_len, nodes, tokens = _read_round(res)
+            paths = [nodes[i, :int(accept_len[i])].tolist() for i in range(len(act))]
+            target.commit_many([(reqs[b], path) for b, path in zip(act, paths)])
             for i, b in enumerate(act):
-                n = int(accept_len[i])
-                path = nodes[i, :n].tolist()
+                n, path = len(paths[i]), paths[i]
                 emitted = tokens[i, :n + 1].tolist()
                 stats.accepted_per_round[b].append(n)
                 stats.draft_lengths[b].append(len(shapes[i]))
                 stats.accepted_paths[b].append(path)
                 stats.target_forwards[b] += 1
-                target.commit(reqs[b], path)
                 done[b] = _emit(out_ids[b], emitted, eos, max_new_tokens, b, on_tokens)
                 if draft_schedule == "heuristic":
                     drafted_here = len(shapes[i])

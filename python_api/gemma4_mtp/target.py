@@ -464,20 +464,36 @@ class Gemma4Target(nn.Module):
     def commit(self, req: int, accepted_nodes: list[int]) -> None:
         """Keep the root and the accepted path (node indices, root excluded, in depth order): their K/V
         move to positions length .. length + len(accepted_nodes); rejected slots are dropped."""
-        L = self.lengths[req]
-        for d, node in enumerate(accepted_nodes, start=1):
-            if node < d:
-                raise ValueError(f"accepted_nodes: node {node} cannot sit at depth {d}")
-        moves = [(L + node, L + d) for d, node in enumerate(accepted_nodes, start=1) if node != d]
+        self.commit_many([(req, accepted_nodes)])
+
+    def commit_many(self, accepted: list[tuple[int, list[int]]]) -> None:
+        """`commit` for each (request, accepted_nodes) of a round, their K/V moves batched: one copy of
+        the slot ids to the device, and a gather and a scatter per cache, however many requests move
+        (a tree's accepted path usually skips nodes, so its K/V moves; a chain's is a prefix and never
+        does). Every path is checked before any request changes."""
+        for _, nodes in accepted:
+            for d, node in enumerate(nodes, start=1):
+                if node < d:
+                    raise ValueError(f"accepted_nodes: node {node} cannot sit at depth {d}")
+        moves = []
+        for req, nodes in accepted:
+            L = self.lengths[req]
+            pairs = [(L + node, L + d) for d, node in enumerate(nodes, start=1) if node != d]
+            if pairs:
+                moves.append((req, [src for src, _ in pairs], [dst for _, dst in pairs]))
         if moves:
+            caches = list(self.caches.values())
+            host = [c.move_slots(moves) for c in caches]
+            slots = to_device(torch.cat(host, dim=1), self.device).split([h.shape[1] for h in host], dim=1)
+            for c, s in zip(caches, slots):
+                c.move(s)
+        for req, nodes in accepted:
+            new_len = self.lengths[req] + 1 + len(nodes)
+            self.lengths[req] = new_len
             for c in self.caches.values():
-                c.move(req, [m[0] for m in moves], [m[1] for m in moves])
-        new_len = L + 1 + len(accepted_nodes)
-        self.lengths[req] = new_len
-        for c in self.caches.values():
-            # the next root attends the last window - 1 entries; a drafter with Hugging Face's query
-            # convention reads window + 1 (see Gemma4MTPDrafter.context), so that many stay
-            c.trim(req, new_len, keep_from=0 if c.window is None else new_len - c.window - 1)
+                # the next root attends the last window - 1 entries; a drafter with Hugging Face's query
+                # convention reads window + 1 (see Gemma4MTPDrafter.context), so that many stay
+                c.trim(req, new_len, keep_from=0 if c.window is None else new_len - c.window - 1)
 
     @torch.no_grad()
     def prefill(self, reqs: list[int], prompts: list[torch.Tensor], *, last_only: bool = False) -> TargetOutput:
