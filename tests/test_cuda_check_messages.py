@@ -61,5 +61,6 @@ def test_messages_keep_their_numbers_where_a_second_libstdcxx_breaks_streams(tmp
     assert lines and lines[0] == ("ValueError: gemma4_mtp: t must have 7 dimensions, got shape [2, 2] (dtype Float, "
                                   "on cpu, element size 4, offset 1, scale 0.500000)"), run.stdout + run.stderr[-3000:]
     # the control: a plain TORCH_CHECK built the same way loses its numbers (or the process dies)
-    assert run.returncode != 0 or lines[1:] != ["RuntimeError: torch: t must have 7 dimensions, got shape [2, 2] (end)"], \
+    intact = "RuntimeError: torch: t must have 7 dimensions, got shape [2, 2] (end)"
+    assert run.returncode != 0 or lines[1:] != [intact], \
         "this -static-libstdc++ build formats numbers correctly: it no longer reproduces the hazard"
