@@ -62,6 +62,15 @@ void check_shape(const at::Tensor& t, const char* name, at::IntArrayRef shape) {
   G4_CHECK(t.sizes() == shape, "gemma4_mtp: ", name, " must have shape ", shape, ", got ", t.sizes());
 }
 
+// A contiguous tensor of exactly `shape` on `device`, of dtype a (or b): each check's own message.
+void check_dense(const at::Tensor& t, const char* name, at::IntArrayRef shape, const at::Device& device,
+                 at::ScalarType a, at::ScalarType b = at::ScalarType::Undefined) {
+  check_tensor(t, name, static_cast<int64_t>(shape.size()), device);
+  check_dtype(t, name, a, b);
+  check_shape(t, name, shape);
+  check_contiguous(t, name);
+}
+
 void check_launch(cudaError_t err, const char* op) {
   G4_CHECK_RUNTIME(err == cudaSuccess, "gemma4_mtp::", op, ": kernel launch failed: ", cudaGetErrorString(err));
 }
@@ -496,11 +505,7 @@ void dense_lm_head(const at::Tensor& hidden, const at::Tensor& lm_head, int64_t 
 using OptTensor = std::optional<at::Tensor>;
 
 void check_vector(const OptTensor& t, const char* name, int64_t n, const at::Tensor& x) {
-  if (!t) return;
-  check_tensor(*t, name, 1, x.device());
-  check_dtype(*t, name, x.scalar_type());
-  check_shape(*t, name, {n});
-  check_contiguous(*t, name);
+  if (t) check_dense(*t, name, {n}, x.device(), x.scalar_type());
 }
 
 void check_rows(const OptTensor& t, const char* name, const at::Tensor& x) {
@@ -584,10 +589,7 @@ void launch_glue(gemma4_mtp::GlueParams& p, DType dt, const at::Tensor& x, const
 void glue_projection(gemma4_mtp::GlueParams& p, const at::Tensor& weight, const char* name, const at::Tensor& x,
                      at::Tensor& out, at::IntArrayRef out_shape) {
   check_weight(weight, name, -1, x);
-  check_tensor(out, "out", static_cast<int64_t>(out_shape.size()), x.device());
-  check_dtype(out, "out", x.scalar_type());
-  check_shape(out, "out", out_shape);
-  check_contiguous(out, "out");
+  check_dense(out, "out", out_shape, x.device(), x.scalar_type());
   p.weight = weight.data_ptr();
   p.weight_stride = stride(weight, 0);
   p.out = out.data_ptr();
@@ -675,10 +677,7 @@ void softmax_sample(const at::Tensor& logits, const at::Tensor& temperature, con
   check_dtype(probs, "probs", at::kFloat);
   check_shape(probs, "probs", {B, V});
   check_inner(probs, "probs");
-  check_tensor(tokens, "tokens", 1, dev);
-  check_dtype(tokens, "tokens", at::kLong);
-  check_shape(tokens, "tokens", {B});
-  check_contiguous(tokens, "tokens");
+  check_dense(tokens, "tokens", {B}, dev, at::kLong);
   if (B == 0) return;
 
   const c10::cuda::CUDAGuard guard(dev);
@@ -756,33 +755,15 @@ void drafter_step(const at::Tensor& token_ids, const at::Tensor& hidden, const a
   G4_CHECK(embed_table.size(1) == Hb, "gemma4_mtp: drafter_step: embed_table must have Hb = ", Hb, " columns, got ",
            embed_table.sizes());
   check_inner(embed_table, "embed_table");
-  check_tensor(pre_projection, "pre_projection", 2, dev);
-  check_dtype(pre_projection, "pre_projection", type);
+  check_tensor(pre_projection, "pre_projection", 2, dev);  // before its rows are read
   const int64_t Hd = pre_projection.size(0);
-  check_shape(pre_projection, "pre_projection", {Hd, 2 * Hb});
-  check_contiguous(pre_projection, "pre_projection");
-  check_tensor(final_norm, "final_norm", 1, dev);
-  check_dtype(final_norm, "final_norm", type);
-  check_shape(final_norm, "final_norm", {Hd});
-  check_contiguous(final_norm, "final_norm");
-  check_tensor(post_projection, "post_projection", 2, dev);
-  check_dtype(post_projection, "post_projection", type);
-  check_shape(post_projection, "post_projection", {Hb, Hd});
-  check_contiguous(post_projection, "post_projection");
-  check_tensor(seq_lens, "seq_lens", 1, dev);
-  check_dtype(seq_lens, "seq_lens", at::kInt);
-  check_shape(seq_lens, "seq_lens", {B});
-  check_contiguous(seq_lens, "seq_lens");
-  check_tensor(positions, "positions", 1, dev);
-  check_dtype(positions, "positions", at::kInt, at::kLong);
-  check_shape(positions, "positions", {B});
-  check_contiguous(positions, "positions");
-  for (const auto& [t, name, cols] : {std::tuple{&last, "last", Hd}, std::tuple{&proj, "proj", Hb}}) {
-    check_tensor(*t, name, 3, dev);
-    check_dtype(*t, name, type);
-    check_shape(*t, name, {B, Q, cols});
-    check_contiguous(*t, name);
-  }
+  check_dense(pre_projection, "pre_projection", {Hd, 2 * Hb}, dev, type);
+  check_dense(final_norm, "final_norm", {Hd}, dev, type);
+  check_dense(post_projection, "post_projection", {Hb, Hd}, dev, type);
+  check_dense(seq_lens, "seq_lens", {B}, dev, at::kInt);
+  check_dense(positions, "positions", {B}, dev, at::kInt, at::kLong);
+  check_dense(last, "last", {B, Q, Hd}, dev, type);
+  check_dense(proj, "proj", {B, Q, Hb}, dev, type);
 
   gemma4_mtp::DrafterStepParams p{};
   const int64_t L = static_cast<int64_t>(layer_kv.size()), K = static_cast<int64_t>(k_caches.size());

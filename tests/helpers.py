@@ -8,6 +8,10 @@ import torch
 from gemma4_mtp_kernels.drafter_shapes import DRAFTERS  # noqa: F401  (re-exported for the tests)
 
 CACHE_LAYOUTS = ("nhd", "kv_split", "kv_first", "hnd")
+# a drafter at small shapes for whole-step tests (gemma4_mtp.drafter.random_drafter): 3 sliding layers and
+# a full one of different head dims and KV heads, a window shorter than their contexts
+SMALL_DRAFTER = dict(Hb=64, Hd=128, inter=160, Hq=4, Hkv_swa=2, Hkv_full=1, D_swa=64, D_full=128, window=24,
+                     vocab=96, centroids=None, top_k=None)
 
 
 def paged_kv(seq_lens, block_size, Hkv, D, *, dtype=torch.float32, layout="nhd", window=None, spare_blocks=3,

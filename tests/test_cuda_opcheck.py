@@ -9,6 +9,7 @@ import gemma4_mtp_kernels as g
 from gemma4_mtp_kernels import cuda as cuda_backend
 from gemma4_mtp_kernels import reference
 from gemma4_mtp_kernels._dispatch import BackendUnavailableError
+from helpers import SMALL_DRAFTER
 
 ok, why = cuda_backend.extension_status()
 pytestmark = pytest.mark.skipif(not ok, reason=f"cuda extension unavailable: {why}")
@@ -138,10 +139,6 @@ def test_opcheck_meta_softmax_sample():
                                         torch.empty(B, dtype=torch.long, device="meta")))
 
 
-STEP_SHAPES = dict(Hb=64, Hd=128, inter=160, Hq=4, Hkv_swa=2, Hkv_full=1, D_swa=64, D_full=128, window=24,
-                   vocab=96, centroids=None, top_k=None)
-
-
 class _OpCounter(torch.utils._python_dispatch.TorchDispatchMode):
     def __init__(self):
         super().__init__()
@@ -161,7 +158,7 @@ def test_a_cuda_step_is_one_op_and_its_fake_checks():
     from gemma4_mtp.drafter import random_drafter, synthetic_context
     from gemma4_mtp_kernels import _dispatch
 
-    drafter = random_drafter(STEP_SHAPES, device="meta", backend="cuda")
+    drafter = random_drafter(SMALL_DRAFTER, device="meta", backend="cuda")
     ctx = synthetic_context(drafter, 2, 70, device="meta")
     tokens = torch.empty(2, 3, dtype=torch.long, device="meta")
     hidden = torch.empty(2, 3, 64, dtype=torch.bfloat16, device="meta")

@@ -9,15 +9,14 @@ import pytest
 import torch
 
 from gemma4_mtp.drafter import random_drafter, synthetic_context
+from helpers import SMALL_DRAFTER
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
-SHAPES = dict(Hb=64, Hd=128, inter=160, Hq=4, Hkv_swa=2, Hkv_full=1, D_swa=64, D_full=128, window=24, vocab=96,
-              centroids=None, top_k=None)
 
 
 def _setup(B, Q, name=None, dtype=torch.bfloat16):
-    drafter = random_drafter(name or SHAPES, device=DEV, dtype=dtype, backend="cuda", seed=3)
+    drafter = random_drafter(name or SMALL_DRAFTER, device=DEV, dtype=dtype, backend="cuda", seed=3)
     ctx = synthetic_context(drafter, B, 200, device=DEV, dtype=dtype, seed=3)
     g = torch.Generator(device=DEV).manual_seed(4)
     tokens = torch.randint(0, drafter.config.text.vocab_size, (B, Q), generator=g, device=DEV)

@@ -21,10 +21,8 @@ import torch
 import emulated
 from gemma4_mtp.drafter import random_drafter, synthetic_context
 from gemma4_mtp.layers import to_dtype
-from helpers import assert_tolerance
+from helpers import SMALL_DRAFTER, assert_tolerance
 
-SHAPES = dict(Hb=64, Hd=128, inter=160, Hq=4, Hkv_swa=2, Hkv_full=1, D_swa=64, D_full=128, window=24, vocab=96,
-              centroids=None, top_k=None)
 LENGTH = 70  # 5 blocks of 16: the sliding tables release the first two
 LAYER_VECTORS = {"input_norm": 0, "post_attn_norm": 5, "pre_ff_norm": 6, "post_ff_norm": 10}
 LAYER_MATRICES = {"q_proj": 1, "q_norm": 2, "inv_freq": 3, "o_proj": 4, "gate": 7, "up": 8, "down": 9,
@@ -37,14 +35,14 @@ def binary(request):
 
 
 def _inputs(dtype, B, Q, seed):
-    drafter = random_drafter(SHAPES, dtype=torch.float32, backend="torch", seed=seed)
+    drafter = random_drafter(SMALL_DRAFTER, dtype=torch.float32, backend="torch", seed=seed)
     ctx = synthetic_context(drafter, B, LENGTH, dtype=torch.float32, seed=seed)
     # requests of different lengths (the last one 3 positions shorter), their queries at the last one
     ctx.seq_lens = torch.tensor([LENGTH - 3 * (b % 2) for b in range(B)], dtype=torch.int32)
     ctx.positions = ctx.seq_lens.long() - 1
     g = torch.Generator().manual_seed(seed + 1)
-    tokens = torch.randint(0, SHAPES["vocab"], (B, Q), generator=g)
-    hidden = torch.randn(B, Q, SHAPES["Hb"], generator=g)
+    tokens = torch.randint(0, SMALL_DRAFTER["vocab"], (B, Q), generator=g)
+    hidden = torch.randn(B, Q, SMALL_DRAFTER["Hb"], generator=g)
     return drafter, ctx, tokens, hidden
 
 
@@ -66,8 +64,9 @@ def _emulate(binary, tmp_path, drafter, ctx, tokens, hidden, *, sms, major, sche
                "pre_projection": drafter.pre_projection.weight, "final_norm": drafter.norm.weight,
                "post_projection": drafter.post_projection.weight, "seq_lens": ctx.seq_lens,
                "positions": ctx.positions}
-    args = [f"dtype={emulated.DTYPE_NAMES[dtype]}", f"B={B}", f"Q={Q}", f"Hb={SHAPES['Hb']}", f"Hd={SHAPES['Hd']}",
-            f"Hq={SHAPES['Hq']}", f"V={SHAPES['vocab']}", f"I={SHAPES['inter']}", f"layers={cfg.num_layers}",
+    s = SMALL_DRAFTER
+    args = [f"dtype={emulated.DTYPE_NAMES[dtype]}", f"B={B}", f"Q={Q}", f"Hb={s['Hb']}", f"Hd={s['Hd']}",
+            f"Hq={s['Hq']}", f"V={s['vocab']}", f"I={s['inter']}", f"layers={cfg.num_layers}",
             "kinds=" + ",".join(str(kinds.index(t)) for t in cfg.layer_types), f"eps={cfg.rms_norm_eps}",
             f"embed_scale={ctx.embed_scale!r}", f"sms={sms}", f"major={major}", f"schedule={schedule}",
             f"offset={int(offset)}", f"tok64={int(tok64)}", "pos64=1"]
@@ -85,8 +84,8 @@ def _emulate(binary, tmp_path, drafter, ctx, tokens, hidden, *, sms, major, sche
     for name, t in tensors.items():
         emulated.write(tmp_path / f"{name}.bin", t.detach())
     info = emulated.run(binary, f"dir={tmp_path} " + " ".join(args))
-    last = emulated.read(tmp_path / "last.bin", dtype, (B, Q, SHAPES["Hd"]))
-    proj = emulated.read(tmp_path / "proj.bin", dtype, (B, Q, SHAPES["Hb"]))
+    last = emulated.read(tmp_path / "last.bin", dtype, (B, Q, SMALL_DRAFTER["Hd"]))
+    proj = emulated.read(tmp_path / "proj.bin", dtype, (B, Q, SMALL_DRAFTER["Hb"]))
     return last, proj, info
 
 
