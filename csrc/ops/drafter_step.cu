@@ -104,7 +104,7 @@ class Step {
       delta = d;
       prev = &w;
     }
-    if (err != cudaSuccess || prev == nullptr) return prev == nullptr ? cudaErrorInvalidValue : err;
+    if (err != cudaSuccess) return err;  // prev is set: params_ok() requires a layer
     // the last layer's end, the final norm (written to last) and the post-projection in one launch
     GlueParams g = glue(GlueKind::kLinear, delta, p_.Hd, p_.final_norm);
     add_layer_end(g, *prev, residual);
