@@ -1,5 +1,7 @@
 """centroid_logits (argmax) vs the dense 262144-row LM head + argmax, and vs Hugging Face's masked
 embedder path (centroid scores, topk, gather, matmul, scatter into a dense [T, V] row, argmax).
+output="topk" (a tree level's k = 2 branches per row) vs the sparse output sorted by torch, the drafter's
+path before the kernel ranked its candidates itself (two stable sorts of the K = 4096 and three gathers).
 
 Floor: all centroids and the K = 4096 candidate rows per token (roofline.centroid_head). The dense
 head's floor (roofline.dense_head) is ~42x larger at E2B shapes: the ratio the issue targets sits
@@ -35,6 +37,16 @@ def hf_masked_embedder_argmax(hidden, centroids, token_ordering, lm_head, top_k:
     mask_value = logits.min().item() - 1.0  # HF syncs with the host here
     dense = torch.full((hidden.shape[0], V), mask_value, dtype=hidden.dtype, device=hidden.device)
     return dense.scatter_(-1, selected, logits).argmax(dim=-1)
+
+
+def sparse_then_sort(hidden, centroids, token_ordering, lm_head, top_k: int, k: int, backend: str):
+    """The k best candidates from the sparse output: stable sorts by id, then by descending logit."""
+    ids, logits = gk.centroid_logits(hidden, centroids, token_ordering, lm_head, top_k=top_k, output="sparse",
+                                     backend=backend)
+    by_id = torch.argsort(ids, dim=1, stable=True)
+    ids, logits = ids.gather(1, by_id), logits.gather(1, by_id)
+    best = torch.argsort(logits, dim=1, descending=True, stable=True)[:, :k]
+    return ids.gather(1, best), logits.gather(1, best)
 
 
 def _inputs(Hd, V, C, T):
@@ -83,4 +95,35 @@ def cases(dry: bool) -> list[Case]:
                      "triton": lambda o, r: {**equal(o[0], r[0]), "logit": close(o[1], r[1])["ok"]},
                      "cuda": lambda o, r: {**equal(o[0], r[0]), "logit": close(o[1], r[1])["ok"]}},
             eager=frozenset({"hf_masked_embedder", "hf_masked_embedder_compile"})))
+    out += topk_cases(dry)
+    return out
+
+
+TOPK = 2  # a (2, 2, 1) tree's branching
+
+
+def topk_cases(dry: bool) -> list[Case]:
+    """output="topk" at a tree level's shapes: T = 1 (the root's children), 2 and 8 (a level of B = 1 and 4)."""
+    grid = [("E2B-tiny", 32, 1024, 64, 4, 2)] if dry else [
+        (n, d["Hd"], d["vocab"], d["centroids"], d["top_k"], T)
+        for n, d in roofline.DRAFTERS.items() if d["centroids"] for T in (1, 2, 8)]
+    out = []
+    for name, Hd, V, C, top_k, T in grid:
+        def call(fn, i, backend, top_k=top_k):
+            return fn(i["hidden"], i["centroids"], i["token_ordering"], i["lm_head"], top_k=top_k, output="topk",
+                      k=TOPK, backend=backend)
+
+        def sorted_sparse(backend, top_k=top_k):
+            return lambda i: (lambda: sparse_then_sort(i["hidden"], i["centroids"], i["token_ordering"],
+                                                       i["lm_head"], top_k, TOPK, backend))
+
+        same = lambda o, r: {**equal(o[0], r[0]), "logit": close(o[1], r[1])["ok"]}  # noqa: E731
+        out.append(Case(
+            op=OP, label=f"{name} top{TOPK} T={T}",
+            params=dict(drafter=name, Hd=Hd, V=V, C=C, top_k=top_k, T=T, output="topk", k=TOPK),
+            cost=roofline.centroid_head(Hd, V, C, top_k, T, output="topk", k=TOPK), make_inputs=_inputs(Hd, V, C, T),
+            reference=lambda i, call=call: call(gk.centroid_logits, i, "torch"),
+            baselines={"sparse_sort_triton": sorted_sparse("triton"), "triton": ours(OP, "triton", call),
+                       "cuda": ours(OP, "cuda", call)},
+            compare={"sparse_sort_triton": same, "triton": same, "cuda": same}))
     return out

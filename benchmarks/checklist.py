@@ -35,6 +35,7 @@ class Prediction(NamedTuple):
 STEP_E2B, STEP_31B = "E2B step B=1 ctx=8192", "31B step B=1 ctx=8192"
 ALL_FOUR = "the four sections of 2026-12-04 after \"Kernel by kernel\""
 ONE_CALL = "A drafter step in one host call"
+TOPK_SECTION = "The centroid head's top-k in its own launch"
 PREDICTIONS = (
     Prediction("E2B step", "drafter_step", STEP_E2B, "triton", 150, 160, 171.3, ALL_FOUR),
     Prediction("31B step", "drafter_step", STEP_31B, "triton", 470, 490, 522.8, ALL_FOUR),
@@ -74,6 +75,12 @@ PREDICTIONS = (
                8.2, 8.8, 9.2, "The attention merges and the centroid scores in fewer dependent loads"),
     Prediction("E2B centroid head, argmax T=1", "centroid_logits", "E2B argmax T=1", "triton", 12.3, 12.8, 13.7,
                "The attention merges and the centroid scores in fewer dependent loads"),
+    Prediction("E2B centroid head, top-2 T=1", "centroid_logits", "E2B top2 T=1", "triton", 12.5, 15.5, None,
+               TOPK_SECTION),
+    Prediction("E2B centroid head top-2 T=1, CUDA", "centroid_logits", "E2B top2 T=1", "cuda", 15, 19, None,
+               TOPK_SECTION),
+    Prediction("E2B top-2 T=1 by sorting the sparse output, less the topk output", "centroid_logits",
+               "E2B top2 T=1", "sparse_sort_triton", 20, 45, None, TOPK_SECTION, minus=("E2B top2 T=1", "triton")),
     Prediction("softmax_sample, 4096 candidates, B=1", "softmax_sample", "centroid head (4096 candidates) B=1",
                "triton", 5, 8, None, "Sampled draft tokens in two launches"),
     Prediction("softmax_sample, V = 262144, B=1", "softmax_sample", "dense head B=1", "triton", 5, 8, None,

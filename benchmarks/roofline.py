@@ -89,12 +89,13 @@ def attention(B: int, Q: int, Hq: int, Hkv: int, D: int, ctx: int, *, window: in
     }, flops=4.0 * B * Q * Hq * n * D)  # q.k and p.v
 
 
-def centroid_head(Hd: int, vocab: int, centroids: int, top_k: int, T: int, *, output: str = "argmax",
+def centroid_head(Hd: int, vocab: int, centroids: int, top_k: int, T: int, *, output: str = "argmax", k: int = 1,
                   E: int = BF16) -> Cost:
     """centroid_logits: all centroids, the K = top_k * V/C candidate rows of lm_head per token."""
     K = top_k * vocab // centroids
     rows = min(T * K, vocab)  # distinct rows: tokens sharing a cluster read its rows once
-    out = {"argmax": T * (TOKEN + 4), "sparse": T * K * (TOKEN + 4), "dense": T * vocab * 4}[output]
+    out = {"argmax": T * (TOKEN + 4), "topk": T * k * (TOKEN + 4), "sparse": T * K * (TOKEN + 4),
+           "dense": T * vocab * 4}[output]
     return Cost("centroid_logits", {
         "centroids": centroids * Hd * E,
         "lm_head gather (centroid)": rows * Hd * E,

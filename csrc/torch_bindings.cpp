@@ -298,6 +298,13 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
     mode = gemma4_mtp::CentroidOutput::kArgmax;
     check_shape(ids, "ids", {T});
     check_shape(logits, "logits", {T});
+  } else if (output == "topk") {  // k = ids.size(1)
+    mode = gemma4_mtp::CentroidOutput::kTopK;
+    G4_CHECK(ids.dim() == 2 && ids.size(1) >= 1 && ids.size(1) <= std::min<int64_t>(K, gemma4_mtp::kMaxTopK),
+             "gemma4_mtp: ids must be [T, k] with 1 <= k <= min(K = top_k * V / C, ", gemma4_mtp::kMaxTopK, ") = ",
+             std::min<int64_t>(K, gemma4_mtp::kMaxTopK), " for output 'topk', got ", ids.sizes());
+    check_shape(ids, "ids", {T, ids.size(1)});
+    check_shape(logits, "logits", {T, ids.size(1)});
   } else if (output == "sparse") {
     mode = gemma4_mtp::CentroidOutput::kSparse;
     check_shape(ids, "ids", {T, K});
@@ -306,7 +313,8 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
     mode = gemma4_mtp::CentroidOutput::kDense;
     check_shape(logits, "logits", {T, V});
   } else {
-    G4_CHECK(false, "gemma4_mtp: output must be 'argmax', 'sparse' or 'dense', got '", std::string(output), "'");
+    G4_CHECK(false, "gemma4_mtp: output must be 'argmax', 'topk', 'sparse' or 'dense', got '", std::string(output),
+             "'");
   }
   check_tensor(logits, "logits", logits.dim(), dev);
   check_dtype(logits, "logits", at::kFloat);
@@ -340,6 +348,7 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
   p.top_k = static_cast<int>(top_k);
   p.V = V;
   p.output = mode;
+  p.k = mode == gemma4_mtp::CentroidOutput::kTopK ? static_cast<int>(ids.size(1)) : 1;
   p.ids = mode == gemma4_mtp::CentroidOutput::kDense ? nullptr : ids.data_ptr<int64_t>();
   p.logits = logits.data_ptr<float>();
   if (T == 0) return;

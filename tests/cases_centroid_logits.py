@@ -111,7 +111,30 @@ def check_all_outputs(args, top_k, what, *, backend="torch", device="cpu", fill_
         exact_tok = float(hidden[t].double() @ lm_head[tok].double())
         assert tok == exp_token or m - exact_tok <= 2 * eps, f"{what} row {t}: {tok} vs {exp_token}"
         assert abs(float(best[t]) - exact_tok) <= eps
+    check_topk(op(*dargs, top_k=top_k, output="topk", k=min(4, top_k * M)), args, order, eps, what)
     return ids, logits, dense
+
+
+def check_topk(got, args, order, eps, what):
+    """output="topk" (ids [T, k], logits [T, k]) against fp64: rank r holds the candidate of fp64 rank r
+    (by descending logit, then lower id) unless their exact logits are within the accumulation error, and
+    its own logit within eps of its exact one; no id twice."""
+    hidden, centroids, ordering, lm_head = args
+    ids, logits = (t.cpu() for t in got)
+    T, k = ids.shape
+    M = lm_head.shape[0] // centroids.shape[0]
+    assert ids.dtype == torch.int64 and logits.dtype == torch.float32 and logits.shape == (T, k)
+    for t in range(T):
+        exp_ids = torch.cat([ordering[c * M:(c + 1) * M] for c in order[t]]).long()
+        exp_logits = (hidden[t].double() @ lm_head[exp_ids].double().T).tolist()
+        ranked = sorted(range(len(exp_ids)), key=lambda i: (-exp_logits[i], int(exp_ids[i])))[:k]
+        assert len(set(ids[t].tolist())) == k, f"{what} row {t}: repeated id in {ids[t].tolist()}"
+        for r, i in enumerate(ranked):
+            tok = int(ids[t, r])
+            exact_tok = float(hidden[t].double() @ lm_head[tok].double())
+            assert tok == int(exp_ids[i]) or abs(exp_logits[i] - exact_tok) <= 2 * eps, \
+                f"{what} row {t} rank {r}: {tok} vs {int(exp_ids[i])}"
+            assert abs(float(logits[t, r]) - exact_tok) <= eps, f"{what} row {t} rank {r}"
 
 
 # Cluster scores with three-way ties (5 at clusters 1, 2, 4), M = 2 tokens per cluster, and the
@@ -127,10 +150,15 @@ def cluster_ties_case(dtype, M=2):
     return (hidden.to(dtype), centroids.to(dtype), ordering, lm_head.to(dtype)), ordering
 
 
+# top_k = 2, k = 4 of argmax_ties_case: 3 and 17 (6, tied: the lower id first), then the lowest ids of
+# the candidates at 0
+ARGMAX_TIES_TOPK = ([3, 17, 0, 1], [6.0, 6.0, 0.0, 0.0])
+
+
 def argmax_ties_case(dtype):
     """Clusters 0 and 1 are selected at top_k = 2 (cluster 1 first); tokens 3 and 17 tie for the best
     logit 6 and the higher id 17 comes first in candidate order; token 19 (also 6) is in an
-    unselected cluster. The argmax must be token 3."""
+    unselected cluster. The argmax must be token 3 (top 4: ARGMAX_TIES_TOPK)."""
     C, M = 4, 5
     ordering = torch.tensor([0, 1, 2, 3, 4, 17, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 19])
     logits = [0.0] * (C * M)
@@ -146,3 +174,5 @@ def check_zero_tokens(backend, device):
     assert g.centroid_logits(*args, top_k=2, output="dense", backend=backend).shape == (0, 12)
     token, best = g.centroid_logits(*args, top_k=2, backend=backend)
     assert token.shape == (0,) and best.shape == (0,)
+    ids, logits = g.centroid_logits(*args, top_k=2, output="topk", k=3, backend=backend)
+    assert ids.shape == (0, 3) and logits.shape == (0, 3)

@@ -4,8 +4,8 @@ import torch
 
 import gemma4_mtp_kernels as g
 from gemma4_mtp_kernels import reference
-from cases_centroid_logits import (DTYPES, TIED_TOP_K, argmax_ties_case, check_all_outputs as check_outputs,
-                                   check_zero_tokens, cluster_ties_case, make)
+from cases_centroid_logits import (ARGMAX_TIES_TOPK, DTYPES, TIED_TOP_K, argmax_ties_case,
+                                   check_all_outputs as check_outputs, check_zero_tokens, cluster_ties_case, make)
 from helpers import DRAFTERS
 
 E2B = DRAFTERS["E2B"]
@@ -60,6 +60,8 @@ def test_argmax_ties_go_to_lowest_vocab_id(dtype):
     assert 19 not in ids[0].tolist()
     token, best = g.centroid_logits(*args, top_k=2, backend="torch")
     assert token.tolist() == [3] and best.tolist() == [6.0]
+    ids, logits = g.centroid_logits(*args, top_k=2, output="topk", k=4, backend="torch")
+    assert (ids[0].tolist(), logits[0].tolist()) == ARGMAX_TIES_TOPK
 
 
 def test_fill_value_zero_and_huge():

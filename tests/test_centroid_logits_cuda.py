@@ -7,8 +7,8 @@ import torch
 
 import gemma4_mtp_kernels as g
 from gemma4_mtp_kernels import cuda as cuda_backend
-from cases_centroid_logits import (DTYPES, TIED_TOP_K, argmax_ties_case, check_all_outputs, check_zero_tokens,
-                                   cluster_ties_case, make, tol)
+from cases_centroid_logits import (ARGMAX_TIES_TOPK, DTYPES, TIED_TOP_K, argmax_ties_case, check_all_outputs,
+                                   check_zero_tokens, cluster_ties_case, make, tol)
 from helpers import DRAFTERS
 
 pytestmark = pytest.mark.gpu
@@ -66,6 +66,8 @@ def test_argmax_ties_go_to_lowest_vocab_id(dtype):
     args = [t.to(DEV) for t in argmax_ties_case(dtype)]
     token, best = g.centroid_logits(*args, top_k=2, backend="cuda")
     assert token.tolist() == [3] and best.tolist() == [6.0]
+    ids, logits = g.centroid_logits(*args, top_k=2, output="topk", k=4, backend="cuda")
+    assert (ids[0].tolist(), logits[0].tolist()) == ARGMAX_TIES_TOPK
 
 
 def test_strided_inputs():
@@ -105,11 +107,12 @@ def test_torch_compile_fullgraph():
     assert (logits.cpu() - want).abs().max() <= tol(args[0].cpu(), args[3].cpu())
 
 
-@pytest.mark.parametrize("output", ["argmax", "sparse", "dense"])
+@pytest.mark.parametrize("output", ["argmax", "topk", "sparse", "dense"])
 def test_opcheck(output):
     hidden, centroids, ordering, lm_head = (t.to(DEV) for t in make(2, 32, 8, 32, torch.float32))
     K = 2 * 4
-    shapes = {"argmax": ((2,), (2,)), "sparse": ((2, K), (2, K)), "dense": ((0,), (2, 32))}[output]
+    shapes = {"argmax": ((2,), (2,)), "topk": ((2, 3), (2, 3)), "sparse": ((2, K), (2, K)),
+              "dense": ((0,), (2, 32))}[output]
     ids = torch.empty(shapes[0], dtype=torch.int64, device=DEV)
     logits = torch.full(shapes[1], float("-inf"), device=DEV)
     cuda_backend._ops()
@@ -123,7 +126,7 @@ def raw_op(args, top_k, output):
     hidden, centroids, ordering, lm_head = args
     T, C, V = hidden.shape[0], centroids.shape[0], ordering.shape[0]
     K = top_k * (V // C)
-    shape = {"argmax": (T,), "sparse": (T, K)}[output]
+    shape = {"argmax": (T,), "topk": (T, 3), "sparse": (T, K)}[output]
     ids = torch.full(shape, -7, dtype=torch.int64, device=DEV)
     logits = torch.full(shape, float("nan"), device=DEV)
     cuda_backend._ops().centroid_logits(hidden, centroids, ordering, lm_head, top_k, output, ids, logits)
@@ -145,6 +148,11 @@ def test_poisoned_outputs_fully_written(T):
     assert (logits[same] - want[same]).abs().max() <= eps
     token, best = raw_op(args, top_k, "argmax")
     assert (token >= 0).all() and not best.isnan().any()
+    top_ids, top_logits = raw_op(args, top_k, "topk")  # k = 3
+    by_id = ids.argsort(dim=1, stable=True)
+    own_ids, own_logits = ids.gather(1, by_id), logits.gather(1, by_id)
+    best_k = own_logits.argsort(dim=1, descending=True, stable=True)[:, :3]
+    assert torch.equal(top_ids, own_ids.gather(1, best_k)) and torch.equal(top_logits, own_logits.gather(1, best_k))
     # the argmax over the kernel's own sparse candidates, ties to the lowest id
     top = logits.max(1, keepdim=True).values
     own = torch.where(logits == top, ids, torch.iinfo(torch.int64).max).min(1).values
@@ -169,6 +177,8 @@ def test_unchecked_bad_ordering_ids_give_nan_not_a_read():
     args = [t.to(DEV) for t in (hidden, centroids, ordering, lm_head)]
     token, best = raw_op(args, 2, "argmax")
     assert token.tolist() == [-1, -1] and best.isnan().all()
+    ids, logits = raw_op(args, 2, "topk")
+    assert (ids == -1).all() and logits.isnan().all()
     ids, logits = raw_op(args, 2, "sparse")
     assert (ids[:, ::4] == -1).all() and logits[:, ::4].isnan().all()
     assert (ids[:, 1::4] >= 0).all() and not logits[:, 1::4].isnan().any()

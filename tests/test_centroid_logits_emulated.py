@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import emulated
-from cases_centroid_logits import DTYPES, TIED_TOP_K, argmax_ties_case, check_all_outputs, cluster_ties_case, make
+from cases_centroid_logits import (ARGMAX_TIES_TOPK, DTYPES, TIED_TOP_K, argmax_ties_case, check_all_outputs,
+                                   cluster_ties_case, make)
 from helpers import DRAFTERS
 
 E2B = DRAFTERS["E2B"]
@@ -37,7 +38,7 @@ class Emulated:
         self.binary, self.dir, self.sms, self.schedule = binary, tmp_path, sms, schedule
         self.last = {}
 
-    def __call__(self, hidden, centroids, ordering, lm_head, *, top_k=32, output="argmax", fill_value=None):
+    def __call__(self, hidden, centroids, ordering, lm_head, *, top_k=32, output="argmax", fill_value=None, k=1):
         d = self.dir
         for name, t in (("hidden", hidden), ("centroids", centroids), ("token_ordering", ordering),
                         ("lm_head", lm_head)):
@@ -46,10 +47,10 @@ class Emulated:
         fill = "" if output != "dense" else f"fill={float('-inf') if fill_value is None else float(fill_value)!r} "
         self.last = emulated.run(self.binary, (
             f"dir={d} dtype={emulated.DTYPE_NAMES[hidden.dtype]} T={T} Hd={Hd} C={C} V={V} top_k={top_k} "
-            f"output={output} {fill}ord64={int(ordering.dtype == torch.int64)} hs={hidden.stride(0)} "
+            f"output={output} k={k} {fill}ord64={int(ordering.dtype == torch.int64)} hs={hidden.stride(0)} "
             f"cs={centroids.stride(0)} ls={lm_head.stride(0)} ho={hidden.storage_offset()} sms={self.sms} "
             f"schedule={self.schedule}"))
-        K = {"argmax": None, "sparse": top_k * (V // C), "dense": V}[output]
+        K = {"argmax": None, "topk": k, "sparse": top_k * (V // C), "dense": V}[output]
         shape = (T,) if K is None else (T, K)
         logits = emulated.read(d / "logits.bin", torch.float32, shape)
         if output == "dense":
@@ -99,3 +100,5 @@ def test_cluster_and_argmax_ties(binary, tmp_path, dtype):
         assert torch.equal(ids[0], torch.cat([ordering[c * M:(c + 1) * M] for c in want])), top_k
     token, best = call(*argmax_ties_case(dtype), top_k=2)
     assert token.tolist() == [3] and best.tolist() == [6.0]
+    ids, logits = call(*argmax_ties_case(dtype), top_k=2, output="topk", k=4)
+    assert (ids[0].tolist(), logits[0].tolist()) == ARGMAX_TIES_TOPK

@@ -7,6 +7,7 @@ other; the test checks each such exception against that bound.
 import pytest
 import torch
 
+from cases_centroid_logits import ARGMAX_TIES_TOPK, argmax_ties_case
 from gemma4_mtp_kernels import centroid_logits
 from helpers import DRAFTERS
 
@@ -76,6 +77,13 @@ def run_all_outputs(T, Hd, C, CS, top_k, dtype, g, inputs=None, dense=True, devi
     tol = Hd * U32 * torch.einsum("td,td->t", hidden.double().abs(), lm_head[token].double().abs()) * 4 + 1e-6
     differs = token != ref_token
     assert bool(((ex_tok - ex_ref).abs()[differs] <= tol[differs]).all()), "argmax differs beyond a near tie"
+    # topk: the best k of the kernel's own candidates (its sparse logits), best first, ties to the lower id
+    k = min(5, top_k * CS)
+    top_ids, top_logits = centroid_logits(*args, top_k=top_k, output="topk", k=k, backend="triton")
+    by_id = ids.argsort(dim=1, stable=True)
+    own_ids, own_logits = ids.gather(1, by_id), logits.gather(1, by_id)
+    best_k = own_logits.argsort(dim=1, descending=True, stable=True)[:, :k]
+    assert torch.equal(top_ids, own_ids.gather(1, best_k)) and torch.equal(top_logits, own_logits.gather(1, best_k))
 
     if not dense:
         return token
@@ -132,6 +140,10 @@ def test_ties_lower_cluster_and_lowest_vocab_id():
     assert got[0, :2].tolist() == [2, 9]
     token = run_all_outputs(T, Hd, C, CS, top_k, torch.float32, g, inputs=(hidden, centroids, ordering, lm_head))
     assert int(token[0]) == min(int(cl2[1]), int(cl2[3]))
+    ids, _ = centroid_logits(hidden, centroids, ordering, lm_head, top_k=top_k, output="topk", k=2, backend="triton")
+    assert ids[0].tolist() == sorted([int(cl2[1]), int(cl2[3])])
+    ids, logits = centroid_logits(*argmax_ties_case(torch.float32), top_k=2, output="topk", k=4, backend="triton")
+    assert (ids[0].tolist(), logits[0].tolist()) == ARGMAX_TIES_TOPK
 
 
 def test_negative_zero_scores_tie_with_zero():
@@ -158,6 +170,8 @@ def test_unchecked_bad_ordering_ids_give_nan_not_a_read():
     ordering[::CS] = 10**9  # the first token of every cluster
     token, logit = triton_impl(hidden, centroids, ordering, lm_head, top_k=top_k, output="argmax")
     assert token.tolist() == [-1, -1] and torch.isnan(logit).all()
+    ids, logits = triton_impl(hidden, centroids, ordering, lm_head, top_k=top_k, output="topk", k=3)
+    assert (ids == -1).all() and torch.isnan(logits).all()
     ids, logits = triton_impl(hidden, centroids, ordering, lm_head, top_k=top_k, output="sparse")
     assert torch.isnan(logits[:, ::CS]).all() and not torch.isnan(logits[:, 1::CS]).any()
     # backends receive the fill the public op resolved (-inf by default)

@@ -99,8 +99,8 @@ def test_opcheck_meta_attention(window, softcap):
                   torch.empty(q.shape[:3], device="meta")))
 
 
-@pytest.mark.parametrize("output,ids_shape,logits_shape", [("argmax", (2,), (2,)), ("sparse", (2, 16), (2, 16)),
-                                                           ("dense", (0,), (2, 64))])
+@pytest.mark.parametrize("output,ids_shape,logits_shape", [("argmax", (2,), (2,)), ("topk", (2, 3), (2, 3)),
+                                                           ("sparse", (2, 16), (2, 16)), ("dense", (0,), (2, 64))])
 def test_opcheck_meta_centroid(output, ids_shape, logits_shape):
     opcheck_meta(ops().centroid_logits,
                  (*centroid_args("meta"), 2, output, torch.empty(ids_shape, dtype=torch.long, device="meta"),
@@ -194,6 +194,7 @@ CASES = {
     "attention_no_lse": (lambda d: (attention_args(d), dict()), "q_only_paged_attention"),
     "centroid_argmax": (lambda d: (centroid_args(d), dict(top_k=2)), "centroid_logits"),
     "centroid_sparse": (lambda d: (centroid_args(d), dict(top_k=3, output="sparse")), "centroid_logits"),
+    "centroid_topk": (lambda d: (centroid_args(d), dict(top_k=3, output="topk", k=2)), "centroid_logits"),
     "centroid_dense": (lambda d: (centroid_args(d), dict(top_k=3, output="dense", fill_value=-1.0)), "centroid_logits"),
     "tree_greedy": (lambda d: (tree_args(d), dict()), "tree_verify"),
     "rms_norm_linear": (lambda d: glue_args(d), "rms_norm_linear"),

@@ -124,6 +124,16 @@ def test_top_tokens_follow_the_dense_logits(models):
         assert top[t].tolist() == expect.tolist()
 
 
+def test_max_branch_is_what_top_tokens_can_give():
+    """A tree level's branching is the head's top-k: its candidates, at most 16 (E2B: 4096 candidates)."""
+    from gemma4_mtp.drafter import random_drafter
+    assert random_drafter("E2B", device="meta").max_branch == 16
+    assert random_drafter("31B", device="meta").max_branch == 16
+    small = random_drafter(dict(Hb=32, Hd=16, inter=32, Hq=2, Hkv_swa=1, Hkv_full=1, D_swa=64, D_full=64, window=8,
+                                vocab=64, centroids=16, top_k=2), device="meta")
+    assert small.max_branch == 8  # 2 clusters of 4 tokens
+
+
 @torch.no_grad()
 @contextlib.contextmanager
 def _one_request(target, drafter, seed):

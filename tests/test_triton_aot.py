@@ -86,7 +86,8 @@ def test_the_awkward_paths_are_recorded(compiled):
     assert any(r["signature"].get("part_ptr") == "*fp32" for r in down)  # split-K partials
     assert any("part_ptr" in r["none_args"] for r in down)  # the direct store
     head = names["_head"]
-    assert {r["constexprs"]["OUTPUT"] for r in head} == {"argmax", "sparse", "dense"}
+    assert {r["constexprs"]["OUTPUT"] for r in head} == {"argmax", "topk", "sparse", "dense"}
+    assert {r["constexprs"]["OUT_K2"] for r in head if r["constexprs"]["OUTPUT"] == "topk"} == {2, 16}
     verify = names["_verify"]
     greedy = [r for r in verify if r["constexprs"]["HAS_TEMP"] is False]
     # greedy launches: the sampling pointers are None (the first GPU run's compile failure)

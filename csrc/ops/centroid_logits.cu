@@ -5,6 +5,7 @@
 namespace gemma4_mtp {
 
 static_assert(kMaxCentroids == centroid::kMaxCentroids, "launchers.h and the kernel agree");
+static_assert(kMaxTopK == centroid::kMaxTopK, "launchers.h and the kernel agree");
 
 int64_t prepare_centroid_logits(CentroidParams& p, int num_sms) { return centroid_prepare(p, num_sms); }
 

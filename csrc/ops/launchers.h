@@ -23,6 +23,7 @@ int64_t prepare_attention(DType dtype, AttentionParams& p, int num_sms, int64_t*
 cudaError_t launch_q_only_paged_attention(DType dtype, const AttentionParams& p, cudaStream_t stream);
 
 constexpr int kMaxCentroids = 4096;
+constexpr int kMaxTopK = 16;  // centroid_logits' topk answers per token
 constexpr int kCentroidCounters = 2;
 // Fills p.grid, p.chunks, p.rows for this device; returns the workspace size in bytes.
 int64_t prepare_centroid_logits(CentroidParams& p, int num_sms);

@@ -108,7 +108,7 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
     return (out, lse) if return_lse else out
 
 
-def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, output="argmax", fill_value=None):
+def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, output="argmax", fill_value=None, k=1):
     op = "centroid_logits"
     T = hidden.shape[0]
     C = centroids.shape[0]
@@ -119,6 +119,9 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
     if output == "argmax":
         ids = torch.empty((T,), dtype=torch.int64, device=dev)
         logits = torch.empty((T,), dtype=torch.float32, device=dev)
+    elif output == "topk":  # the op reads k from the shape of ids
+        ids = torch.empty((T, k), dtype=torch.int64, device=dev)
+        logits = torch.empty((T, k), dtype=torch.float32, device=dev)
     elif output == "sparse":
         K = top_k * (V // C)
         ids = torch.empty((T, K), dtype=torch.int64, device=dev)

@@ -5,12 +5,13 @@ import torch
 
 from .. import _checks as C
 from .._dispatch import resolve
+from .dense_lm_head import MAX_K
 
 OP = "centroid_logits"
-OUTPUTS = ("argmax", "sparse", "dense")
+OUTPUTS = ("argmax", "topk", "sparse", "dense")
 
 
-def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, output="argmax", fill_value=None,
+def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, output="argmax", fill_value=None, k=1,
                     backend="auto"):
     """Two-stage centroid LM head of the E2B/E4B drafters.
 
@@ -18,6 +19,8 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
     token_ordering[c*V/C:(c+1)*V/C]); lm_head [V, Hd]. Stage 1 keeps the top_k clusters by
     hidden @ centroids.T (ties to the lower cluster index), stage 2 scores their K = top_k * V/C tokens.
     output="argmax" -> (token [T] int64, logit [T] fp32), ties to the lowest vocabulary id;
+    output="topk"   -> (ids [T, k] int64, logits [T, k] fp32), the k best candidates, best first, ties to
+                       the lower id (a NaN logit above every number, as torch sorts); 1 <= k <= min(K, 16);
     output="sparse" -> (ids [T, K] int64, logits [T, K] fp32) in cluster order, then ordering order;
     output="dense"  -> [T, V] fp32, non-candidates = fill_value (default -inf).
     """
@@ -45,6 +48,11 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
         C.fail_value(OP, "top_k", f"<= the number of centroids {Cn}", top_k)
     if output not in OUTPUTS:
         C.fail_value(OP, "output", f"one of {OUTPUTS}", repr(output))
+    C.positive_int(OP, "k", k)
+    if output == "topk" and k > min(top_k * (V // Cn), MAX_K):
+        C.fail_value(OP, "k", f"<= min(K = top_k * V / C, {MAX_K}) = {min(top_k * (V // Cn), MAX_K)}", k)
+    if k != 1 and output != "topk":
+        C.fail_value(OP, "k", "1 unless output='topk'", k)
     if fill_value is not None:
         if output != "dense":
             C.fail_value(OP, "fill_value", "None unless output='dense'", fill_value)
@@ -55,9 +63,9 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
         if V and int(torch.bincount(token_ordering.long(), minlength=V).max()) != 1:
             C.fail_value(OP, "token_ordering", f"a permutation of [0, {V})", "repeated ids")
     impl = resolve(OP, backend, hidden.device, hidden.dtype,
-                   {"T": T, "Hd": Hd, "C": Cn, "V": V, "top_k": top_k, "output": output})
+                   {"T": T, "Hd": Hd, "C": Cn, "V": V, "top_k": top_k, "output": output, "k": k})
     return impl(hidden, centroids, token_ordering, lm_head, top_k=top_k, output=output,
-                fill_value=_dense_fill(output, fill_value))
+                fill_value=_dense_fill(output, fill_value), k=k)
 
 
 def _dense_fill(output, fill_value):

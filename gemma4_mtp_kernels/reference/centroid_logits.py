@@ -11,7 +11,7 @@ def candidates(hidden, centroids, token_ordering, top_k):
     return clusters[top].reshape(hidden.shape[0], top_k * clusters.shape[1])
 
 
-def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, output="argmax", fill_value=None):
+def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, output="argmax", fill_value=None, k=1):
     T = hidden.shape[0]
     V = lm_head.shape[0]
     ids = candidates(hidden, centroids, token_ordering, top_k)  # [T, K]
@@ -21,6 +21,11 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
     if output == "dense":
         dense = torch.full((T, V), fill_value, dtype=torch.float32, device=hidden.device)
         return dense.scatter_(1, ids, logits)
+    if output == "topk":  # best first, ties to the lower id (stable sorts: by id, then by descending logit)
+        by_id = torch.argsort(ids, dim=1, stable=True)
+        ids, logits = ids.gather(1, by_id), logits.gather(1, by_id)
+        best = torch.sort(logits, dim=1, descending=True, stable=True).indices[:, :k]
+        return ids.gather(1, best), logits.gather(1, best)
     # argmax, ties to the lowest vocabulary id
     best = logits.max(dim=1, keepdim=True).values
     big = torch.iinfo(torch.int64).max

@@ -181,19 +181,22 @@ def _down_proj_scenarios() -> Iterator[Scenario]:
 
 
 def _centroid_scenarios() -> Iterator[Scenario]:
-    def call(dtype, T, d, output, order=torch.int64):
+    def call(dtype, T, d, output, order=torch.int64, k=1):
         C, V, Hd = d["centroids"], d["vocab"], d["Hd"]
         fill = -1e30 if output == "dense" else None
         return lambda: g.centroid_logits(_meta((T, Hd), dtype), _meta((C, Hd), dtype), _meta((V,), order),
                                          _meta((V, Hd), dtype), top_k=d["top_k"], output=output, fill_value=fill,
-                                         backend="triton")
+                                         k=k, backend="triton")
 
-    for (dname, dtype), (name, d), T, output in itertools.product(DTYPES.items(), DRAFTERS.items(), TOKENS[:3],
-                                                                  ("argmax", "sparse", "dense")):
-        if d["centroids"] is None:
+    # topk: a tree level's branching (2) and the most a call may ask (16; one token), in the drafters' dtype
+    # (its selection is integer code: the other dtypes change only what the argmax launches compile too)
+    outputs = (("argmax", 1), ("sparse", 1), ("dense", 1), ("topk", 2), ("topk", 16))
+    for (dname, dtype), (name, d), T, (output, k) in itertools.product(DTYPES.items(), DRAFTERS.items(), TOKENS[:3],
+                                                                       outputs):
+        if d["centroids"] is None or (output == "topk" and (dname != "bf16" or (k == 16 and T != 1))):
             continue
-        what = f"centroid {dname} {name} T={T} {output}"
-        yield Scenario(what, dname, call(dtype, T, d, output))
+        what = f"centroid {dname} {name} T={T} {output}" + (f" k={k}" if output == "topk" else "")
+        yield Scenario(what, dname, call(dtype, T, d, output, k=k))
         if dname == "bf16":
             yield Scenario(what + ", int32 ordering", dname, call(dtype, T, d, output, torch.int32))
 

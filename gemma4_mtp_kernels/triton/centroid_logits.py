@@ -20,12 +20,14 @@ programs (at most one per SM, a cooperative launch so that all are resident), th
    lm_head through token_ordering and dots them with hidden[t] in fp32: "sparse" writes ids and
    logits at [t, j * V/C + r] (cluster order, then token_ordering order), "dense" scatters into the
    row pre-filled with fill_value, "argmax" keeps a running (logit, lowest id) per token and stores
-   one partial per (token, program); nothing of size K reaches memory.
-3. The last program to finish (a second counter) reduces the argmax partials of every token and
-   resets both counters (no per-call memset: gemma4_mtp_kernels._counters).
+   one partial per (token, program), "topk" keeps the token's best OUT_K2 = next_pow2(k) keys (the
+   logit's order bits, then the inverted id: descending keys are the reference's order), merging each
+   item's tl.topk into them, and stores them as its partial; nothing of size K reaches memory.
+3. The last program to finish (a second counter) reduces the argmax (topk: tl.topk of the owners' keys)
+   partials of every token and resets both counters (no per-call memset: gemma4_mtp_kernels._counters).
 An out-of-range id in token_ordering (not validated on the GPU) is never dereferenced: its logit is
-NaN and its sparse id -1, it is skipped by the dense scatter, and it makes its token's argmax
-(-1, NaN), as in the CUDA backend.
+NaN and its sparse id -1, it is skipped by the dense scatter, and it makes its token's argmax and
+every top-k answer (-1, NaN), as in the CUDA backend.
 Under the interpreter programs run one after another, so a spinning barrier cannot work there: the
 same kernel is launched twice (phase 1, then phases 2-3), the barrier compiled out. Only the GPU runs
 the one-launch form.
@@ -96,13 +98,73 @@ def _top_clusters(score_row, C, BLOCK_CC: tl.constexpr, K2: tl.constexpr, ROW: t
     return top
 
 
-@triton.jit(do_not_specialize=["T"])
-def _head(h_ptr, c_ptr, order_ptr, lm_ptr, score_ptr, part_val_ptr, part_id_ptr, cnt_ptr, ids_ptr, logit_ptr, dense_ptr,
-          T, C, V, Hd, CS, top_k, chunks, rows, items, order_lines, s_h, s_c, s_lm, s_dense,
+@triton.jit
+def _logit_key(logit, ids):
+    """Distinct int64 keys of (logit, id) whose descending order is the reference's (higher logit, then
+    lower id; NaN above every number): 32 order bits of the logit (as _keys), then 2^31 - 1 - id."""
+    bits = tl.where(logit == 0.0, 0.0, logit).to(tl.int32, bitcast=True)
+    bits = tl.where(logit != logit, 0x7FFFFFFF, bits)  # every NaN ranks first
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64) + 2147483648
+    return (ordered << 31) | (2147483647 - ids)
+
+
+@triton.jit
+def _key_logit(key):
+    """The logit and id of a _logit_key."""
+    x = ((key >> 31) - 2147483648).to(tl.int32)
+    bits = tl.where(x < 0, x ^ 0x7FFFFFFF, x)
+    return bits.to(tl.float32, bitcast=True), 2147483647 - (key & 2147483647)
+
+
+@triton.jit
+def _flush(part_val_ptr, part_id_ptr, part_key_ptr, t, pid, G, best, best_id, run, bad, OUT_K2: tl.constexpr,
+           OUTPUT: tl.constexpr):
+    """Program pid's partial of token t: its argmax, or its best OUT_K2 keys and whether it met a bad id."""
+    if OUTPUT == "argmax":
+        tl.store(part_val_ptr + t * G + pid, tl.where(bad, float("nan"), best))
+        tl.store(part_id_ptr + t * G + pid, tl.where(bad, BAD_ID, best_id))
+    elif OUTPUT == "topk":
+        tl.store(part_key_ptr + (t * G + pid) * OUT_K2 + tl.arange(0, OUT_K2), run)
+        tl.store(part_id_ptr + t * G + pid, tl.where(bad, BAD_ID, 0))
+
+
+@triton.jit
+def _merge_argmax(part_val_ptr, part_id_ptr, ids_ptr, logit_ptr, t, G, prog, owns):
+    """Token t's argmax from the partials of the programs `prog` that own its items."""
+    v = tl.load(part_val_ptr + t * G + prog, mask=owns, other=float("-inf"), cache_modifier=".cg")
+    vid = tl.load(part_id_ptr + t * G + prog, mask=owns, other=NO_ID, cache_modifier=".cg")
+    any_bad = tl.sum((owns & (vid == BAD_ID)).to(tl.int32), axis=0) > 0
+    m = tl.max(v, axis=0)
+    tok = tl.min(tl.where(owns & (v == m), vid, NO_ID), axis=0)
+    none = any_bad | (tok == NO_ID)
+    tl.store(ids_ptr + t, tl.where(none, -1, tok).to(tl.int64))
+    tl.store(logit_ptr + t, tl.where(none, float("nan"), m))
+
+
+@triton.jit
+def _merge_topk(part_id_ptr, part_key_ptr, ids_ptr, logit_ptr, t, G, prog, owns, k_out, BLOCK_G: tl.constexpr,
+                OUT_K2: tl.constexpr):
+    """Token t's k_out best keys from the partials of the programs `prog` that own its items; a bad id
+    met by any of them makes every answer (-1, NaN), as argmax does."""
+    j = tl.arange(0, OUT_K2)
+    keys = tl.load(part_key_ptr + (t * G + prog)[:, None] * OUT_K2 + j[None, :], mask=owns[:, None], other=-1,
+                   cache_modifier=".cg")
+    flags = tl.load(part_id_ptr + t * G + prog, mask=owns, other=0, cache_modifier=".cg")
+    any_bad = tl.sum((flags == BAD_ID).to(tl.int32), axis=0) > 0
+    top = tl.topk(tl.reshape(keys, [BLOCK_G * OUT_K2]), OUT_K2)
+    logit, tok = _key_logit(top)
+    tl.store(ids_ptr + t * k_out + j, tl.where(any_bad, -1, tok), mask=j < k_out)
+    tl.store(logit_ptr + t * k_out + j, tl.where(any_bad, float("nan"), logit), mask=j < k_out)
+
+
+@triton.jit(do_not_specialize=["T", "k_out"])
+def _head(h_ptr, c_ptr, order_ptr, lm_ptr, score_ptr, part_val_ptr, part_id_ptr, part_key_ptr, cnt_ptr, ids_ptr,
+          logit_ptr, dense_ptr, T, C, V, Hd, CS, top_k, chunks, rows, items, order_lines, k_out, s_h, s_c, s_lm,
+          s_dense,
           BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
           BLOCK_CC: tl.constexpr, K2: tl.constexpr, ROW: tl.constexpr, IDX_BITS: tl.constexpr,
           TWO_LEVEL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
-          BLOCK_G: tl.constexpr, LINE_ELEMS: tl.constexpr, OUTPUT: tl.constexpr,
+          BLOCK_G: tl.constexpr, LINE_ELEMS: tl.constexpr, OUT_K2: tl.constexpr, OUTPUT: tl.constexpr,
           SCORES: tl.constexpr, CANDIDATES: tl.constexpr, BARRIER: tl.constexpr,
           PREC: tl.constexpr, INTERP: tl.constexpr):
     pid = tl.program_id(0)
@@ -137,6 +199,7 @@ def _head(h_ptr, c_ptr, order_ptr, lm_ptr, score_ptr, part_val_ptr, part_id_ptr,
         top = tl.zeros((K2,), dtype=tl.int64)
         best = float("-inf")
         best_id = NO_ID
+        run = tl.full((OUT_K2,), -1, tl.int64)  # topk: the program's best keys of the current token, descending
         bad = False
         kk = tl.arange(0, K2)
         for i in range(pid.to(tl.int64) * items // G, i1):
@@ -144,13 +207,13 @@ def _head(h_ptr, c_ptr, order_ptr, lm_ptr, score_ptr, part_val_ptr, part_id_ptr,
             j = (i % per_token) // chunks
             q = i % chunks
             if t != current:
-                if OUTPUT == "argmax":
-                    if current >= 0:
-                        tl.store(part_val_ptr + current * G + pid, tl.where(bad, float("nan"), best))
-                        tl.store(part_id_ptr + current * G + pid, tl.where(bad, BAD_ID, best_id))
+                if current >= 0:
+                    _flush(part_val_ptr, part_id_ptr, part_key_ptr, current, pid, G, best, best_id, run, bad, OUT_K2,
+                           OUTPUT)
                 top = _top_clusters(score_ptr + t * C, C, BLOCK_CC, K2, ROW, IDX_BITS, TWO_LEVEL)
                 best = float("-inf")
                 best_id = NO_ID
+                run = tl.full((OUT_K2,), -1, tl.int64)
                 bad = False
                 current = t
             key = tl.sum(tl.where(kk == j, top, 0), axis=0)
@@ -168,7 +231,11 @@ def _head(h_ptr, c_ptr, order_ptr, lm_ptr, score_ptr, part_val_ptr, part_id_ptr,
                             other=0.0)
                 h = tl.load(h_row + d, mask=d < Hd, other=0.0)
                 logit += tl.sum(w.to(tl.float32) * h.to(tl.float32)[None, :], axis=1)
-            if OUTPUT == "argmax":
+            if OUTPUT == "topk":
+                bad = bad | (tl.sum((r_mask & ~id_ok).to(tl.int32), axis=0) > 0)
+                mine = tl.topk(tl.where(id_ok, _logit_key(logit, ids), -1), OUT_K2)
+                run = tl.topk(tl.reshape(tl.join(run, mine), [2 * OUT_K2]), OUT_K2)
+            elif OUTPUT == "argmax":
                 bad = bad | (tl.sum((r_mask & ~id_ok).to(tl.int32), axis=0) > 0)
                 logit = tl.where(r_mask, logit, float("-inf"))
                 m = tl.max(logit, axis=0)
@@ -182,15 +249,13 @@ def _head(h_ptr, c_ptr, order_ptr, lm_ptr, score_ptr, part_val_ptr, part_id_ptr,
                 tl.store(logit_ptr + out, tl.where(id_ok, logit, float("nan")), mask=r_mask)
             else:
                 tl.store(dense_ptr + t * s_dense + ids, logit, mask=id_ok)
-        if OUTPUT == "argmax":
-            if current >= 0:
-                tl.store(part_val_ptr + current * G + pid, tl.where(bad, float("nan"), best))
-                tl.store(part_id_ptr + current * G + pid, tl.where(bad, BAD_ID, best_id))
+        if current >= 0:
+            _flush(part_val_ptr, part_id_ptr, part_key_ptr, current, pid, G, best, best_id, run, bad, OUT_K2, OUTPUT)
         # the last program to get here has every partial, and every program is past the barrier
         tl.debug_barrier()
         done = tl.atomic_add(cnt_ptr + 1, 1, sem="acq_rel", scope="gpu")
         if done == G - 1:
-            if OUTPUT == "argmax":
+            if OUTPUT == "argmax" or OUTPUT == "topk":
                 g = tl.arange(0, BLOCK_G)
                 for t in range(0, T):
                     first = (tl.zeros((), tl.int64) + t) * per_token
@@ -199,14 +264,11 @@ def _head(h_ptr, c_ptr, order_ptr, lm_ptr, score_ptr, part_val_ptr, part_id_ptr,
                     prog = lo + g
                     # programs that own items of t (ones with an empty range wrote nothing)
                     owns = (prog <= hi) & (prog * items // G < (prog + 1) * items // G)
-                    v = tl.load(part_val_ptr + t * G + prog, mask=owns, other=float("-inf"), cache_modifier=".cg")
-                    vid = tl.load(part_id_ptr + t * G + prog, mask=owns, other=NO_ID, cache_modifier=".cg")
-                    any_bad = tl.sum((owns & (vid == BAD_ID)).to(tl.int32), axis=0) > 0
-                    m = tl.max(v, axis=0)
-                    tok = tl.min(tl.where(owns & (v == m), vid, NO_ID), axis=0)
-                    none = any_bad | (tok == NO_ID)
-                    tl.store(ids_ptr + t, tl.where(none, -1, tok).to(tl.int64))
-                    tl.store(logit_ptr + t, tl.where(none, float("nan"), m))
+                    if OUTPUT == "topk":
+                        _merge_topk(part_id_ptr, part_key_ptr, ids_ptr, logit_ptr, t, G, prog, owns, k_out, BLOCK_G,
+                                    OUT_K2)
+                    else:
+                        _merge_argmax(part_val_ptr, part_id_ptr, ids_ptr, logit_ptr, t, G, prog, owns)
             tl.store(cnt_ptr, 0)
             tl.store(cnt_ptr + 1, 0)
 
@@ -233,20 +295,23 @@ def plan(T: int, top_k: int, CS: int, C: int, sms: int) -> dict:
     return dict(grid=grid, chunks=chunks, rows=rows, items=items)
 
 
-def launch_config(T: int, C: int, CS: int, Hd: int, top_k: int, rows: int) -> dict:
-    """Compile-time tiles of a call (also used by the AOT compile check)."""
+def launch_config(T: int, C: int, CS: int, Hd: int, top_k: int, rows: int, k: int = 1) -> dict:
+    """Compile-time tiles of a call (also used by the AOT compile check). k: output="topk"'s count."""
     idx_bits = max(1, (C - 1).bit_length())
     block_cc = pow2_at_least(C, 2)
     k2 = pow2_at_least(top_k, 2)  # tl.topk needs k >= 2
-    block_r = pow2_at_least(rows, 2)  # a [BLOCK_R, BLOCK_D] tile of rows: 32 x 256 at T = 1, 128 x 128 at T = 64
-    return dict(BLOCK_C=CENTROIDS_PER_PROGRAM, BLOCK_K=min(SCORE_BLOCK_K, pow2_at_least(Hd, 16)),
+    out_k2 = pow2_at_least(k, 2)
+    # a [BLOCK_R, BLOCK_D] tile of rows: 32 x 256 at T = 1, 128 x 128 at T = 64; topk takes the best
+    # OUT_K2 of an item's rows (BLOCK_R >= OUT_K2, padding rows masked)
+    block_r = max(pow2_at_least(rows, 2), out_k2)
+    return dict(OUT_K2=out_k2, BLOCK_C=CENTROIDS_PER_PROGRAM, BLOCK_K=min(SCORE_BLOCK_K, pow2_at_least(Hd, 16)),
                 BLOCK_T=min(64, pow2_at_least(T, 16)), BLOCK_CC=block_cc, K2=k2, ROW=ROW,
                 IDX_BITS=idx_bits, TWO_LEVEL=block_cc >= k2 * ROW and block_cc > ROW,
                 BLOCK_R=block_r, BLOCK_D=min(16384 // block_r, 256, pow2_at_least(Hd, 16)), BLOCK_P=256,
                 num_warps=8, num_stages=2)
 
 
-def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, output="argmax", fill_value=None):
+def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, output="argmax", fill_value=None, k=1):
     T, Hd = hidden.shape
     C = centroids.shape[0]
     V = lm_head.shape[0]
@@ -257,6 +322,9 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
     if output == "argmax":
         ids = torch.empty(T, dtype=torch.int64, device=dev)
         logits = torch.empty(T, dtype=torch.float32, device=dev)
+    elif output == "topk":
+        ids = torch.empty(T, k, dtype=torch.int64, device=dev)
+        logits = torch.empty(T, k, dtype=torch.float32, device=dev)
     elif output == "sparse":
         ids = torch.empty(T, K, dtype=torch.int64, device=dev)
         logits = torch.empty(T, K, dtype=torch.float32, device=dev)
@@ -264,21 +332,23 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
         dense = torch.full((T, V), fill_value, dtype=torch.float32, device=dev)
     if T > 0:
         pl = plan(T, top_k, CS, C, num_sms(dev))
-        cfg = launch_config(T, C, CS, Hd, top_k, pl["rows"])
+        cfg = launch_config(T, C, CS, Hd, top_k, pl["rows"], k)
         G = pl["grid"]
         scores = torch.empty(T, C, dtype=torch.float32, device=dev)
         pval = torch.empty(T, G, dtype=torch.float32, device=dev)
-        pids = torch.empty(T, G, dtype=torch.int32, device=dev)
+        pids = torch.empty(T, G, dtype=torch.int32, device=dev)  # argmax: ids; topk: bad-id flags
+        pkeys = torch.empty(T, G, cfg["OUT_K2"], dtype=torch.int64, device=dev) if output == "topk" else pids
         counters = zeroed_counters(dev, COUNTERS, "triton.centroid_logits")
         line_elems = LINE // token_ordering.element_size()
         interp = interpreting(dev)
-        args = (hidden, centroids, token_ordering, lm_head, scores, pval, pids, counters, ids, logits, dense,
-                T, C, V, Hd, CS, top_k, pl["chunks"], pl["rows"], pl["items"], cdiv(V, line_elems),
+        args = (hidden, centroids, token_ordering, lm_head, scores, pval, pids, pkeys, counters, ids, logits, dense,
+                T, C, V, Hd, CS, top_k, pl["chunks"], pl["rows"], pl["items"], cdiv(V, line_elems), k,
                 hidden.stride(0), centroids.stride(0), lm_head.stride(0), V)
         consts = dict(BLOCK_C=cfg["BLOCK_C"], BLOCK_T=cfg["BLOCK_T"], BLOCK_K=cfg["BLOCK_K"],
                       BLOCK_CC=cfg["BLOCK_CC"], K2=cfg["K2"], ROW=cfg["ROW"], IDX_BITS=cfg["IDX_BITS"],
                       TWO_LEVEL=cfg["TWO_LEVEL"], BLOCK_R=cfg["BLOCK_R"], BLOCK_D=cfg["BLOCK_D"],
-                      BLOCK_P=cfg["BLOCK_P"], BLOCK_G=pow2_at_least(G, 2), LINE_ELEMS=line_elems, OUTPUT=output,
+                      BLOCK_P=cfg["BLOCK_P"], BLOCK_G=pow2_at_least(G, 2), LINE_ELEMS=line_elems,
+                      OUT_K2=cfg["OUT_K2"], OUTPUT=output,
                       PREC=dot_precision(hidden.dtype), INTERP=interp, num_warps=cfg["num_warps"],
                       num_stages=cfg["num_stages"])
         if interp:  # programs run one after another: the barrier becomes a second launch

@@ -344,19 +344,16 @@ class Gemma4MTPDrafter(nn.Module):
             tok, _ = K.centroid_logits(flat, self.centroids.weight, self.token_ordering, self.lm_head_weight,
                                        top_k=self.config.centroid_top_k, output="argmax", backend=self.backend)
             return tok.view(*last.shape[:-1], 1)
-        ids, scores = K.centroid_logits(flat, self.centroids.weight, self.token_ordering, self.lm_head_weight,
-                                        top_k=self.config.centroid_top_k, output="sparse", backend=self.backend)
-        by_id = torch.argsort(ids, dim=1, stable=True)
-        ids, scores = ids.gather(1, by_id), scores.gather(1, by_id)
-        best = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :k]
-        return ids.gather(1, best).view(*last.shape[:-1], k)
+        ids, _ = K.centroid_logits(flat, self.centroids.weight, self.token_ordering, self.lm_head_weight,
+                                   top_k=self.config.centroid_top_k, output="topk", k=k, backend=self.backend)
+        return ids.view(*last.shape[:-1], k)
 
     @property
     def max_branch(self) -> int:
-        """The most children a tree node can get from `top_tokens` (its candidate count)."""
+        """The most children a tree node can get from `top_tokens`: the head's candidates, at most 16 (its top-k)."""
         c = self.config
         if c.use_ordered_embeddings:
-            return c.centroid_top_k * (c.text.vocab_size // c.num_centroids)
+            return min(c.centroid_top_k * (c.text.vocab_size // c.num_centroids), K.DENSE_LM_HEAD_MAX_K)
         return min(c.text.vocab_size, K.DENSE_LM_HEAD_MAX_K)
 
 

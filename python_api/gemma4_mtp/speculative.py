@@ -239,8 +239,8 @@ def speculative_generate(target, drafter, prompt_ids, *, max_new_tokens: int, nu
     if sample_drafts is None:
         sample_drafts = sampling and tree is None and drafter is not None
     if tree is not None and max(tree) > drafter.max_branch:
-        raise ValueError(f"tree: branch count {max(tree)} exceeds the drafter head's candidate count "
-                         f"{drafter.max_branch}")
+        raise ValueError(f"tree: branch count {max(tree)} exceeds the drafter head's top-k: {drafter.max_branch} "
+                         f"candidates (its candidate count, at most {K.DENSE_LM_HEAD_MAX_K})")
     graphs = None
     if drafter is not None:
         graphs = _graphs(drafter, target, cuda_graphs)

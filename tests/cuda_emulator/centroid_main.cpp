@@ -3,11 +3,11 @@
 // tests/test_centroid_logits_emulated.py wrote to a directory; writes the outputs back there. Prints one
 // line "OK ..." or "FAIL ..." (exit 1).
 //
-//   dir=PATH dtype=bf16|f16|f32 T= Hd= C= V= top_k= output=argmax|sparse|dense fill= ord64=0|1 sms=
+//   dir=PATH dtype=bf16|f16|f32 T= Hd= C= V= top_k= output=argmax|topk|sparse|dense k= fill= ord64=0|1 sms=
 //   schedule=rr|ahead|behind (emu::Schedule: ahead / behind run each program as far as it goes)
 //   hs= cs= ls= (row strides of the hidden states, centroids, LM head) ho= (the hidden states' offset)
 // Inputs: DIR/{hidden,centroids,token_ordering,lm_head}.bin (io.h: allocations of exactly their extent).
-// Outputs DIR/ids.bin (argmax, sparse) and DIR/logits.bin start poisoned (-1, NaN; dense: the fill
+// Outputs DIR/ids.bin (argmax, topk, sparse) and DIR/logits.bin start poisoned (-1, NaN; dense: the fill
 // value, as the binding fills it), the workspace with NaN bits, the two counters zero; the launch must
 // be the only one and leave them zero.
 #include <cmath>
@@ -39,9 +39,12 @@ int run(Args& a) {
   Buffer ordering = load(dir, "token_ordering", 1, V, V, ord64 ? 8 : 4);
   Buffer head = load(dir, "lm_head", V, Hd, ls, E);
   CentroidParams p{};
-  p.output = output == "argmax" ? CentroidOutput::kArgmax : output == "sparse" ? CentroidOutput::kSparse
-                                                                                : CentroidOutput::kDense;
-  const int64_t K = output == "argmax" ? 1 : output == "sparse" ? top_k * (V / C) : V;
+  p.output = output == "argmax"   ? CentroidOutput::kArgmax
+             : output == "topk"   ? CentroidOutput::kTopK
+             : output == "sparse" ? CentroidOutput::kSparse
+                                  : CentroidOutput::kDense;
+  p.k = static_cast<int>(a.num("k", 1));
+  const int64_t K = output == "argmax" ? 1 : output == "topk" ? p.k : output == "sparse" ? top_k * (V / C) : V;
   Buffer ids = strided(output == "dense" ? 0 : T_, K, K, 8), logits = strided(T_, K, K, 4);
   if (output == "dense") {
     const float fill = std::stof(a.str("fill"));

@@ -467,6 +467,15 @@ inline unsigned __match_any_sync(unsigned, unsigned v) {
     if (buf[l][0] == mine) peers |= 1u << l;
   return peers;
 }
+// Bit l set where lane l's predicate holds (every lane takes part).
+inline unsigned __ballot_sync(unsigned, int pred) {
+  uint64_t mine = pred != 0;
+  const auto buf = emu::exchange(&mine, 1);
+  unsigned bits = 0;
+  for (int l = 0; l < 32; ++l)
+    if (buf[l][0]) bits |= 1u << l;
+  return bits;
+}
 inline unsigned __reduce_add_sync(unsigned, unsigned v) {
   uint64_t mine = v;
   const auto buf = emu::exchange(&mine, 1);

@@ -9,9 +9,10 @@
 //      itself (radix select over the order bits of the C scores read from L2, then the rank of each
 //      selected cluster), then computes the items' logits: each warp loads 8 candidate rows at once,
 //      lanes split the hidden dimension. Sparse and dense outputs are written directly; argmax keeps
-//      a running (logit, id) per program and token.
-//   3. the last program to finish (a counter) reduces the argmax partials of every token and resets
-//      the counters for the next launch.
+//      a running (logit, id) per program and token; topk a running list of the k best keys per warp
+//      (lane r holds rank r), whose union the program ranks into its k best per token.
+//   3. the last program to finish (a counter) reduces the argmax (topk) partials of every token and
+//      resets the counters for the next launch.
 // Why one launch: at E2B/E4B shapes the bytes (1 MiB of centroids, 2 MiB of candidate rows per token)
 // take < 1 us at H200 bandwidth, so launches and dependent memory latencies are the cost; a program
 // selecting for its own tokens replaces a second barrier (the selection is redundant across the
@@ -36,29 +37,41 @@ constexpr int kMaxCentroids = 4096;
 constexpr int kCentroidsPerProgram = 16;  // phase 1 wants C / 16 programs
 constexpr int kRowBatch = 8;              // candidate rows a warp loads before reducing any
 constexpr int kScoreTokens = 32;          // tokens a warp scores per pass over a centroid row
+constexpr int kMaxTopK = 16;              // topk answers per token (a warp's lanes hold its list)
+// Phase 3 ranks the union of a token's program lists in Shared::cand: topk launches at most this many
+// programs (no GPU has more SMs).
+constexpr int kMaxTopKPrograms = kMaxCentroids / kMaxTopK;
 
 struct Workspace {
   float* scores;    // [T, C]
-  ArgMax* partial;  // [T, grid]: argmax of program p's candidates of token t
+  ArgMax* partial;  // [T, grid]: argmax of program p's candidates of token t (topk: kBadIndex if it met a bad id)
+  uint64_t* keys;   // topk: [T, grid, k], program p's k best argmax_keys of token t, descending (0: none)
 };
 
 inline int64_t workspace_bytes(const CentroidParams& p) {
-  return round_up(int64_t{4} * p.T * p.C, 16) + int64_t{8} * p.T * p.grid;
+  const int64_t keys = p.output == CentroidOutput::kTopK ? int64_t{8} * p.T * p.grid * p.k : 0;
+  return round_up(int64_t{4} * p.T * p.C, 16) + int64_t{8} * p.T * p.grid + keys;
 }
 
 inline Workspace carve(const CentroidParams& p) {
   char* base = static_cast<char*>(p.workspace);
-  return Workspace{reinterpret_cast<float*>(base), reinterpret_cast<ArgMax*>(base + round_up(int64_t{4} * p.T * p.C, 16))};
+  char* partial = base + round_up(int64_t{4} * p.T * p.C, 16);
+  return Workspace{reinterpret_cast<float*>(base), reinterpret_cast<ArgMax*>(partial),
+                   reinterpret_cast<uint64_t*>(partial + int64_t{8} * p.T * p.grid)};
 }
 
-struct Shared {  // 41 KiB: within the 48 KiB a launch may use without an opt-in
-  uint64_t cand[kMaxCentroids];  // the selected clusters' keys, in index order
+struct Shared {  // 43 KiB: within the 48 KiB a launch may use without an opt-in
+  // the selected clusters' keys, in index order; topk (phase 3): the programs' lists of a token
+  uint64_t cand[kMaxCentroids];
+  // topk (phase 2): warp w's best keys of the current token at [w * kMaxTopK, + k), descending (0: empty)
+  uint64_t lists[kWarps * kMaxTopK];
   int16_t sel[kMaxCentroids];    // rank -> cluster of the current token
   uint32_t hist[kRadixBins];     // zero outside a radix pass
   uint32_t warp_total[kWarps];
   RadixStep step;
   ArgMax best[kWarps];
   int last;
+  int bad;  // topk: a warp met an out-of-range candidate id of the current token
 };
 static_assert(sizeof(Shared) <= 48 * 1024, "Shared must fit a launch without a shared-memory opt-in");
 
@@ -80,6 +93,22 @@ __device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t v, Shared& sh,
   for (int w = 0; w < warp; ++w) before += sh.warp_total[w];
   __syncthreads();
   return before + incl - v;
+}
+
+// Inserts `key` into the warp's list of its k best keys (lane r holds rank r, descending; 0: empty,
+// below every key; lanes >= k hold 0). Keys are distinct (candidate ids are).
+__device__ __forceinline__ uint64_t warp_top_insert(uint64_t mine, uint64_t key, int lane, int k) {
+  const int pos = __popc(__ballot_sync(0xffffffffu, mine > key));
+  const uint64_t up = __shfl_up_sync(0xffffffffu, mine, 1);
+  if (lane < k && lane >= pos) mine = lane == pos ? key : up;
+  return mine;
+}
+
+// The rank of key among keys[0, n) (how many are larger; distinct keys, 0 for none), stopping at k.
+__device__ __forceinline__ int rank_among(const uint64_t* keys, int n, uint64_t key, int k) {
+  int rank = 0;
+  for (int j = 0; j < n && rank < k; ++j) rank += keys[j] > key;
+  return rank;
 }
 
 // Phase 1. Centroid c is scored by global warp c (mod grid * kWarps) for all tokens, 32 at a time,
@@ -202,9 +231,11 @@ __device__ void select_clusters(const CentroidParams& p, const Workspace& w, int
   __syncthreads();
 }
 
-// Phase 2b. Rows [r_lo, r_hi) of the cluster of rank j of token t.
-template <class T, int VEC>
-__device__ void score_candidates(const CentroidParams& p, int64_t t, int j, int r_lo, int r_hi, const Shared& sh,
+// Phase 2b. Rows [r_lo, r_hi) of the cluster of rank j of token t. TOPK: p.output is kTopK (a kernel of
+// its own; its lists live in shared memory between batches: in registers across the whole phase they
+// made the 128-register element-wise kernels spill).
+template <class T, int VEC, bool TOPK>
+__device__ void score_candidates(const CentroidParams& p, int64_t t, int j, int r_lo, int r_hi, Shared& sh,
                                  ArgMax& best, int lane, int warp) {
   const int64_t cs = p.V / p.C;
   const int64_t cluster = sh.sel[j];
@@ -246,12 +277,17 @@ __device__ void score_candidates(const CentroidParams& p, int64_t t, int j, int 
 #pragma unroll
         for (int e = 0; e < VEC; ++e) acc[b] = fmaf(to_float(row[b].e[e]), x[e], acc[b]);
     }
+    uint64_t batch_key = 0;  // topk: lane b holds row b's key until the batch goes into the list
+    bool bad = false;
 #pragma unroll
     for (int b = 0; b < B; ++b) {
       const int r = r0 + b * kWarps;
       if (r >= r_hi) break;
       const float logit = warp_sum(acc[b]);
-      if (p.output == CentroidOutput::kArgmax) {
+      if (TOPK) {
+        if (lane == b && ok[b]) batch_key = argmax_key(ArgMax{logit, static_cast<int>(id[b])});
+        bad |= !ok[b];  // warp-uniform
+      } else if (p.output == CentroidOutput::kArgmax) {
         best = candidate_merge(best, ok[b] ? ArgMax{logit, static_cast<int>(id[b])} : ArgMax{NAN, kBadIndex});
       } else if (lane == 0) {
         if (p.output == CentroidOutput::kSparse) {
@@ -262,6 +298,17 @@ __device__ void score_candidates(const CentroidParams& p, int64_t t, int j, int 
           p.logits[t * p.V + id[b]] = logit;
         }
       }
+    }
+    if (TOPK) {
+      if (bad && lane == 0) sh.bad = 1;
+      uint64_t* list = sh.lists + warp * kMaxTopK;  // each lane reads and writes its own slot
+      uint64_t top = lane < kMaxTopK ? list[lane] : 0;
+#pragma unroll 1
+      for (int b = 0; b < B; ++b) {  // not unrolled: one insert's registers at a time
+        const uint64_t key = __shfl_sync(0xffffffffu, batch_key, b);
+        if (key) top = warp_top_insert(top, key, lane, p.k);
+      }
+      if (lane < kMaxTopK) list[lane] = top;
     }
   }
 }
@@ -279,18 +326,67 @@ __device__ __forceinline__ void flush_argmax(const Workspace& w, int64_t t, ArgM
   __syncthreads();
 }
 
+// The program's k best keys of token t (the union of its warps' lists) into w.keys[t, program], and whether
+// a warp met a bad id into w.partial[t, program]; then empties the lists for the next token.
+__device__ __forceinline__ void flush_topk(const CentroidParams& p, const Workspace& w, int64_t t, Shared& sh) {
+  uint64_t* out = w.keys + (t * gridDim.x + blockIdx.x) * p.k;
+  if (static_cast<int>(threadIdx.x) < p.k) out[threadIdx.x] = 0;  // ranks no key reaches stay empty
+  __syncthreads();  // every warp's list is complete
+  constexpr int n = kWarps * kMaxTopK;
+  const uint64_t key = threadIdx.x < n ? sh.lists[threadIdx.x] : 0;
+  const int rank = key ? rank_among(sh.lists, n, key, p.k) : p.k;
+  if (rank < p.k) out[rank] = key;
+  if (threadIdx.x == 0) w.partial[t * gridDim.x + blockIdx.x] = ArgMax{0.f, sh.bad ? kBadIndex : 0};
+  __syncthreads();  // every read of the lists is done
+  if (threadIdx.x < n) sh.lists[threadIdx.x] = 0;
+  if (threadIdx.x == 0) sh.bad = 0;
+}
+
+// Phase 3 of topk: token t's k best from the lists of the programs [lo, hi] that own its items.
+__device__ __forceinline__ void reduce_topk(const CentroidParams& p, const Workspace& w, int64_t t, int64_t lo,
+                                            int64_t hi, int64_t items, Shared& sh) {
+  const int n = static_cast<int>(hi - lo + 1) * p.k;  // <= kMaxTopKPrograms * kMaxTopK = kMaxCentroids
+  if (threadIdx.x == 0) sh.bad = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const int64_t q = lo + i / p.k;  // programs without items wrote nothing
+    const bool owns = items_begin(q, gridDim.x, items) < items_begin(q + 1, gridDim.x, items);
+    sh.cand[i] = owns ? __ldcg(w.keys + (t * gridDim.x + q) * p.k + i % p.k) : 0;
+    if (owns && i % p.k == 0 && __ldcg(&w.partial[t * gridDim.x + q].index) == kBadIndex) atomicOr(&sh.bad, 1);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const uint64_t key = sh.cand[i];
+    const int rank = key && !sh.bad ? rank_among(sh.cand, n, key, p.k) : p.k;
+    if (rank < p.k) {
+      const ArgMax a = argmax_of_key(key);
+      p.ids[t * p.k + rank] = a.index;
+      p.logits[t * p.k + rank] = a.value;
+    }
+  }
+  if (sh.bad && static_cast<int>(threadIdx.x) < p.k) {
+    p.ids[t * p.k + threadIdx.x] = -1;
+    p.logits[t * p.k + threadIdx.x] = NAN;
+  }
+  __syncthreads();  // sh.cand is the next token's
+}
+
 __device__ __forceinline__ ArgMax load_partial(const ArgMax* a) {
   const uint2 v = __ldcg(reinterpret_cast<const uint2*>(a));
   return ArgMax{__uint_as_float(v.x), static_cast<int>(v.y)};
 }
 
-template <class T, int VEC, int E>
+template <class T, int VEC, int E, bool TOPK>
 __global__ void __launch_bounds__(kThreads, 1) head_kernel(CentroidParams p, Workspace w) {
   // dynamic shared memory (41 KiB, no opt-in): the CPU emulation, which runs a cooperative launch's
   // programs at once, gives each its own block of it (a static __shared__ is one object there)
   Shared& sh = *reinterpret_cast<Shared*>(dynamic_smem());
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int i = threadIdx.x; i < kRadixBins; i += kThreads) sh.hist[i] = 0;
+  if (TOPK) {  // empty lists (flush_topk empties them after each token)
+    for (int i = threadIdx.x; i < kWarps * kMaxTopK; i += kThreads) sh.lists[i] = 0;
+    if (threadIdx.x == 0) sh.bad = 0;
+  }
 
   // Phase 1 (+ the L2 prefetch of token_ordering: its lines are 128 bytes)
   const int64_t order_bytes = p.V * (p.ordering_int64 ? 8 : 4);
@@ -307,20 +403,28 @@ __global__ void __launch_bounds__(kThreads, 1) head_kernel(CentroidParams p, Wor
   const int64_t i1 = items_begin(blockIdx.x + 1, gridDim.x, items);
   int64_t current = -1;
   ArgMax best = argmax_identity();
+  const auto flush = [&](int64_t t) {
+    if (TOPK) {
+      flush_topk(p, w, t, sh);
+    } else if (p.output == CentroidOutput::kArgmax) {
+      flush_argmax(w, t, best, sh, lane, warp);
+    }
+  };
   for (int64_t i = items_begin(blockIdx.x, gridDim.x, items); i < i1; ++i) {
     const int64_t t = i / per_token;
     const int j = static_cast<int>((i % per_token) / p.chunks);
     const int q = static_cast<int>(i % p.chunks);
     if (t != current) {
-      if (current >= 0 && p.output == CentroidOutput::kArgmax) flush_argmax(w, current, best, sh, lane, warp);
+      if (current >= 0) flush(current);
       best = argmax_identity();
       select_clusters<E>(p, w, t, sh, lane, warp);
       current = t;
     }
     const int r_lo = q * p.rows;
-    score_candidates<T, VEC>(p, t, j, r_lo, static_cast<int>(min64(cs, r_lo + p.rows)), sh, best, lane, warp);
+    score_candidates<T, VEC, TOPK>(p, t, j, r_lo, static_cast<int>(min64(cs, r_lo + p.rows)), sh, best, lane,
+                                   warp);
   }
-  if (current >= 0 && p.output == CentroidOutput::kArgmax) flush_argmax(w, current, best, sh, lane, warp);
+  if (current >= 0) flush(current);
 
   // Phase 3: the last program to get here has every partial (and every program is past the barrier)
   __syncthreads();
@@ -331,7 +435,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_kernel(CentroidParams p, Wor
   __syncthreads();
   if (!sh.last) return;
   __threadfence();
-  if (p.output == CentroidOutput::kArgmax) {
+  if (!TOPK && p.output == CentroidOutput::kArgmax) {
     for (int64_t t = warp; t < p.T; t += kWarps) {
       const int64_t lo = program_of_item(t * per_token, gridDim.x, items);
       const int64_t hi = program_of_item((t + 1) * per_token - 1, gridDim.x, items);
@@ -351,6 +455,11 @@ __global__ void __launch_bounds__(kThreads, 1) head_kernel(CentroidParams p, Wor
       }
     }
   }
+  if (TOPK) {
+    for (int64_t t = 0; t < p.T; ++t)
+      reduce_topk(p, w, t, program_of_item(t * per_token, gridDim.x, items),
+                  program_of_item((t + 1) * per_token - 1, gridDim.x, items), items, sh);
+  }
   if (threadIdx.x == 0) {
     p.counters[0] = 0;
     p.counters[1] = 0;
@@ -359,8 +468,8 @@ __global__ void __launch_bounds__(kThreads, 1) head_kernel(CentroidParams p, Wor
 
 template <class T, int VEC, int E>
 cudaError_t launch(const CentroidParams& p, cudaStream_t stream) {
-  return launch_cooperative(head_kernel<T, VEC, E>, dim3(static_cast<unsigned>(p.grid)), kThreads, sizeof(Shared), stream,
-                            p, carve(p));
+  const auto kernel = p.output == CentroidOutput::kTopK ? head_kernel<T, VEC, E, true> : head_kernel<T, VEC, E, false>;
+  return launch_cooperative(kernel, dim3(static_cast<unsigned>(p.grid)), kThreads, sizeof(Shared), stream, p, carve(p));
 }
 
 template <class T, int VEC>
@@ -374,8 +483,11 @@ cudaError_t launch_keys(const CentroidParams& p, cudaStream_t stream) {
 
 // Fills p.grid, p.chunks and p.rows for a device with num_sms SMs; returns the workspace bytes.
 inline int64_t centroid_prepare(CentroidParams& p, int num_sms) {
+  // topk: phase 3 ranks a token's program lists together in shared memory (at most kMaxTopKPrograms)
+  const int sms = p.output == CentroidOutput::kTopK && num_sms > centroid::kMaxTopKPrograms ? centroid::kMaxTopKPrograms
+                                                                                           : num_sms;
   const CentroidPlan plan =
-      centroid_plan(p.T, p.top_k, p.C > 0 ? p.V / p.C : 1, p.C, num_sms, centroid::kCentroidsPerProgram);
+      centroid_plan(p.T, p.top_k, p.C > 0 ? p.V / p.C : 1, p.C, sms, centroid::kCentroidsPerProgram);
   p.grid = plan.grid;
   p.chunks = plan.chunks;
   p.rows = plan.rows;
@@ -383,15 +495,19 @@ inline int64_t centroid_prepare(CentroidParams& p, int num_sms) {
 }
 
 // Launches the centroid head for element type T (float, __half, __nv_bfloat16). Requires
-// 1 <= top_k <= C <= 4096, V a nonzero multiple of C, centroid_prepare(p) and its workspace (16-byte
-// aligned), and p.counters zero before the first launch (every launch leaves them zero). Launches that
-// overlap in time must not share counters.
+// 1 <= top_k <= C <= 4096, V a nonzero multiple of C, for topk 1 <= k <= min(top_k * V / C, 16),
+// centroid_prepare(p) and its workspace (16-byte aligned), and p.counters zero before the first launch
+// (every launch leaves them zero). Launches that overlap in time must not share counters.
 template <class T>
 cudaError_t centroid_logits(const CentroidParams& p, cudaStream_t stream) {
   if (p.T <= 0) return cudaSuccess;
   if (p.C < 1 || p.C > centroid::kMaxCentroids || p.top_k < 1 || p.top_k > p.C || p.V < p.C || p.V % p.C ||
       p.Hd < 0 || p.workspace == nullptr || p.counters == nullptr || p.grid < 1 || p.chunks < 1 || p.rows < 1 ||
       static_cast<int64_t>(p.chunks) * p.rows < p.V / p.C)
+    return cudaErrorInvalidValue;
+  if (p.output == CentroidOutput::kTopK &&
+      (p.k < 1 || p.k > centroid::kMaxTopK || p.k > static_cast<int64_t>(p.top_k) * (p.V / p.C) ||
+       p.grid > centroid::kMaxTopKPrograms))
     return cudaErrorInvalidValue;
   if (!host_aligned16(p.workspace)) return cudaErrorMisalignedAddress;  // the partials are read 8 bytes at a time
   // 16-byte loads of hidden, centroids and lm_head rows need aligned pointers and row strides; fp32 (a

@@ -56,11 +56,11 @@ struct AttentionParams {
   int num_splits;  // attention_plan(); each request spreads its own range over them
 };
 
-enum class CentroidOutput { kArgmax = 0, kSparse = 1, kDense = 2 };
+enum class CentroidOutput { kArgmax = 0, kSparse = 1, kDense = 2, kTopK = 3 };
 
 // Two-stage centroid head, one launch (centroid_logits.cuh). An id outside [0, V) in token_ordering is
 // never dereferenced: its logit is NaN and its sparse id -1, it is skipped in the dense output, and it
-// makes the argmax of its token (-1, NaN).
+// makes the argmax of its token (-1, NaN) and every one of its top-k answers (-1, NaN).
 struct CentroidParams {
   const void* hidden;     // [T, Hd]
   const void* centroids;  // [C, Hd]
@@ -71,8 +71,9 @@ struct CentroidParams {
   int T, Hd, C, top_k;
   int64_t V;
   CentroidOutput output;
-  int64_t* ids;  // argmax: [T]; sparse: [T, K]
-  float* logits;  // argmax: [T]; sparse: [T, K]; dense: [T, V] already filled with the fill value
+  int k;  // topk: answers per token, 1..min(K, 16) (K = top_k * V / C); the other outputs ignore it
+  int64_t* ids;  // argmax: [T]; topk: [T, k], best first; sparse: [T, K]
+  float* logits;  // argmax: [T]; topk: [T, k]; sparse: [T, K]; dense: [T, V] already filled with the fill value
   void* workspace;  // prepare_centroid_logits() bytes
   int32_t* counters;  // 2 int32, zero before the first launch; every launch leaves them zero
   // filled by prepare_centroid_logits():
