@@ -39,7 +39,7 @@ TOPK_SECTION = "The centroid head's top-k in its own launch"
 PREDICTIONS = (
     Prediction("E2B step", "drafter_step", STEP_E2B, "triton", 150, 160, 171.3, ALL_FOUR),
     Prediction("31B step", "drafter_step", STEP_31B, "triton", 470, 490, 522.8, ALL_FOUR),
-    Prediction("E2B eager step, cuda: one host call", "drafter_step", STEP_E2B, "cuda_eager", 220, 340, 1292.6,
+    Prediction("E2B eager step, cuda: one host call", "drafter_step", STEP_E2B, "cuda_eager", 180, 300, 1292.6,
                ONE_CALL),
     Prediction("E2B eager step, cuda: the ops one by one", "drafter_step", STEP_E2B, "cuda_eager_ops", 1150, 1450,
                1292.6, ONE_CALL),

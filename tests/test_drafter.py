@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import hf_tiny
+import gemma4_mtp_kernels as g
 from gemma4_mtp import load_drafter, load_target
 from gemma4_mtp_kernels import BackendUnavailableError
 
@@ -122,6 +123,34 @@ def test_top_tokens_follow_the_dense_logits(models):
         # a stable descending sort of dense logits orders ties by ascending id
         expect = torch.sort(logits[t], descending=True, stable=True).indices[:3]
         assert top[t].tolist() == expect.tolist()
+
+
+def test_head_checked_once_per_weights_and_call_shape(models, monkeypatch):
+    """top_tokens goes through the head's public op the first time for its weights and (T, k), then
+    through the implementation: same answers; a replaced LM head is checked again; a `last` that is
+    not what the weights call for takes the checked op, which names it."""
+    _, _, _, drafter = models
+    drafter = copy.deepcopy(drafter)
+    op = "centroid_logits" if drafter.config.use_ordered_embeddings else "dense_lm_head"
+    public = getattr(g, op)
+    calls = []
+    monkeypatch.setattr(g, op, lambda *a, **kw: calls.append(kw.get("k")) or public(*a, **kw))
+    last = torch.randn(3, hf_tiny.HD, generator=torch.Generator().manual_seed(4))
+    first = [drafter.top_tokens(last, k) for k in (1, 2)]
+    assert len(calls) == 2
+    again = [drafter.top_tokens(last, k) for k in (1, 2)]
+    assert len(calls) == 2, "a second call with the same weights and shape was checked again"
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    drafter.top_tokens(last[:2], 2)  # another call shape: checked once
+    assert len(calls) == 3
+    with pytest.raises(TypeError, match=f"{op}: "):
+        drafter.top_tokens(last.double(), 2)
+    with pytest.raises(ValueError, match=rf"{op}: .*hidden\.shape\[1\]"):
+        drafter.top_tokens(torch.randn(3, hf_tiny.HD + 1), 2)
+    head = drafter.lm_head_weight
+    head.data = -head.data  # new values at a new address: checked again, and used
+    flipped = drafter.top_tokens(last, 2)
+    assert len(calls) == 6 and not torch.equal(flipped, first[1])
 
 
 def test_max_branch_is_what_top_tokens_can_give():

@@ -11,6 +11,14 @@ OP = "centroid_logits"
 OUTPUTS = ("argmax", "topk", "sparse", "dense")
 
 
+def shape_params(hidden, centroids, token_ordering, lm_head, *, top_k, output, k) -> dict:
+    """The shape parameters a call passes to resolve(): `auto` follows verified.py's evidence for them
+    (benchmarks.make_verified.SHAPES)."""
+    T, Hd = hidden.shape
+    return {"T": T, "Hd": Hd, "C": centroids.shape[0], "V": token_ordering.shape[0], "top_k": top_k,
+            "output": output, "k": k}
+
+
 def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, output="argmax", fill_value=None, k=1,
                     backend="auto"):
     """Two-stage centroid LM head of the E2B/E4B drafters.
@@ -63,7 +71,7 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
         if V and int(torch.bincount(token_ordering.long(), minlength=V).max()) != 1:
             C.fail_value(OP, "token_ordering", f"a permutation of [0, {V})", "repeated ids")
     impl = resolve(OP, backend, hidden.device, hidden.dtype,
-                   {"T": T, "Hd": Hd, "C": Cn, "V": V, "top_k": top_k, "output": output, "k": k})
+                   shape_params(hidden, centroids, token_ordering, lm_head, top_k=top_k, output=output, k=k))
     return impl(hidden, centroids, token_ordering, lm_head, top_k=top_k, output=output,
                 fill_value=_dense_fill(output, fill_value), k=k)
 

@@ -9,6 +9,12 @@ OUTPUTS = ("topk", "dense")
 MAX_K = 16  # tree branching; the Triton kernel unrolls one selection pass per rank
 
 
+def shape_params(hidden, lm_head, *, output, k) -> dict:
+    """The shape parameters a call passes to resolve(): `auto` follows verified.py's evidence for them
+    (benchmarks.make_verified.SHAPES)."""
+    return {"T": hidden.shape[0], "Hd": hidden.shape[1], "V": lm_head.shape[0], "k": k, "output": output}
+
+
 def dense_lm_head(hidden, lm_head, *, output="topk", k=1, backend="auto"):
     """The dense LM head of the 26B / 31B drafters, read once in its own dtype.
 
@@ -32,6 +38,5 @@ def dense_lm_head(hidden, lm_head, *, output="topk", k=1, backend="auto"):
     C.positive_int(OP, "k", k)
     if output == "topk" and k > min(V, MAX_K):
         C.fail_value(OP, "k", f"<= min(V, {MAX_K}) = {min(V, MAX_K)}", k)
-    impl = resolve(OP, backend, hidden.device, hidden.dtype,
-                   {"T": hidden.shape[0], "Hd": hidden.shape[1], "V": V, "k": k, "output": output})
+    impl = resolve(OP, backend, hidden.device, hidden.dtype, shape_params(hidden, lm_head, output=output, k=k))
     return impl(hidden, lm_head, output=output, k=k)
