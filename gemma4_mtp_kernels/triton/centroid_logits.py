@@ -337,6 +337,7 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
         scores = torch.empty(T, C, dtype=torch.float32, device=dev)
         pval = torch.empty(T, G, dtype=torch.float32, device=dev)
         pids = torch.empty(T, G, dtype=torch.int32, device=dev)  # argmax: ids; topk: bad-id flags
+        # topk: each program's best keys per token (the other outputs never touch it: pids stands in)
         pkeys = torch.empty(T, G, cfg["OUT_K2"], dtype=torch.int64, device=dev) if output == "topk" else pids
         counters = zeroed_counters(dev, COUNTERS, "triton.centroid_logits")
         line_elems = LINE // token_ordering.element_size()

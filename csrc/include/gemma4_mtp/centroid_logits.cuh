@@ -378,7 +378,7 @@ __device__ __forceinline__ ArgMax load_partial(const ArgMax* a) {
 
 template <class T, int VEC, int E, bool TOPK>
 __global__ void __launch_bounds__(kThreads, 1) head_kernel(CentroidParams p, Workspace w) {
-  // dynamic shared memory (41 KiB, no opt-in): the CPU emulation, which runs a cooperative launch's
+  // dynamic shared memory (43 KiB, no opt-in): the CPU emulation, which runs a cooperative launch's
   // programs at once, gives each its own block of it (a static __shared__ is one object there)
   Shared& sh = *reinterpret_cast<Shared*>(dynamic_smem());
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
