@@ -41,7 +41,7 @@ REWRITTEN = {
 SHAPES = {
     "q_only_paged_attention": (("Q", "Hq", "Hkv", "D", "sliding"), "B"),
     "fused_concat_down_proj": (("Hb", "Hd"), "T"),
-    "centroid_logits": (("Hd", "C", "V", "top_k", "output"), "T"),
+    "centroid_logits": (("Hd", "C", "V", "top_k", "output", "k"), "T"),
     "tree_verify": (("N", "V", "sampling", "draft_probs"), "B"),
     "dense_lm_head": (("Hd", "V", "k", "output"), "T"),
     "rms_norm_linear": (("H", "N"), "T"),
@@ -58,6 +58,7 @@ def shape_of(op: str, params: dict) -> dict:
         p["sliding"] = p.get("window") is not None
     elif op == "centroid_logits":
         p.setdefault("output", "argmax")  # the centroid benchmark times output="argmax", the decode loop's call
+        p.setdefault("k", 1)  # its topk cases say their k
     elif op == "tree_verify":
         p.setdefault("draft_probs", p["sampling"])  # its sampling cases are chains with draft probabilities
     elif op == "dense_lm_head":
