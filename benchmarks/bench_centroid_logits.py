@@ -14,6 +14,7 @@ import math
 import torch
 
 import gemma4_mtp_kernels as gk
+from gemma4_mtp_kernels.reference.centroid_logits import best_of_candidates
 
 from . import roofline
 from .common import Case, close, compiled, equal, ours
@@ -40,13 +41,10 @@ def hf_masked_embedder_argmax(hidden, centroids, token_ordering, lm_head, top_k:
 
 
 def sparse_then_sort(hidden, centroids, token_ordering, lm_head, top_k: int, k: int, backend: str):
-    """The k best candidates from the sparse output: stable sorts by id, then by descending logit."""
+    """The k best candidates from the sparse output, ranked by torch's stable sorts (the reference's)."""
     ids, logits = gk.centroid_logits(hidden, centroids, token_ordering, lm_head, top_k=top_k, output="sparse",
                                      backend=backend)
-    by_id = torch.argsort(ids, dim=1, stable=True)
-    ids, logits = ids.gather(1, by_id), logits.gather(1, by_id)
-    best = torch.argsort(logits, dim=1, descending=True, stable=True)[:, :k]
-    return ids.gather(1, best), logits.gather(1, best)
+    return best_of_candidates(ids, logits, k)
 
 
 def _inputs(Hd, V, C, T):

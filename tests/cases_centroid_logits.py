@@ -137,6 +137,14 @@ def check_topk(got, args, order, eps, what):
             assert abs(float(logits[t, r]) - exact_tok) <= eps, f"{what} row {t} rank {r}"
 
 
+def best_of(ids, logits, k):
+    """The k best of (ids, logits) [T, K] rows: higher logit first, then lower id (stable sorts)."""
+    by_id = ids.argsort(dim=1, stable=True)
+    ids, logits = ids.gather(1, by_id), logits.gather(1, by_id)
+    best = logits.argsort(dim=1, descending=True, stable=True)[:, :k]
+    return ids.gather(1, best), logits.gather(1, best)
+
+
 # Cluster scores with three-way ties (5 at clusters 1, 2, 4), M = 2 tokens per cluster, and the
 # clusters each top_k must select, in order: equal scores rank the lower cluster first.
 TIED_SCORES = [3, 5, 5, 1, 5, 2, 0, 4]

@@ -8,7 +8,7 @@ import torch
 import gemma4_mtp_kernels as g
 from gemma4_mtp_kernels import cuda as cuda_backend
 from cases_centroid_logits import (ARGMAX_TIES_TOPK, DTYPES, TIED_TOP_K, argmax_ties_case, check_all_outputs,
-                                   check_zero_tokens, cluster_ties_case, make, tol)
+                                   best_of, check_zero_tokens, cluster_ties_case, make, tol)
 from helpers import DRAFTERS
 
 pytestmark = pytest.mark.gpu
@@ -149,10 +149,8 @@ def test_poisoned_outputs_fully_written(T):
     token, best = raw_op(args, top_k, "argmax")
     assert (token >= 0).all() and not best.isnan().any()
     top_ids, top_logits = raw_op(args, top_k, "topk")  # k = 3
-    by_id = ids.argsort(dim=1, stable=True)
-    own_ids, own_logits = ids.gather(1, by_id), logits.gather(1, by_id)
-    best_k = own_logits.argsort(dim=1, descending=True, stable=True)[:, :3]
-    assert torch.equal(top_ids, own_ids.gather(1, best_k)) and torch.equal(top_logits, own_logits.gather(1, best_k))
+    own_ids, own_logits = best_of(ids, logits, 3)
+    assert torch.equal(top_ids, own_ids) and torch.equal(top_logits, own_logits)
     # the argmax over the kernel's own sparse candidates, ties to the lowest id
     top = logits.max(1, keepdim=True).values
     own = torch.where(logits == top, ids, torch.iinfo(torch.int64).max).min(1).values

@@ -7,7 +7,7 @@ other; the test checks each such exception against that bound.
 import pytest
 import torch
 
-from cases_centroid_logits import ARGMAX_TIES_TOPK, argmax_ties_case
+from cases_centroid_logits import ARGMAX_TIES_TOPK, argmax_ties_case, best_of
 from gemma4_mtp_kernels import centroid_logits
 from helpers import DRAFTERS
 
@@ -80,10 +80,8 @@ def run_all_outputs(T, Hd, C, CS, top_k, dtype, g, inputs=None, dense=True, devi
     # topk: the best k of the kernel's own candidates (its sparse logits), best first, ties to the lower id
     k = min(5, top_k * CS)
     top_ids, top_logits = centroid_logits(*args, top_k=top_k, output="topk", k=k, backend="triton")
-    by_id = ids.argsort(dim=1, stable=True)
-    own_ids, own_logits = ids.gather(1, by_id), logits.gather(1, by_id)
-    best_k = own_logits.argsort(dim=1, descending=True, stable=True)[:, :k]
-    assert torch.equal(top_ids, own_ids.gather(1, best_k)) and torch.equal(top_logits, own_logits.gather(1, best_k))
+    own_ids, own_logits = best_of(ids, logits, k)
+    assert torch.equal(top_ids, own_ids) and torch.equal(top_logits, own_logits)
 
     if not dense:
         return token
