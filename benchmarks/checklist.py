@@ -36,6 +36,7 @@ STEP_E2B, STEP_31B = "E2B step B=1 ctx=8192", "31B step B=1 ctx=8192"
 ALL_FOUR = "the four sections of 2026-12-04 after \"Kernel by kernel\""
 ONE_CALL = "A drafter step in one host call"
 TOPK_SECTION = "The centroid head's top-k in its own launch"
+CLUSTER_MAJOR = "The centroid head at large T: cluster-major phase 2"
 PREDICTIONS = (
     Prediction("E2B step", "drafter_step", STEP_E2B, "triton", 150, 160, 171.3, ALL_FOUR),
     Prediction("31B step", "drafter_step", STEP_31B, "triton", 470, 490, 522.8, ALL_FOUR),
@@ -81,6 +82,16 @@ PREDICTIONS = (
                TOPK_SECTION),
     Prediction("E2B top-2 T=1 by sorting the sparse output, less the topk output", "centroid_logits",
                "E2B top2 T=1", "sparse_sort_triton", 20, 45, None, TOPK_SECTION, minus=("E2B top2 T=1", "triton")),
+    Prediction("E2B centroid head, argmax T=8 (cluster-major)", "centroid_logits", "E2B argmax T=8", "triton", 15, 21,
+               26.8, CLUSTER_MAJOR),
+    Prediction("E2B centroid head, argmax T=64 (cluster-major)", "centroid_logits", "E2B argmax T=64", "triton", 30,
+               50, 143.5, CLUSTER_MAJOR),
+    Prediction("E2B argmax T=64 token-major (forced), less cluster-major", "centroid_logits", "E2B argmax T=64",
+               "triton_token_major", 80, 115, None, CLUSTER_MAJOR, minus=("E2B argmax T=64", "triton")),
+    Prediction("E2B argmax T=1 cluster-major (forced), less token-major", "centroid_logits", "E2B argmax T=1",
+               "triton_cluster_major", -1, 4, None, CLUSTER_MAJOR, minus=("E2B argmax T=1", "triton")),
+    Prediction("E2B centroid head, top-2 T=64 (cluster-major)", "centroid_logits", "E2B top2 T=64", "triton", 40, 60,
+               None, CLUSTER_MAJOR),
     Prediction("softmax_sample, 4096 candidates, B=1", "softmax_sample", "centroid head (4096 candidates) B=1",
                "triton", 5, 8, None, "Sampled draft tokens in two launches"),
     Prediction("softmax_sample, V = 262144, B=1", "softmax_sample", "dense head B=1", "triton", 5, 8, None,

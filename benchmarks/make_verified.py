@@ -34,6 +34,8 @@ CANDIDATES = ("triton", "cuda")  # the backends `auto` chooses between on CUDA t
 REWRITTEN = {
     ("dense_lm_head", "cuda"): ("2026-12-05", "bf16 / fp16 rows take the tensor-core mma_rows_kernel, which "
                                               "replaced the CUDA-core kernel the 2026-12-04 run verified"),
+    ("centroid_logits", "triton"): ("2026-12-05", "argmax / topk with T * top_k above the SMs take a cluster-major "
+                                                  "phase 2 the 2026-12-04 run did not have"),
 }
 
 # op -> (parameters a call must match exactly, the parameter that ranges). The public ops pass these

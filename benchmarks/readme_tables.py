@@ -19,11 +19,12 @@ import os
 import statistics
 import sys
 
+from .bench_centroid_logits import OUR_VARIANTS as CENTROID_VARIANTS
 from .bench_drafter_step import OUR_VARIANTS
 from .make_verified import CANDIDATES, ROOT, Run, load_runs
 
-# vLLM's 2D path (not what vLLM runs for decode: bench_q_only_attention) and our own drafter's variants
-NOT_ANCHORS = {"vllm_unified_2d"} | OUR_VARIANTS
+# vLLM's 2D path (not what vLLM runs for decode: bench_q_only_attention) and our own drafter's and head's variants
+NOT_ANCHORS = {"vllm_unified_2d"} | OUR_VARIANTS | CENTROID_VARIANTS
 FILES = {"summary": os.path.join(ROOT, "README.md"), "cases": os.path.join(ROOT, "benchmarks", "README.md"),
          "stage_boundary": os.path.join(ROOT, "benchmarks", "README.md"),
          "checklist": os.path.join(ROOT, "benchmarks", "README.md")}

@@ -88,6 +88,10 @@ def test_the_awkward_paths_are_recorded(compiled):
     head = names["_head"]
     assert {r["constexprs"]["OUTPUT"] for r in head} == {"argmax", "topk", "sparse", "dense"}
     assert {r["constexprs"]["OUT_K2"] for r in head if r["constexprs"]["OUTPUT"] == "topk"} == {2, 16}
+    # phase 2 in both orders (T = 1: token-major; T = 8, 64: cluster-major), each argmax and topk (k 2, 16)
+    assert {(r["constexprs"]["CLUSTER_MAJOR"], r["constexprs"]["OUTPUT"], r["constexprs"]["OUT_K2"]) for r in head
+            if r["constexprs"]["OUTPUT"] in ("argmax", "topk")} == {(m, "argmax", 2) for m in (False, True)} | {
+                (m, "topk", k) for m in (False, True) for k in (2, 16)}
     verify = names["_verify"]
     greedy = [r for r in verify if r["constexprs"]["HAS_TEMP"] is False]
     # greedy launches: the sampling pointers are None (the first GPU run's compile failure)
