@@ -87,14 +87,20 @@ def _grid_barrier(cnt_ptr):
 
 
 @triton.jit
+def _order_bits(x):
+    """fp32 values as int64s in [0, 2^32) in the same order: -0.0 ties with +0.0 and every NaN (of either
+    sign bit) ranks above +inf, as torch sorts."""
+    bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
+    bits = tl.where(x != x, 0x7FFFFFFF, bits)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64) + 2147483648
+
+
+@triton.jit
 def _keys(score_row, c, C, IDX_BITS: tl.constexpr):
     """Distinct int64 keys of clusters c (padding -1): order bits of the score, then C - 1 - c."""
     ok = (c >= 0) & (c < C)
     score = tl.load(score_row + c, mask=ok, other=0.0, cache_modifier=".cg")
-    score = tl.where(score == 0.0, 0.0, score)  # -0.0 ties with +0.0, as in the reference's sort
-    bits = score.to(tl.int32, bitcast=True)
-    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64) + 2147483648
-    return tl.where(ok, (ordered << IDX_BITS) | (C - 1 - c).to(tl.int64), -1)
+    return tl.where(ok, (_order_bits(score) << IDX_BITS) | (C - 1 - c).to(tl.int64), -1)
 
 
 @triton.jit
@@ -117,11 +123,8 @@ def _top_clusters(score_row, C, BLOCK_CC: tl.constexpr, K2: tl.constexpr, ROW: t
 @triton.jit
 def _logit_key(logit, ids):
     """Distinct int64 keys of (logit, id) whose descending order is the reference's (higher logit, then
-    lower id; NaN above every number): 32 order bits of the logit (as _keys), then 2^31 - 1 - id."""
-    bits = tl.where(logit == 0.0, 0.0, logit).to(tl.int32, bitcast=True)
-    bits = tl.where(logit != logit, 0x7FFFFFFF, bits)  # every NaN ranks first
-    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64) + 2147483648
-    return (ordered << 31) | (2147483647 - ids)
+    lower id; NaN above every number): 32 order bits of the logit, then 2^31 - 1 - id."""
+    return (_order_bits(logit) << 31) | (2147483647 - ids)
 
 
 @triton.jit
