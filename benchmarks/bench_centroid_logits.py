@@ -33,7 +33,7 @@ def forced_order(top_k: int, output: str, k: int = 1):
     def variant(order):
         return lambda i: (lambda: triton_impl(i["hidden"], i["centroids"], i["token_ordering"], i["lm_head"],
                                               top_k=top_k, output=output, k=k, order=order))
-    return {f"triton_{order[:-1]}_major": variant(order) for order in ("tokens", "clusters")}
+    return {"triton_token_major": variant("tokens"), "triton_cluster_major": variant("clusters")}
 
 
 def dense_head_argmax(hidden, lm_head):

@@ -179,7 +179,7 @@ def _merge_topk(part_id_ptr, part_key_ptr, ids_ptr, logit_ptr, t, G, prog, owns,
 @triton.jit
 def _select_clusters(score_ptr, thr_ptr, flag_ptr, T, C, top_k, pid, G, BLOCK_CC: tl.constexpr, K2: tl.constexpr,
                      ROW: tl.constexpr, IDX_BITS: tl.constexpr, TWO_LEVEL: tl.constexpr):
-    """Cluster-major stage 2, tokens over programs: each token's threshold (the key of its top_k-th
+    """Cluster-major phase 2a, tokens over programs: each token's threshold (the key of its top_k-th
     cluster: its clusters are those whose key is at least that) and a flag on every cluster some token
     selected (every writer stores 1: the races are benign)."""
     kk = tl.arange(0, K2)
@@ -206,7 +206,7 @@ def _cluster_major(h_ptr, order_ptr, lm_ptr, score_ptr, thr_ptr, flag_ptr, list_
                    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, WHOLE_ROW: tl.constexpr,
                    IDX_BITS: tl.constexpr, OUT_K2: tl.constexpr, OUTPUT: tl.constexpr, PREC: tl.constexpr,
                    INTERP: tl.constexpr):
-    """Cluster-major stage 3 (argmax, topk). The n selected clusters (flags), compacted in cluster order,
+    """Cluster-major phase 2b (argmax, topk). The n selected clusters (flags), compacted in cluster order,
     are dealt out in equal contiguous shares, program p the ranks [p n / G, (p + 1) n / G) (at most
     BLOCK_Q), which it writes to list[rank] and reads back into registers (its own stores: a CTA barrier
     orders them). Each cluster's rows are gathered once, BLOCK_R rows a tile, and dotted with a block of
@@ -337,7 +337,7 @@ def _head(h_ptr, c_ptr, order_ptr, lm_ptr, score_ptr, part_val_ptr, part_id_ptr,
                        WHOLE_ROW, IDX_BITS, OUT_K2, OUTPUT, PREC, INTERP)
         if BARRIER:
             _grid_barrier(cnt_ptr)
-    if MERGE:  # cluster-major: every program holds a partial of every token; tokens over programs
+    if MERGE:  # cluster-major phase 2c: every program holds a partial of every token; tokens over programs
         g = tl.arange(0, BLOCK_G)
         for t in range(pid, T, G):
             if OUTPUT == "topk":
