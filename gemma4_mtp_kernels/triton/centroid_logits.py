@@ -471,20 +471,20 @@ def plan(T: int, top_k: int, CS: int, C: int, sms: int, output: str = "argmax", 
 # Cluster-major tiles: 64 rows (topk: 32) x the whole hidden row up to 256 columns (32 KiB at bf16), x up to
 # 64 tokens. The next tile's rows are in flight in registers while a tile is computed (w_b: 32 registers a
 # thread at 64 x 256 bf16 and 8 warps); topk's int64 keys of a [rows, tokens] tile come on top, which at 64
-# rows made Triton 3.6 spill at T = 64.
+# rows made Triton 3.6 spill at T = 64. fp32 rows take half as many (the same bytes: 64 rows spilled ~3.9 KiB).
 CLUSTER_ROWS = {"argmax": 64, "topk": 32}
 CLUSTER_BLOCK_D = 256
 
 
 def launch_config(T: int, C: int, CS: int, Hd: int, top_k: int, rows: int, k: int = 1, order: str = "tokens",
-                  output: str = "argmax") -> dict:
+                  output: str = "argmax", elem_bytes: int = 2) -> dict:
     """Compile-time tiles of a call (also used by the AOT compile check). k: output="topk"'s count."""
     idx_bits = max(1, (C - 1).bit_length())
     block_cc = pow2_at_least(C, 2)
     k2 = pow2_at_least(top_k, 2)  # tl.topk needs k >= 2
     out_k2 = pow2_at_least(k, 2)
     if order == "clusters":  # tl.dot needs 16 rows; topk takes the best OUT_K2 <= 16 of each tile's rows
-        block_r = min(CLUSTER_ROWS[output], pow2_at_least(CS, 16))
+        block_r = min(max(16, CLUSTER_ROWS[output] * 2 // elem_bytes), pow2_at_least(CS, 16))
         block_d = min(CLUSTER_BLOCK_D, pow2_at_least(Hd, 16))
     else:
         # a [BLOCK_R, BLOCK_D] tile of rows: 32 x 256 at T = 1, 128 x 128 at T = 64; topk takes the best
@@ -525,7 +525,7 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
         dense = torch.full((T, V), fill_value, dtype=torch.float32, device=dev)
     if T > 0:
         pl = plan(T, top_k, CS, C, num_sms(dev), output, order)
-        cfg = launch_config(T, C, CS, Hd, top_k, pl["rows"], k, pl["order"], output)
+        cfg = launch_config(T, C, CS, Hd, top_k, pl["rows"], k, pl["order"], output, lm_head.element_size())
         G = pl["grid"]
         scores = torch.empty(T, C, dtype=torch.float32, device=dev)
         pval = torch.empty(T, G, dtype=torch.float32, device=dev)
