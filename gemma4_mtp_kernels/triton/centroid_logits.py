@@ -435,6 +435,8 @@ def _reset_when_last(cnt_ptr):
         tl.store(cnt_ptr + 1, 0)
 
 
+# _head's stage flags in launch order (cluster-major runs all four; token-major SCORES and CANDIDATES)
+STAGES = ("SCORES", "SELECT", "CANDIDATES", "MERGE")
 CENTROIDS_PER_PROGRAM = 16  # BLOCK_C: phase 1's centroid rows per tile
 # Phase 1's K tile: the whole hidden row up to 256 (E2B / E4B: one load wave). In 64-column blocks the
 # sm_90 SASS waited for each block's copy before issuing the next (LDGSTS, then DEPBAR.LE SB0, 0x0: the
@@ -552,14 +554,13 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
                       WHOLE_ROW=cfg["WHOLE_ROW"],
                       PREC=dot_precision(hidden.dtype), INTERP=interp, num_warps=cfg["num_warps"],
                       num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"])
-        stages = ("SCORES", "SELECT", "CANDIDATES", "MERGE") if cfg["CLUSTER_MAJOR"] else ("SCORES", "CANDIDATES")
+        stages = STAGES if cfg["CLUSTER_MAJOR"] else ("SCORES", "CANDIDATES")
         if interp:  # programs run one after another: each barrier becomes the end of a launch
             for stage in stages:
-                _head[(G,)](*args, **{s: s == stage for s in ("SCORES", "SELECT", "CANDIDATES", "MERGE")},
-                            BARRIER=False, **consts)
+                _head[(G,)](*args, **{s: s == stage for s in STAGES}, BARRIER=False, **consts)
         else:
-            _head[(G,)](*args, **{s: s in stages for s in ("SCORES", "SELECT", "CANDIDATES", "MERGE")},
-                        BARRIER=True, launch_cooperative_grid=True, **consts)
+            _head[(G,)](*args, **{s: s in stages for s in STAGES}, BARRIER=True, launch_cooperative_grid=True,
+                        **consts)
     if output == "dense":
         return dense
     return ids, logits
