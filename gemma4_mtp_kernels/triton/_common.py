@@ -114,6 +114,17 @@ def wait_for_inputs(USE_PDL: tl.constexpr):
             gdc_launch_dependents()
 
 
+@device_helper
+def last_to_arrive(cnt, arrivals):
+    """Whether this program is the last of `arrivals` to reach counter `cnt` (csrc's last_to_arrive, in
+    mma_gemv.cuh): bar.sync orders every thread's stores before one atom.acq_rel.gpu, whose release
+    publishes them and whose acquire, for the last program, orders the other arrivals' published stores
+    before what follows (read them with .cg loads: L1 is not coherent; tree_verify's design note). The
+    caller zeroes the counter for the next launch (no memset: graph replays reuse it)."""
+    tl.debug_barrier()
+    return tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == arrivals - 1
+
+
 # 128-byte lines of each weight row a GEMV program asks L2 for before its wait: the first 4 K blocks of 64
 # 16-bit columns, what its 3-stage pipeline loads first (32 KiB for a program of 64 rows, ~8 MiB for a 31B
 # q_proj: not its whole 32 MiB, which would push out of L2 what the kernel still running has not read)

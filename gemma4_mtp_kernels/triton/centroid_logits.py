@@ -59,7 +59,7 @@ import triton
 import triton.language as tl
 
 from .._counters import zeroed_counters
-from ._common import cdiv, dot_precision, interpreting, mma, num_sms, pow2_at_least
+from ._common import cdiv, dot_precision, interpreting, last_to_arrive, mma, num_sms, pow2_at_least
 
 NO_ID = tl.constexpr(2147483647)
 BAD_ID = tl.constexpr(-1)
@@ -344,7 +344,9 @@ def _head(h_ptr, c_ptr, order_ptr, lm_ptr, score_ptr, part_val_ptr, part_id_ptr,
                 _merge_topk(part_id_ptr, part_key_ptr, ids_ptr, logit_ptr, t, G, g, g < G, k_out, BLOCK_G, OUT_K2)
             else:
                 _merge_argmax(part_val_ptr, part_id_ptr, ids_ptr, logit_ptr, t, G, g, g < G)
-        _reset_when_last(cnt_ptr)
+        if last_to_arrive(cnt_ptr + 1, G):  # every other program is past every barrier
+            tl.store(cnt_ptr, 0)
+            tl.store(cnt_ptr + 1, 0)
     if CANDIDATES and not CLUSTER_MAJOR:
         per_token = top_k * chunks
         i1 = (pid + 1).to(tl.int64) * items // G
@@ -405,9 +407,7 @@ def _head(h_ptr, c_ptr, order_ptr, lm_ptr, score_ptr, part_val_ptr, part_id_ptr,
         if current >= 0:
             _flush(part_val_ptr, part_id_ptr, part_key_ptr, current, pid, G, best, best_id, run, bad, OUT_K2, OUTPUT)
         # the last program to get here has every partial, and every program is past the barrier
-        tl.debug_barrier()
-        done = tl.atomic_add(cnt_ptr + 1, 1, sem="acq_rel", scope="gpu")
-        if done == G - 1:
+        if last_to_arrive(cnt_ptr + 1, G):
             if OUTPUT == "argmax" or OUTPUT == "topk":
                 g = tl.arange(0, BLOCK_G)
                 for t in range(0, T):
@@ -424,15 +424,6 @@ def _head(h_ptr, c_ptr, order_ptr, lm_ptr, score_ptr, part_val_ptr, part_id_ptr,
                         _merge_argmax(part_val_ptr, part_id_ptr, ids_ptr, logit_ptr, t, G, prog, owns)
             tl.store(cnt_ptr, 0)
             tl.store(cnt_ptr + 1, 0)
-
-
-@triton.jit
-def _reset_when_last(cnt_ptr):
-    """The last program to get here (every other one is past every barrier) clears both counters."""
-    tl.debug_barrier()
-    if tl.atomic_add(cnt_ptr + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
-        tl.store(cnt_ptr, 0)
-        tl.store(cnt_ptr + 1, 0)
 
 
 # _head's stage flags in launch order (cluster-major runs all four; token-major SCORES and CANDIDATES)

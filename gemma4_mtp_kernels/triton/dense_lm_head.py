@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .._counters import zeroed_counters
-from ._common import (cdiv, device_helper, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least,
+from ._common import (cdiv, device_helper, dot_precision, interpreting, last_to_arrive, mma, num_sms, pdl_args, pow2_at_least,
                       wait_for_inputs)
 
 MAX_ID = tl.constexpr(2147483647)  # ids are below 2^31: the packed key's low half is id ^ MAX_ID
@@ -120,9 +120,7 @@ def _head_kernel(h_ptr, w_ptr, out_ptr, list_ptr, cnt_ptr, out_id_ptr, out_val_p
         # the last program of this token block to publish merges every program's list (bar.sync orders
         # the program's stores before the release; the loads after the acquire are .cg, from L2) and
         # leaves the counter zero for the next launch
-        tl.debug_barrier()
-        done = tl.atomic_add(cnt_ptr + tl.program_id(1), 1, sem="acq_rel", scope="gpu")
-        if done == tl.num_programs(0) - 1:
+        if last_to_arrive(cnt_ptr + tl.program_id(1), tl.num_programs(0)):
             n_cand = tl.num_programs(0) * KP
             top = tl.full((KP, BLOCK_T), EMPTY_P, tl.int64)
             for c0 in range(0, n_cand, BLOCK_C):

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .._counters import zeroed_counters
-from ._common import (cast, cdiv, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least,
+from ._common import (cast, cdiv, dot_precision, interpreting, last_to_arrive, mma, num_sms, pdl_args, pow2_at_least,
                       prefetch_weight_rows, split_epilogue, sum_splits, wait_for_inputs)
 
 
@@ -86,12 +86,9 @@ def _down_proj_kernel(tok_ptr, emb_ptr, hid_ptr, w_ptr, out_ptr, part_ptr, cnt_p
     if SPLIT:
         numel = T.to(tl.int64) * Hd
         tl.store(part_ptr + pid_s * numel + at, acc, mask=tile_mask)
-        # the tile's last program to finish sums the partials in split order (deterministic);
-        # bar.sync orders this program's stores before the release, the loads after the acquire are .cg
-        tl.debug_barrier()
+        # the tile's last program to finish sums the partials in split order (deterministic; .cg loads)
         tile = pid_t * tl.num_programs(0) + pid_n
-        done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if done == split_k - 1:
+        if last_to_arrive(cnt_ptr + tile, split_k):
             total = sum_splits(part_ptr + at, numel, split_k, tile_mask, BLOCK_N, BLOCK_T, SPLIT_LOADS)
             tl.store(out_ptr + at, cast(total, out_ptr.dtype.element_ty, INTERP), mask=tile_mask)
             tl.store(cnt_ptr + tile, 0)

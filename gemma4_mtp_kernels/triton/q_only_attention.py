@@ -59,7 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least,
+from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, last_to_arrive, mma, num_sms, pdl_args, pow2_at_least,
                       wait_for_inputs)
 from .._counters import zeroed_counters
 
@@ -167,9 +167,8 @@ def _last_split_merges(po_ptr, plse_ptr, out_ptr, lse_ptr, cnt_ptr, b, kvh, row0
     tile reduced over its split axis took ~22 barriers of shared-memory exchanges in the sm_90 SASS) and
     every load is issued at once: no barrier orders them, and none depends on another's value. Same
     math as _merge_kernel (the largest lse first, then the weighted sum in split order)."""
-    tl.debug_barrier()  # every thread's partial stores before the release (see tree_verify's design note)
     cnt = cnt_ptr + tl.program_id(0) * tl.num_programs(2) + tl.program_id(2)
-    if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == splits - 1:
+    if last_to_arrive(cnt, splits):
         tl.store(cnt, 0)  # zero again for the next launch: no memset, graph replays reuse it
         r = row0 + tl.arange(0, MR)
         qi = r // G

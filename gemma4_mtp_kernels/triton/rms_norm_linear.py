@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, mma, num_sms, pdl_args, pow2_at_least,
+from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, last_to_arrive, mma, num_sms, pdl_args, pow2_at_least,
                       prefetch_weight_rows, split_epilogue, sum_splits, wait_for_inputs)
 from .._counters import zeroed_counters
 
@@ -235,9 +235,8 @@ def _norm_linear_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, out_ptr, 
     if SPLIT:
         # split-K: publish the partial; the tile's last split to arrive sums them in split order
         tl.store(part_ptr + pid_s * T * N + tok.to(tl.int64)[None, :] * N + n[:, None], acc, mask=mask)
-        tl.debug_barrier()  # every thread's stores before the release (see tree_verify's design note)
         cnt = cnt_ptr + pid_t * tl.num_programs(0) + pid_n
-        if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == splits - 1:
+        if last_to_arrive(cnt, splits):
             tl.store(cnt, 0)
             total = sum_splits(part_ptr + tok.to(tl.int64)[None, :] * N + n[:, None], T * N, splits, mask, BLOCK_N,
                                BLOCK_T, SPLIT_LOADS)

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, mma, pdl_args, prefetch_weight_rows,
+from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, last_to_arrive, mma, pdl_args, prefetch_weight_rows,
                       wait_for_inputs)
 from .rms_norm_linear import (BLOCK_K, normed_tile, prologue_args, prologue_stats, prologue_unroll, row_tile,
                              token_block)
@@ -113,10 +113,9 @@ def _q_rope_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, w_ptr, qw_ptr, pos_pt
         acc = mma(tl.load(w_rows + k[None, :], mask=k_mask[None, :], other=0.0), x, acc, PREC, INTERP)
     # N = Hq * D is a multiple of BLOCK_N: every row of the tile exists
     tl.store(ws_ptr + tok.to(tl.int64)[None, :] * N + n[:, None], cast(acc, dt, INTERP), mask=tok_mask[None, :])
-    tl.debug_barrier()  # every thread's stores before the release (see tree_verify's design note)
     head = pid_n * BLOCK_N // D
     cnt = cnt_ptr + pid_t * Hq + head
-    if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == D // BLOCK_N - 1:
+    if last_to_arrive(cnt, D // BLOCK_N):
         tl.store(cnt, 0)
         _norm_rope_head(ws_ptr, qw_ptr, pos_ptr, freq_ptr, out_ptr, head, pid_t * BLOCK_T, T, N, per_pos, eps, D,
                         EPI_T, BLOCK_T, dt, INTERP)

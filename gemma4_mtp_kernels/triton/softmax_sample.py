@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .._counters import zeroed_counters
-from ._common import cdiv, pdl_args, pow2_at_least, wait_for_inputs
+from ._common import cdiv, last_to_arrive, pdl_args, pow2_at_least, wait_for_inputs
 
 COUNTER_OWNER = "triton.softmax_sample"  # its cached counters in gemma4_mtp_kernels._counters
 CHUNK = 4096  # ids per program: 32 fp32 values per thread at 4 warps
@@ -72,9 +72,8 @@ def _probs_kernel(logit_ptr, temp_ptr, u_ptr, stat_ptr, mass_ptr, cnt_ptr, q_ptr
     q_row = q_ptr + row.to(tl.int64) * s_q
     tl.store(q_row + offs, q, mask=offs < V)
     tl.store(mass_ptr + row * P + c, tl.sum(tl.where(offs < V, q, 0.0).to(tl.float64), axis=0))
-    tl.debug_barrier()  # every thread's stores before the release (see tree_verify's design note)
     cnt = cnt_ptr + row
-    if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == P - 1:
+    if last_to_arrive(cnt, P):
         tl.store(cnt, 0)
         u = tl.load(u_ptr + row * s_u)
         mass = tl.load(mass_ptr + row * P + pp, mask=pp < P, other=0.0, cache_modifier=".cg")

@@ -31,7 +31,7 @@ consumed it last, so no per-call memset is needed and the launch replays in a CU
 Ordering (the interpreter runs programs one after another, in ticket order, so only this argument
 covers it). A program's published values are scalar stores; `tl.debug_barrier()` (bar.sync) then
 orders every thread's stores before the counter increment, an `atom.acq_rel.gpu` issued by one
-thread (release is cumulative over what the barrier made that thread observe, the pattern of
+thread (`_common.last_to_arrive`, which every kernel's last-program election calls; release is cumulative over what the barrier made that thread observe, the pattern of
 cooperative groups' grid sync). A counter is only ever changed by these read-modify-writes until it
 reaches its total, so the program that reads total - 1 reads the end of a chain of RMWs that
 contains every other program's release: each of them synchronizes with its acquire. A row state is
@@ -53,7 +53,7 @@ import triton.language as tl
 
 from .._counters import zeroed_counters
 from .._types import VerifyResult
-from ._common import cdiv, device_helper, num_sms, pow2_at_least
+from ._common import cdiv, device_helper, last_to_arrive, num_sms, pow2_at_least
 
 BLOCK = 2048  # ids per step and per granule: 16 elements (two 16-byte bf16 loads) per thread at 4 warps
 NO_ID = tl.constexpr(2147483647)  # "no id": above every vocabulary id
@@ -167,9 +167,8 @@ def _finish(dec_ptr, cnt_ptr, len_ptr, acc_ptr, out_ptr, last_ptr, row, b, N, R,
     """Publishes the row's final decision; the request's last final row walks the request."""
     tl.store(dec_ptr + row.to(tl.int64) * 2, t)
     tl.store(dec_ptr + row.to(tl.int64) * 2 + 1, nxt)
-    tl.debug_barrier()
     req_cnt = cnt_ptr + 3 * R + b  # after the row counters (A, B) and the row states
-    if tl.atomic_add(req_cnt, 1, sem="acq_rel", scope="gpu") == N - 1:
+    if last_to_arrive(req_cnt, N):
         tl.store(req_cnt, 0)
         _walk(dec_ptr, len_ptr, acc_ptr, out_ptr, last_ptr, b, N, BLOCK_NODES)
 
@@ -215,8 +214,7 @@ def _verify(tok_ptr, par_ptr, logit_ptr, q_ptr, temp_ptr, unif_ptr, max_ptr, sum
             if HAS_TEMP:  # only sampling rows read the mass: a greedy-only call skips one exp per logit
                 shift = tl.where(gm == float("-inf"), 0.0, gm)
                 tl.store(sum_ptr + stat + g, tl.sum(tl.exp(x - shift), axis=0))
-        tl.debug_barrier()  # every thread's stores before the release (see the design note)
-        if tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel", scope="gpu") == nch - 1:
+        if last_to_arrive(cnt_ptr + row, nch):
             # the row's last program decides the row
             tl.store(cnt_ptr + row, 0)
             t = -1  # a sampling row with no distribution (all -inf or some NaN logits): bonus -1, stop
@@ -285,8 +283,7 @@ def _verify(tok_ptr, par_ptr, logit_ptr, q_ptr, temp_ptr, unif_ptr, max_ptr, sum
                 offs = start + tl.arange(0, BLOCK)
                 r = tl.sum(_residual(logit_ptr, q_ptr, row_off, q_off, offs, V, temp, M, Z), axis=0)
                 tl.store(res_ptr + stat + start // BLOCK, r)
-        tl.debug_barrier()
-        if tl.atomic_add(cnt_ptr + R + row, 1, sem="acq_rel", scope="gpu") == nch - 1:
+        if last_to_arrive(cnt_ptr + R + row, nch):
             tl.store(cnt_ptr + R + row, 0)
             tl.store(state_ptr, 0)  # every B program of the row has read it
             if state == 2:
