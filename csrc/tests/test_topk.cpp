@@ -80,6 +80,9 @@ static void test_order() {
   const float v[] = {-INFINITY, -1e30f, -2.f, -1.f, -1e-30f, 0.f, 1e-30f, 1.f, 2.f, 1e30f, INFINITY, NAN};
   for (size_t i = 0; i + 1 < sizeof v / sizeof v[0]; ++i) CHECK(orderable_bits(v[i]) < orderable_bits(v[i + 1]));
   CHECK(orderable_bits(-0.f) == orderable_bits(0.f));
+  // a NaN ranks first whatever its sign bit (x86's default NaN has it set) and payload
+  CHECK(std::signbit(-NAN) && orderable_bits(-NAN) == orderable_bits(NAN));
+  CHECK(orderable_bits(std::nanf("7")) == orderable_bits(NAN));
   // equal scores: the lower index has the larger key
   CHECK(topk_key(orderable_bits(1.f), 3) > topk_key(orderable_bits(1.f), 4));
   CHECK(topk_key(orderable_bits(1.f), 4000) > topk_key(orderable_bits(0.5f), 0));
@@ -94,7 +97,7 @@ static void test_radix_select() {
     for (int trial = 0; trial < 5; ++trial) {
       std::vector<float> s(C);
       for (auto& x : s) x = trial == 1 ? float(int(nd(rng) * 2)) : nd(rng);  // trial 1: many ties
-      if (trial == 2 && C > 3) s[1] = -0.f, s[2] = 0.f, s[0] = NAN;
+      if (trial == 2 && C > 3) s[1] = -0.f, s[2] = 0.f, s[0] = NAN, s[C - 1] = -NAN;  // both NaNs first
       if (trial == 3) std::fill(s.begin(), s.end(), 0.25f);  // all equal: the lowest indices
       if (trial == 4 && C > 8) s[C / 2] = INFINITY, s[C / 3] = -INFINITY, s[C - 1] = s[C - 2] = 7.f;
       for (uint32_t k : {1u, 2u, 32u, uint32_t(C) / 2, uint32_t(C)}) {

@@ -28,15 +28,6 @@
 
 namespace gemma4_mtp {
 
-// The inverse of orderable_bits (topk_logic.h): the score a key was made from (-0 comes back as +0).
-G4_HD float key_score(uint64_t key) {
-  const uint32_t ob = static_cast<uint32_t>(key >> 32);
-  const uint32_t b = (ob & 0x80000000u) ? (ob & 0x7fffffffu) : ~ob;
-  float f;
-  std::memcpy(&f, &b, sizeof f);
-  return f;
-}
-
 namespace dense_head {
 
 constexpr int kThreads = 256;
@@ -58,7 +49,7 @@ __device__ __forceinline__ void insert(uint64_t (&best)[K], uint64_t key) {
 }
 
 __device__ __forceinline__ uint64_t score_key(float s, int row) {
-  return topk_key(orderable_bits(s != s ? NAN : s), static_cast<uint32_t>(row));  // one NaN: every NaN ranks first
+  return topk_key(orderable_bits(s), static_cast<uint32_t>(row));
 }
 
 // Thread t < tokens merges the warps' lists of token t0 + t (lists[w][t], each best first) into the CTA's
@@ -315,7 +306,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(DenseHeadParams p)
     for (int i = 0; i < K; ++i) {
       if (i < p.k) {
         p.out_ids[static_cast<int64_t>(t) * p.k + i] = topk_key_index(best[i]);
-        p.out_logits[static_cast<int64_t>(t) * p.k + i] = key_score(best[i]);
+        p.out_logits[static_cast<int64_t>(t) * p.k + i] = topk_key_value(best[i]);
       }
     }
   }

@@ -28,4 +28,14 @@ G4_HD uint32_t float_bits(float f) {
 #endif
 }
 
+G4_HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
 }  // namespace gemma4_mtp

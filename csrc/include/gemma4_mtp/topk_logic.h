@@ -12,12 +12,18 @@
 
 namespace gemma4_mtp {
 
-// Monotone map of floats to unsigned ints (-0 and +0 compare equal, as in torch.sort).
+// Monotone map of floats to unsigned ints in torch.sort's order: -0 and +0 equal, every NaN above +inf
+// whatever its sign bit (x86's default NaN has it set: a bit-level map alone ranked it below -inf); the
+// NaNs share one value, so their order among themselves is the index's.
 G4_HD uint32_t orderable_bits(float f) {
+  if (f != f) return 0xffffffffu;
   if (f == 0.f) f = 0.f;
   const uint32_t b = float_bits(f);
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
+
+// The inverse of orderable_bits: a NaN's bits come back as a NaN, -0 as +0.
+G4_HD float order_bits_value(uint32_t ob) { return bits_float((ob & 0x80000000u) ? ob & 0x7fffffffu : ~ob); }
 
 // One 64-bit key per (score order bits, index) whose descending order is the reference's order.
 G4_HD uint64_t topk_key(uint32_t order_bits, uint32_t index) {
@@ -25,6 +31,7 @@ G4_HD uint64_t topk_key(uint32_t order_bits, uint32_t index) {
 }
 
 G4_HD uint32_t topk_key_index(uint64_t key) { return ~static_cast<uint32_t>(key & 0xffffffffu); }
+G4_HD float topk_key_value(uint64_t key) { return order_bits_value(static_cast<uint32_t>(key >> 32)); }
 
 constexpr int kRadixBins = 256;
 constexpr int kRadixPasses = 4;

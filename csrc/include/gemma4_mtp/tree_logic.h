@@ -24,25 +24,12 @@ G4_HD ArgMax argmax_identity() { return {-INFINITY, kNoIndex}; }
 // NaN wins), so that a row of NaN logits still yields an id in [0, V), never kNoIndex.
 // Compared as one 64-bit key: the value's order bits (NaN above +inf, -0 == +0), then the inverted
 // index, so the larger key wins.
-G4_HD uint64_t argmax_key(ArgMax a) {
-  const uint32_t order = a.value != a.value ? 0xffffffffu : orderable_bits(a.value);
-  return (static_cast<uint64_t>(order) << 32) | static_cast<uint32_t>(~static_cast<uint32_t>(a.index));
-}
+G4_HD uint64_t argmax_key(ArgMax a) { return topk_key(orderable_bits(a.value), static_cast<uint32_t>(a.index)); }
 
 G4_HD ArgMax argmax_merge(ArgMax a, ArgMax b) { return argmax_key(b) > argmax_key(a) ? b : a; }
 
 // The (value, index) of an argmax_key (NaN for the order bits of NaN; -0 comes back +0).
-G4_HD ArgMax argmax_of_key(uint64_t key) {
-  const uint32_t order = static_cast<uint32_t>(key >> 32);
-  const uint32_t bits = order == 0xffffffffu ? 0x7fffffffu : (order & 0x80000000u) ? order & 0x7fffffffu : ~order;
-  float value;
-#if defined(__CUDA_ARCH__)
-  value = __uint_as_float(bits);
-#else
-  std::memcpy(&value, &bits, sizeof value);
-#endif
-  return ArgMax{value, static_cast<int>(~static_cast<uint32_t>(key & 0xffffffffu))};
-}
+G4_HD ArgMax argmax_of_key(uint64_t key) { return ArgMax{topk_key_value(key), static_cast<int>(topk_key_index(key))}; }
 
 // argmax_merge(a, {value, index}) for an index above every index already in a (one thread's scan in
 // ascending ids): a tie never replaces an element (only the empty identity), so only "greater, NaN
