@@ -37,9 +37,10 @@ ALL_FOUR = "the four sections of 2026-12-04 after \"Kernel by kernel\""
 ONE_CALL = "A drafter step in one host call"
 TOPK_SECTION = "The centroid head's top-k in its own launch"
 CLUSTER_MAJOR = "The centroid head at large T: cluster-major phase 2"
+ATTN_PIPELINE = "Attention's K/V tiles pipelined past the block table"
 PREDICTIONS = (
-    Prediction("E2B step", "drafter_step", STEP_E2B, "triton", 150, 160, 171.3, ALL_FOUR),
-    Prediction("31B step", "drafter_step", STEP_31B, "triton", 470, 490, 522.8, ALL_FOUR),
+    Prediction("E2B step", "drafter_step", STEP_E2B, "triton", 146, 160, 171.3, f"{ALL_FOUR}; {ATTN_PIPELINE}"),
+    Prediction("31B step", "drafter_step", STEP_31B, "triton", 455, 485, 522.8, f"{ALL_FOUR}; {ATTN_PIPELINE}"),
     Prediction("E2B eager step, cuda: one host call", "drafter_step", STEP_E2B, "cuda_eager", 180, 300, 1292.6,
                ONE_CALL),
     Prediction("E2B eager step, cuda: the ops one by one", "drafter_step", STEP_E2B, "cuda_eager_ops", 1150, 1450,
@@ -69,11 +70,13 @@ PREDICTIONS = (
     Prediction("31B q_proj T=1", "rms_norm_q_rope", "31B q_proj full T=1", "triton", 23, 24.5, 25.9,
                "The 31B prologue's statistics in 3 waves of loads instead of 8"),
     Prediction("E2B full attention 8K", "q_only_paged_attention", "E2B full D=512 B=1 Q=1 ctx=8192", "triton",
-               18.5, 20.5, 23.4, "The attention merges and the centroid scores in fewer dependent loads"),
+               17, 21, 23.4, ATTN_PIPELINE),
     Prediction("E2B full attention 32K", "q_only_paged_attention", "E2B full D=512 B=1 Q=1 ctx=32768", "triton",
-               40, 42, 45.7, "The attention merges and the centroid scores in fewer dependent loads"),
+               30, 40, 45.7, ATTN_PIPELINE),
     Prediction("E2B sliding attention 8K", "q_only_paged_attention", "E2B sliding D=256 B=1 Q=1 ctx=8192", "triton",
-               8.2, 8.8, 9.2, "The attention merges and the centroid scores in fewer dependent loads"),
+               7.5, 8.8, 9.2, ATTN_PIPELINE),
+    Prediction("31B full attention 8K", "q_only_paged_attention", "31B full D=512 B=1 Q=1 ctx=8192", "triton",
+               24, 40, None, ATTN_PIPELINE),
     Prediction("E2B centroid head, argmax T=1", "centroid_logits", "E2B argmax T=1", "triton", 12.3, 12.8, 13.7,
                "The attention merges and the centroid scores in fewer dependent loads"),
     Prediction("E2B centroid head, top-2 T=1", "centroid_logits", "E2B top2 T=1", "triton", 12.5, 15.5, None,

@@ -115,6 +115,19 @@ def test_merge_over_more_splits_than_one_merge_tile(tiles, monkeypatch):
     run_case([9000, 700, 0], 1, 4, 1, 64, splits=20)  # the few-split tile: one step
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("block_size", [1, 5, 37])
+def test_key_ranges_over_several_table_segments(block_size, device):
+    """A program loads the block-table entries of its key range one segment at a time (segment_keys: as many
+    whole tiles as TABLE_PAGES pages hold wherever they start): ranges of one, several and a part of a
+    segment per split, segments starting at every offset into a page, a window's range starting mid-page."""
+    seg = tq.segment_keys(block_size, tq.kernel_config(256, 4)["BLOCK_N"])
+    assert (tq.table_pages(32) - 1) * block_size < seg + 32  # a segment is as long as the pages allow
+    run_case([3 * seg + 45, seg, seg - 7, 1], 1, 4, 1, 256, block_size=block_size, splits=1, device=device)
+    run_case([3 * seg + 45, 2 * seg + 1], 1, 4, 1, 256, block_size=block_size, splits=3, device=device)
+    run_case([2 * seg + 11, 40], 1, 4, 1, 256, block_size=block_size, splits=1, window=seg + 3, device=device)
+
+
 @pytest.mark.parametrize("splits", [None, 1])
 def test_fp32_head_dim_512_tiles(splits):
     """fp32 takes its own tiles (16 keys, fewer stages): with the bf16 ones a D 512 fp32 launch needs

@@ -11,6 +11,9 @@ Design. The op is a pure K/V stream: every attended cache entry is read once, th
   (page = pos // block_size, slot = pos % block_size) with the cache's own strides, so any
   block_size and all four engine layouts (NHD, vLLM [nb, 2, ...], FlashAttention [2, nb, ...], HND
   views) work without copies. Only D has to be contiguous; a K/V row is D contiguous elements.
+  A program reads the table entries of its range a segment (up to 64 pages) at a time, before the
+  segment's tiles, and finds each key's block in registers: no load inside the tile loop feeds the
+  K/V addresses, which is what lets Triton's pipeliner overlap the tiles (see the loop).
 - The walk starts at the first in-window token (pos >= seq_len - window): table entries of blocks
   wholly outside the window are never loaded. Table entries are loaded only for positions the call
   attends. A block id outside [0, num_blocks), or a seq_len past the table's capacity (possible
@@ -67,14 +70,15 @@ LOG2E = 1.4426950408889634
 
 
 # Not specialised (one compile for every batch size, table width and split count): the sizes, the table's
-# row stride (its entries are gathered one by one) and the lse strides (one scalar store per row).
-@triton.jit(do_not_specialize=["window", "num_blocks", "block_size", "max_blocks", "splits", "rows", "G", "Hkv",
-                               "st_b", "sl_b", "sl_q", "sl_h", "sl_s", "fl_b", "fl_q", "fl_h"])
+# row stride (a segment of its entries is one masked load) and the lse strides (one scalar store per row).
+@triton.jit(do_not_specialize=["window", "num_blocks", "block_size", "max_blocks", "seg", "splits", "rows", "G",
+                               "Hkv", "st_b", "sl_b", "sl_q", "sl_h", "sl_s", "fl_b", "fl_q", "fl_h"])
 def _attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, lse_ptr, fin_ptr, flse_ptr, cnt_ptr,
-                 scale_log2, softcap, window, num_blocks, block_size, max_blocks, splits, rows, G, Hkv,
+                 scale_log2, softcap, window, num_blocks, block_size, max_blocks, seg, splits, rows, G, Hkv,
                  sq_b, sq_q, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, st_b,
                  so_b, so_q, so_h, so_s, sl_b, sl_q, sl_h, sl_s, fo_b, fo_q, fo_h, fl_b, fl_q, fl_h,
                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr,
+                 PAGES: tl.constexpr,
                  HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, WRITE_LSE: tl.constexpr,
                  PARTIAL: tl.constexpr, MERGE: tl.constexpr, MERGE_MR: tl.constexpr, MERGE_MS: tl.constexpr,
                  MERGE_LSE: tl.constexpr,
@@ -109,33 +113,45 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, lse_ptr, fin
     table_row = table_ptr + b.to(tl.int64) * st_b
     k_head = k_ptr + kvh.to(tl.int64) * sk_h
     v_head = v_ptr + kvh.to(tl.int64) * sv_h
-    for n0 in range(lo, hi, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        p_mask = pos < hi
-        page = pos // block_size
-        in_table = page < max_blocks  # an unchecked seq_len past the table must not read beyond it
-        blk = tl.load(table_row + page, mask=p_mask & in_table, other=0).to(tl.int64)
-        bad = p_mask & (~in_table | (blk < 0) | (blk >= num_blocks))
-        ld_mask = p_mask & ~bad
-        slot = (pos % block_size).to(tl.int64)
-        k = tl.load(k_head + blk[:, None] * sk_b + slot[:, None] * sk_s + d[None, :], mask=ld_mask[:, None], other=0.0)
-        v = tl.load(v_head + blk[:, None] * sv_b + slot[:, None] * sv_s + d[None, :], mask=ld_mask[:, None], other=0.0)
-        s = mma(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), PREC, INTERP)
-        if HAS_SOFTCAP:
-            # softcap * tanh(x / softcap), tanh(y) = 1 - 2 / (exp(2y) + 1): exact limits at +-inf
-            y = s * (scale_log2 / (softcap * 1.4426950408889634))
-            s = (softcap * 1.4426950408889634) * (1.0 - 2.0 / (tl.exp2(2.8853900817779268 * y) + 1.0))
-        else:
-            s = s * scale_log2
-        s = tl.where(p_mask[None, :], s, float("-inf"))
-        s = tl.where(bad[None, :], float("nan"), s)
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = mma(cast(p, v.dtype, INTERP), v, acc * alpha[:, None], PREC, INTERP)
-        m_i = m_new
+    # The range in segments of `seg` keys (at most PAGES table entries): a segment's entries are loaded
+    # before its tiles, so the K/V addresses come from registers and Triton's pipeliner overlaps tile
+    # i + 1's loads with tile i's math. Looked up inside the tile loop, the entry load made the sm_90
+    # SASS (Triton 3.6 and 3.8) wait for every copy in flight at the top of each tile (DEPBAR.LE SB0,
+    # 0x0): no tile's K/V copies overlapped another tile's math (benchmarks/README.md, "Attention's K/V
+    # tiles pipelined past the block table").
+    for s0 in range(lo, hi, seg):
+        s1 = tl.minimum(s0 + seg, hi)
+        p0 = s0 // block_size
+        pg = p0 + tl.arange(0, PAGES)
+        # pages past the table (an unchecked seq_len) must not be read: they load as -1, a bad block
+        tbl = tl.load(table_row + pg, mask=(pg <= (s1 - 1) // block_size) & (pg < max_blocks), other=-1)
+        for n0 in range(s0, s1, BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            p_mask = pos < s1
+            blk = tl.gather(tbl, tl.minimum(pos // block_size - p0, PAGES - 1), 0).to(tl.int64)
+            bad = p_mask & ((blk < 0) | (blk >= num_blocks))
+            ld_mask = p_mask & ~bad
+            slot = (pos % block_size).to(tl.int64)
+            k = tl.load(k_head + blk[:, None] * sk_b + slot[:, None] * sk_s + d[None, :], mask=ld_mask[:, None],
+                        other=0.0)
+            v = tl.load(v_head + blk[:, None] * sv_b + slot[:, None] * sv_s + d[None, :], mask=ld_mask[:, None],
+                        other=0.0)
+            s = mma(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), PREC, INTERP)
+            if HAS_SOFTCAP:
+                # softcap * tanh(x / softcap), tanh(y) = 1 - 2 / (exp(2y) + 1): exact limits at +-inf
+                y = s * (scale_log2 / (softcap * 1.4426950408889634))
+                s = (softcap * 1.4426950408889634) * (1.0 - 2.0 / (tl.exp2(2.8853900817779268 * y) + 1.0))
+            else:
+                s = s * scale_log2
+            s = tl.where(p_mask[None, :], s, float("-inf"))
+            s = tl.where(bad[None, :], float("nan"), s)
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = mma(cast(p, v.dtype, INTERP), v, acc * alpha[:, None], PREC, INTERP)
+            m_i = m_new
 
     # l = 0: nothing attended (acc is 0, so out 0, lse -inf); a NaN l (bad block id) stays NaN
     l_div = tl.where(l_i == 0, 1.0, l_i)
@@ -240,6 +256,20 @@ def _merge_kernel(po_ptr, plse_ptr, out_ptr, lse_ptr, splits, Qn, Hq,
 
 
 MIN_TILES_PER_SPLIT = 2
+# Block-table entries a program loads at once (one segment of its key range, `segment_keys`): 64 pages of
+# 16 keys hold ~1000 keys, more than a split has at the drafters' shapes; one int32 each.
+TABLE_PAGES = 64
+
+
+def table_pages(block_n: int) -> int:
+    """Table entries per segment (PAGES): TABLE_PAGES, or a whole tile's at one key per page."""
+    return max(TABLE_PAGES, block_n)
+
+
+def segment_keys(block_size: int, block_n: int) -> int:
+    """Keys of a segment: whole tiles of block_n whose keys, wherever they start, lie in at most
+    table_pages(block_n) = P pages, i.e. at most (P - 1) * block_size + 1 keys (>= block_n)."""
+    return ((table_pages(block_n) - 1) * block_size + 1) // block_n * block_n
 
 
 def kernel_config(D: int, rows: int, elem_bytes: int = 2, *, block_n: int | None = None, num_warps: int | None = None,
@@ -263,6 +293,9 @@ def kernel_config(D: int, rows: int, elem_bytes: int = 2, *, block_n: int | None
         cfg = dict(BLOCK_M=block_m, BLOCK_N=32, num_warps=8, num_stages=3 if block_m == 16 else 2)
     chosen = dict(BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
     cfg.update({k: v for k, v in chosen.items() if v is not None})
+    # Without a cap ptxas held some pipelined launches (one split, 64 rows) to 128 registers and kept 6-8
+    # values on the stack across the key loop; 255 still fits the programs an SM holds (programs_per_sm).
+    cfg["maxnreg"] = 255
     return cfg
 
 
@@ -316,7 +349,8 @@ def merge_config(D: int, splits: int) -> dict:
 def programs_per_sm(cfg: dict) -> int:
     """Resident attention programs per SM. Registers bound it: the fp32 accumulator tiles take 130-240
     registers per thread in the sm_80 / sm_90 compiles (benchmarks/triton_resources.md), so an SM's 64K
-    registers hold 8 warps of these programs (shared memory, 40-130 KB, would allow more)."""
+    registers hold 8 warps of these programs; shared memory (three stages of K and V tiles: 74 KiB at
+    D 256 with 4 warps, 146 KiB at D 512) holds as many on an A100 (164 KiB) as on an H100 (227)."""
     return max(1, 8 // cfg["num_warps"])
 
 
@@ -350,12 +384,13 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
         splits = num_splits(B, Hkv, row_tiles, max_len, cfg["BLOCK_N"], num_sms(q.device), programs_per_sm(cfg))
     interp = interpreting(q.device)
     common = dict(D=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                  MIN_CHUNK=MIN_TILES_PER_SPLIT * cfg["BLOCK_N"], HAS_WINDOW=window is not None,
+                  MIN_CHUNK=MIN_TILES_PER_SPLIT * cfg["BLOCK_N"], PAGES=table_pages(cfg["BLOCK_N"]), HAS_WINDOW=window is not None,
                   HAS_SOFTCAP=softcap is not None, PREC=dot_precision(q.dtype), INTERP=interp,
-                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_args(q.device))
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"],
+                  **pdl_args(q.device))
     args = (q, k_cache, v_cache, block_table, seq_lens)
     scalars = (scale * LOG2E, 1.0 if softcap is None else softcap, 0 if window is None else window, num_blocks,
-               block_size, block_table.shape[1], splits, rows, G, Hkv, *q.stride()[:3], *k_cache.stride()[:3],
+               block_size, block_table.shape[1], segment_keys(block_size, cfg["BLOCK_N"]), splits, rows, G, Hkv, *q.stride()[:3], *k_cache.stride()[:3],
                *v_cache.stride()[:3], block_table.stride(0))
     grid = (B * Hkv, splits, row_tiles)
     lse_strides = lse.stride() if return_lse else (0, 0, 0)
