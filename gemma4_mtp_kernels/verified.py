@@ -30,10 +30,6 @@ EVIDENCE = {
         ((('Hb', 5376), ('Hd', 1024)), ('T', 1, 8), 'cuda', '2026-12-04-h200: 31B T=1: cuda 12.1 us, triton 13.2 us; 31B T=8: cuda 11.5 us, triton 14.2 us'),
         ((('Hb', 5376), ('Hd', 1024)), ('T', 64, 64), 'triton', '2026-12-04-h200: 31B T=64: triton 21.4 us, cuda 26.3 us'),
     ),
-    ('NVIDIA H200', 'q_only_paged_attention', 'bfloat16'): (
-        ((('Q', 1), ('Hq', 4), ('Hkv', 1), ('D', 256), ('sliding', True)), ('B', 1, 1), 'triton', '2026-12-04-h200: E2B sliding D=256 B=1 Q=1 ctx=8192: triton 9.2 us'),
-        ((('Q', 1), ('Hq', 4), ('Hkv', 1), ('D', 512), ('sliding', False)), ('B', 1, 1), 'triton', '2026-12-04-h200: E2B full D=512 B=1 Q=1 ctx=8192: triton 23.4 us; E2B full D=512 B=1 Q=1 ctx=32768: triton 45.7 us'),
-    ),
     ('NVIDIA H200', 'rms_norm_gate_up', 'bfloat16'): (
         ((('H', 1024), ('N', 8192)), ('T', 1, 8), 'cuda', '2026-12-04-h200: 31B gate_up T=1: cuda 20.0 us; 31B gate_up T=8: cuda 31.8 us'),
         ((('H', 256), ('N', 2048)), ('T', 1, 1), 'cuda', '2026-12-04-h200: E2B gate_up T=1: cuda 5.9 us'),
