@@ -175,6 +175,27 @@ def argmax_ties_case(dtype):
     return hidden.to(dtype), centroids.to(dtype), ordering, lm_head.to(dtype)
 
 
+def check_nan_cluster_scores(call):
+    """A NaN centroid score ranks above every number, as torch's sort puts it, also a NaN with its sign bit
+    set (x86's default NaN, which the interpreter's and the CPU emulation's arithmetic keep; a GPU's makes
+    positive NaNs): clusters 3 (NaN) and 5 (-NaN) are selected first, in index order, and `call`'s argmax
+    and top-k (call: the op's signature, without backend) are the reference's."""
+    T, Hd, C, CS, top_k = 3, 16, 8, 4, 3
+    hidden, centroids, ordering, lm_head = make(T, Hd, C, C * CS, torch.float32, gen=torch.Generator().manual_seed(9))
+    centroids[3] = float("nan")
+    centroids[5] = -torch.tensor(float("nan"))
+    assert torch.signbit(centroids[5]).all() and not torch.signbit(centroids[3]).any()
+    args = (hidden, centroids, ordering, lm_head)
+    ids, _ = call(*args, top_k=top_k, output="sparse", k=1)
+    assert set(ordering.view(C, CS)[[3, 5]].flatten().tolist()) == set(ids[0, :2 * CS].tolist())
+    ref_ids, _ = g.centroid_logits(*args, top_k=top_k, output="sparse", backend="torch")
+    assert torch.equal(ids[:, :2 * CS], ref_ids[:, :2 * CS])
+    for output, k in (("argmax", 1), ("topk", 3)):
+        got = call(*args, top_k=top_k, output=output, k=k)
+        ref = g.centroid_logits(*args, top_k=top_k, output=output, k=k, backend="torch")
+        assert torch.equal(got[0], ref[0]) and torch.allclose(got[1], ref[1], rtol=1e-5, atol=1e-5), output
+
+
 def check_zero_tokens(backend, device):
     args = [t.to(device) for t in make(0, 16, 4, 12, torch.float32)]
     ids, logits = g.centroid_logits(*args, top_k=2, output="sparse", backend=backend)

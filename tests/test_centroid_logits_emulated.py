@@ -19,8 +19,7 @@ import torch
 
 import emulated
 from cases_centroid_logits import (ARGMAX_TIES_TOPK, DTYPES, TIED_TOP_K, argmax_ties_case, check_all_outputs,
-                                   cluster_ties_case, make)
-from gemma4_mtp_kernels import centroid_logits
+                                   check_nan_cluster_scores, cluster_ties_case, make)
 from helpers import DRAFTERS
 
 E2B = DRAFTERS["E2B"]
@@ -106,20 +105,4 @@ def test_cluster_and_argmax_ties(binary, tmp_path, dtype):
 
 
 def test_nan_cluster_scores_rank_first_whatever_their_sign(binary, tmp_path):
-    """A NaN centroid score ranks above every number, as torch's sort puts it, also one with its sign bit
-    set (x86's default NaN, which the emulation's arithmetic keeps; a GPU's makes positive NaNs): clusters
-    3 (NaN) and 5 (-NaN) are selected first, in index order, and the argmax and top-k come from them."""
-    T, Hd, C, CS, top_k = 3, 16, 8, 4, 3
-    hidden, centroids, ordering, lm_head = make(T, Hd, C, C * CS, torch.float32, gen=torch.Generator().manual_seed(9))
-    centroids[3] = float("nan")
-    centroids[5] = -torch.tensor(float("nan"))
-    assert torch.signbit(centroids[5]).all() and not torch.signbit(centroids[3]).any()
-    args, call = (hidden, centroids, ordering, lm_head), Emulated(binary, tmp_path, sms=3)
-    ids, _ = call(*args, top_k=top_k, output="sparse")
-    assert set(ordering.view(C, CS)[[3, 5]].flatten().tolist()) == set(ids[0, :2 * CS].tolist())
-    ref_ids, _ = centroid_logits(*args, top_k=top_k, output="sparse", backend="torch")
-    assert torch.equal(ids[:, :2 * CS], ref_ids[:, :2 * CS])
-    for output, k in (("argmax", 1), ("topk", 3)):
-        got = call(*args, top_k=top_k, output=output, k=k)
-        ref = centroid_logits(*args, top_k=top_k, output=output, k=k, backend="torch")
-        assert torch.equal(got[0], ref[0]) and torch.allclose(got[1], ref[1], rtol=1e-5, atol=1e-5), output
+    check_nan_cluster_scores(Emulated(binary, tmp_path, sms=3))

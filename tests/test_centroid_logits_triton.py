@@ -7,7 +7,7 @@ other; the test checks each such exception against that bound.
 import pytest
 import torch
 
-from cases_centroid_logits import ARGMAX_TIES_TOPK, argmax_ties_case, best_of
+from cases_centroid_logits import ARGMAX_TIES_TOPK, argmax_ties_case, best_of, check_nan_cluster_scores
 from gemma4_mtp_kernels import centroid_logits
 from helpers import DRAFTERS
 
@@ -198,25 +198,10 @@ def test_negative_zero_scores_tie_with_zero():
 
 @pytest.mark.parametrize("order", ["tokens", "clusters"])
 def test_nan_cluster_scores_rank_first_whatever_their_sign(order):
-    """A NaN centroid score ranks above every number, as torch's sort puts it, also a NaN with its sign bit
-    set (x86's default NaN, and the interpreter's): clusters 3 (NaN) and 5 (-NaN) are selected first, in
-    index order, and the argmax and top-k come from them; every logit of theirs is a number."""
+    """check_nan_cluster_scores with argmax and topk in both phase-2 orders (sparse is token-major only)."""
     from gemma4_mtp_kernels.triton import centroid_logits as triton_impl
-    g = torch.Generator().manual_seed(9)
-    T, Hd, C, CS, top_k = 3, 16, 8, 4, 3
-    hidden, centroids, ordering, lm_head = make_inputs(T, Hd, C, CS, torch.float32, g)
-    centroids[3] = float("nan")
-    centroids[5] = -torch.tensor(float("nan"))
-    assert torch.signbit(centroids[5]).all() and not torch.signbit(centroids[3]).any()
-    args = (hidden, centroids, ordering, lm_head)
-    ids, _ = centroid_logits(*args, top_k=top_k, output="sparse", backend="triton")
-    ref_ids, _ = centroid_logits(*args, top_k=top_k, output="sparse", backend="torch")
-    assert torch.equal(ids[:, :2 * CS], ref_ids[:, :2 * CS])
-    assert set(ordering.view(C, CS)[[3, 5]].flatten().tolist()) == set(ids[0, :2 * CS].tolist())
-    for output, k in (("argmax", 1), ("topk", 3)):
-        got = triton_impl(*args, top_k=top_k, output=output, k=k, order=order)
-        ref = centroid_logits(*args, top_k=top_k, output=output, k=k, backend="torch")
-        assert torch.equal(got[0], ref[0]) and torch.allclose(got[1], ref[1], rtol=1e-5, atol=1e-5), output
+    check_nan_cluster_scores(lambda *args, output, **kw: triton_impl(
+        *args, output=output, order=None if output == "sparse" else order, **kw))
 
 
 @pytest.mark.filterwarnings("ignore:All-NaN slice")  # the interpreter's max over the NaN logits
