@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 
 from .._counters import zeroed_counters
-from ._common import (cdiv, device_helper, dot_precision, interpreting, last_to_arrive, mma, num_sms, pdl_args, pow2_at_least,
-                      wait_for_inputs)
+from ._common import (cdiv, device_helper, dot_precision, interpreting, last_to_arrive, mma, num_sms, pdl_args,
+                      pow2_at_least, wait_for_inputs)
 
 MAX_ID = tl.constexpr(2147483647)  # ids are below 2^31: the packed key's low half is id ^ MAX_ID
 EMPTY_P = tl.constexpr(-9223372036854775808)  # below every packed key: the key -2^31 (below every number's

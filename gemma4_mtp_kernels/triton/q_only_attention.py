@@ -62,8 +62,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, last_to_arrive, mma, num_sms, pdl_args, pow2_at_least,
-                      wait_for_inputs)
+from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, last_to_arrive, mma, num_sms, pdl_args,
+                      pow2_at_least, wait_for_inputs)
 from .._counters import zeroed_counters
 
 LOG2E = 1.4426950408889634
@@ -384,14 +384,15 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
         splits = num_splits(B, Hkv, row_tiles, max_len, cfg["BLOCK_N"], num_sms(q.device), programs_per_sm(cfg))
     interp = interpreting(q.device)
     common = dict(D=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                  MIN_CHUNK=MIN_TILES_PER_SPLIT * cfg["BLOCK_N"], PAGES=table_pages(cfg["BLOCK_N"]), HAS_WINDOW=window is not None,
-                  HAS_SOFTCAP=softcap is not None, PREC=dot_precision(q.dtype), INTERP=interp,
+                  MIN_CHUNK=MIN_TILES_PER_SPLIT * cfg["BLOCK_N"], PAGES=table_pages(cfg["BLOCK_N"]),
+                  HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, PREC=dot_precision(q.dtype),
+                  INTERP=interp,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"],
                   **pdl_args(q.device))
     args = (q, k_cache, v_cache, block_table, seq_lens)
     scalars = (scale * LOG2E, 1.0 if softcap is None else softcap, 0 if window is None else window, num_blocks,
-               block_size, block_table.shape[1], segment_keys(block_size, cfg["BLOCK_N"]), splits, rows, G, Hkv, *q.stride()[:3], *k_cache.stride()[:3],
-               *v_cache.stride()[:3], block_table.stride(0))
+               block_size, block_table.shape[1], segment_keys(block_size, cfg["BLOCK_N"]), splits, rows, G, Hkv,
+               *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0))
     grid = (B * Hkv, splits, row_tiles)
     lse_strides = lse.stride() if return_lse else (0, 0, 0)
     if splits == 1:  # out / lse written by the main kernel; no merge (its pointers unused)

@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, last_to_arrive, mma, num_sms, pdl_args, pow2_at_least,
-                      prefetch_weight_rows, split_epilogue, sum_splits, wait_for_inputs)
+from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, last_to_arrive, mma, num_sms, pdl_args,
+                      pow2_at_least, prefetch_weight_rows, split_epilogue, sum_splits, wait_for_inputs)
 from .._counters import zeroed_counters
 
 COUNTER_OWNER = "triton.rms_norm_linear"  # its cached counters in gemma4_mtp_kernels._counters

@@ -24,8 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, last_to_arrive, mma, pdl_args, prefetch_weight_rows,
-                      wait_for_inputs)
+from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, last_to_arrive, mma, pdl_args,
+                      prefetch_weight_rows, wait_for_inputs)
 from .rms_norm_linear import (BLOCK_K, normed_tile, prologue_args, prologue_stats, prologue_unroll, row_tile,
                              token_block)
 from .._counters import zeroed_counters

@@ -31,8 +31,9 @@ consumed it last, so no per-call memset is needed and the launch replays in a CU
 Ordering (the interpreter runs programs one after another, in ticket order, so only this argument
 covers it). A program's published values are scalar stores; `tl.debug_barrier()` (bar.sync) then
 orders every thread's stores before the counter increment, an `atom.acq_rel.gpu` issued by one
-thread (`_common.last_to_arrive`, which every kernel's last-program election calls; release is cumulative over what the barrier made that thread observe, the pattern of
-cooperative groups' grid sync). A counter is only ever changed by these read-modify-writes until it
+thread (`_common.last_to_arrive`, which every kernel's last-program election calls; release is
+cumulative over what the barrier made that thread observe, the pattern of cooperative groups' grid
+sync). A counter is only ever changed by these read-modify-writes until it
 reaches its total, so the program that reads total - 1 reads the end of a chain of RMWs that
 contains every other program's release: each of them synchronizes with its acquire. A row state is
 written with a release exchange and read with acquire RMWs. Triton hands the atomic's result to the
