@@ -38,6 +38,7 @@ ONE_CALL = "A drafter step in one host call"
 TOPK_SECTION = "The centroid head's top-k in its own launch"
 CLUSTER_MAJOR = "The centroid head at large T: cluster-major phase 2"
 ATTN_PIPELINE = "Attention's K/V tiles pipelined past the block table"
+CUDA_CLUSTER_MAJOR = "The CUDA centroid head's cluster-major phase 2"
 PREDICTIONS = (
     Prediction("E2B step", "drafter_step", STEP_E2B, "triton", 146, 160, 171.3, f"{ALL_FOUR}; {ATTN_PIPELINE}"),
     Prediction("31B step", "drafter_step", STEP_31B, "triton", 455, 485, 522.8, f"{ALL_FOUR}; {ATTN_PIPELINE}"),
@@ -95,6 +96,14 @@ PREDICTIONS = (
                "triton_cluster_major", -1, 4, None, CLUSTER_MAJOR, minus=("E2B argmax T=1", "triton")),
     Prediction("E2B centroid head, top-2 T=64 (cluster-major)", "centroid_logits", "E2B top2 T=64", "triton", 40, 60,
                None, CLUSTER_MAJOR),
+    Prediction("E2B centroid head, argmax T=8, CUDA (cluster-major)", "centroid_logits", "E2B argmax T=8", "cuda", 15,
+               22, 26.1, CUDA_CLUSTER_MAJOR),
+    Prediction("E2B centroid head, argmax T=64, CUDA (cluster-major)", "centroid_logits", "E2B argmax T=64", "cuda",
+               32, 50, 112.6, CUDA_CLUSTER_MAJOR),
+    Prediction("E2B centroid head, top-2 T=64, CUDA (cluster-major)", "centroid_logits", "E2B top2 T=64", "cuda", 34,
+               55, None, CUDA_CLUSTER_MAJOR),
+    Prediction("E2B centroid head, argmax T=1, CUDA (token-major, unchanged)", "centroid_logits", "E2B argmax T=1",
+               "cuda", 15, 17.5, 16.4, CUDA_CLUSTER_MAJOR),
     Prediction("softmax_sample, 4096 candidates, B=1", "softmax_sample", "centroid head (4096 candidates) B=1",
                "triton", 5, 8, None, "Sampled draft tokens in two launches"),
     Prediction("softmax_sample, V = 262144, B=1", "softmax_sample", "dense head B=1", "triton", 5, 8, None,

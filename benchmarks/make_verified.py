@@ -36,6 +36,8 @@ REWRITTEN = {
                                               "replaced the CUDA-core kernel the 2026-12-04 run verified"),
     ("centroid_logits", "triton"): ("2026-12-05", "argmax / topk with T * top_k above the SMs take a cluster-major "
                                                   "phase 2 the 2026-12-04 run did not have"),
+    ("centroid_logits", "cuda"): ("2026-12-05", "argmax / topk with T * top_k above the SMs take a cluster-major "
+                                                "phase 2 the 2026-12-04 run did not have"),
     ("q_only_paged_attention", "triton"): ("2026-12-05", "the key loop reads the block table a segment ahead, so its "
                                                          "K/V tiles are pipelined: not the loop the 2026-12-04 run timed"),
 }

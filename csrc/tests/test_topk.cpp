@@ -135,6 +135,27 @@ static void test_plan() {
   CHECK_EQ(t64.grid, 132);
   CentroidPlan tiny = centroid_plan(1, 2, 4, 8, 132, 16);
   CHECK(tiny.grid >= 1 && tiny.rows * tiny.chunks >= 4);
+  CHECK(!e2b.cluster_major && !t64.cluster_major);
+  // cluster-major once the pairs outnumber the SMs (argmax, topk), as the Triton plan(); a forced order stays
+  CHECK(centroid_order(CentroidOrder::kAuto, 4, 32, 132, true) == CentroidOrder::kTokens);  // 128 pairs
+  CHECK(centroid_order(CentroidOrder::kAuto, 5, 32, 132, true) == CentroidOrder::kClusters);
+  CHECK(centroid_order(CentroidOrder::kAuto, 64, 32, 132, false) == CentroidOrder::kTokens);
+  CHECK(centroid_order(CentroidOrder::kTokens, 64, 32, 132, true) == CentroidOrder::kTokens);
+  CHECK(centroid_order(CentroidOrder::kClusters, 1, 1, 132, false) == CentroidOrder::kClusters);
+  // E2B T = 8: 256 pairs for 132 x 16 warps, each pair's 128 rows in 8 items of 16; T = 64: whole clusters
+  CentroidPlan c8 = centroid_plan(8, 32, 128, 2048, 132, 16, CentroidOrder::kClusters, 16);
+  CHECK(c8.cluster_major);
+  CHECK_EQ(c8.chunks, 8);
+  CHECK_EQ(c8.rows, 16);
+  CHECK_EQ(c8.items, 256);
+  CHECK_EQ(c8.grid, 132);
+  CentroidPlan c64 = centroid_plan(64, 32, 128, 2048, 132, 16, CentroidOrder::kClusters, 16);
+  CHECK_EQ(c64.chunks, 1);
+  CHECK_EQ(c64.rows, 128);
+  CHECK_EQ(c64.items, 2048);
+  CHECK_EQ(c64.grid, 132);
+  // few selected clusters: phase 1 still wants C / 16 programs
+  CHECK_EQ(centroid_plan(3, 2, 64, 256, 132, 16, CentroidOrder::kClusters, 16).grid, 16);
   for (int64_t items : {1, 2, 5, 128, 2048, 4097})
     for (int64_t grid : {1, 3, 128, 132}) {
       int64_t next = 0;

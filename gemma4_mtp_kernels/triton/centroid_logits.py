@@ -437,7 +437,9 @@ MIN_ROWS = 16
 
 
 def plan(T: int, top_k: int, CS: int, C: int, sms: int, output: str = "argmax", order: str | None = None) -> dict:
-    """Programs, items and phase-2 order of a call (the token-major items mirror csrc's centroid_plan).
+    """Programs, items and phase-2 order of a call (csrc's centroid_order and centroid_plan decide the order
+    and the grid alike; csrc's cluster-major items also cut a pair's rows over warps, a Triton program's
+    tiles are whole clusters).
     Token-major (sparse and dense always; argmax and topk while T * top_k items leave programs idle): items
     are (token, cluster, row chunk), cut finer only while T * top_k of them would leave SMs idle, never below
     MIN_ROWS rows. Cluster-major (argmax and topk once T * top_k exceeds the SMs): the selected clusters

@@ -5,6 +5,7 @@
 //
 //   dir=PATH dtype=bf16|f16|f32 T= Hd= C= V= top_k= output=argmax|topk|sparse|dense k= fill= ord64=0|1 sms=
 //   schedule=rr|ahead|behind (emu::Schedule: ahead / behind run each program as far as it goes)
+//   order=auto|tokens|clusters (phase 2's order: the plan's, or forced)
 //   hs= cs= ls= (row strides of the hidden states, centroids, LM head) ho= (the hidden states' offset)
 // Inputs: DIR/{hidden,centroids,token_ordering,lm_head}.bin (io.h: allocations of exactly their extent).
 // Outputs DIR/ids.bin (argmax, topk, sparse) and DIR/logits.bin start poisoned (-1, NaN; dense: the fill
@@ -44,6 +45,9 @@ int run(Args& a) {
              : output == "sparse" ? CentroidOutput::kSparse
                                   : CentroidOutput::kDense;
   p.k = static_cast<int>(a.num("k", 1));
+  const std::string order = a.str("order", "auto");
+  p.order = order == "tokens" ? CentroidOrder::kTokens : order == "clusters" ? CentroidOrder::kClusters
+                                                                              : CentroidOrder::kAuto;
   const int64_t K = output == "argmax" ? 1 : output == "topk" ? p.k : output == "sparse" ? top_k * (V / C) : V;
   Buffer ids = strided(output == "dense" ? 0 : T_, K, K, 8), logits = strided(T_, K, K, 4);
   if (output == "dense") {
@@ -75,7 +79,8 @@ int run(Args& a) {
   if (!launched_as_expected(centroid_logits<T>(p, nullptr), 1, false, counters)) return 1;
   if (output != "dense") store(dir, "ids", ids);
   store(dir, "logits", logits);
-  std::printf("OK grid=%d chunks=%d rows=%d\n", p.grid, p.chunks, p.rows);
+  std::printf("OK grid=%d chunks=%d rows=%d order=%s\n", p.grid, p.chunks, p.rows,
+              p.cluster_major ? "clusters" : "tokens");
   return 0;
 }
 

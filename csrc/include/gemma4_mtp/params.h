@@ -57,6 +57,9 @@ struct AttentionParams {
 };
 
 enum class CentroidOutput { kArgmax = 0, kSparse = 1, kDense = 2, kTopK = 3 };
+// Phase 2's order (centroid_logic.h centroid_plan): kAuto lets the plan pick; the others force it (tests,
+// benchmarks; kClusters serves argmax and topk only).
+enum class CentroidOrder { kAuto = 0, kTokens = 1, kClusters = 2 };
 
 // Two-stage centroid head, one launch (centroid_logits.cuh). An id outside [0, V) in token_ordering is
 // never dereferenced: its logit is NaN and its sparse id -1, it is skipped in the dense output, and it
@@ -76,10 +79,12 @@ struct CentroidParams {
   float* logits;  // argmax: [T]; topk: [T, k]; sparse: [T, K]; dense: [T, V] already filled with the fill value
   void* workspace;  // prepare_centroid_logits() bytes
   int32_t* counters;  // 2 int32, zero before the first launch; every launch leaves them zero
+  CentroidOrder order;  // kAuto (zero) unless forced
   // filled by prepare_centroid_logits():
   int grid;    // programs of the launch (co-resident: cooperative launch)
   int chunks;  // items per (token, cluster)
   int rows;    // candidate rows per item
+  bool cluster_major;
 };
 
 struct TreeVerifyParams {
