@@ -2,8 +2,9 @@
 embedder path (centroid scores, topk, gather, matmul, scatter into a dense [T, V] row, argmax).
 output="topk" (a tree level's k = 2 branches per row) vs the sparse output sorted by torch, the drafter's
 path before the kernel ranked its candidates itself (two stable sorts of the K = 4096 and three gathers).
-`triton_token_major` / `triton_cluster_major`: the Triton kernel with its phase-2 order forced (plan() takes
-token-major while T * top_k <= the SMs, cluster-major above), for argmax and topk.
+`triton_token_major` / `triton_cluster_major`, `cuda_token_major` / `cuda_cluster_major`: each backend's kernel
+with its phase-2 order forced (both plans take token-major while T * top_k <= the SMs, cluster-major above),
+for argmax and topk.
 
 Floor: all centroids and the K = 4096 candidate rows per token (roofline.centroid_head). The dense
 head's floor (roofline.dense_head) is ~42x larger at E2B shapes: the ratio the issue targets sits
@@ -23,17 +24,21 @@ from .common import Case, close, compiled, equal, ours
 
 OP = "centroid_logits"
 # our own kernel with a forced phase-2 order: never an anchor of the README tables
-OUR_VARIANTS = frozenset({"triton_token_major", "triton_cluster_major"})
+OUR_VARIANTS = frozenset(f"{b}_{o}_major" for b in ("triton", "cuda") for o in ("token", "cluster"))
 
 
 def forced_order(top_k: int, output: str, k: int = 1):
-    """The Triton implementation with each phase-2 order forced, as baselines."""
-    from gemma4_mtp_kernels.triton import centroid_logits as triton_impl
+    """Each backend's implementation with each phase-2 order forced, as baselines. A backend that cannot
+    serve the call raises BackendUnavailableError (the harness reports the variant missing)."""
+    from gemma4_mtp_kernels._dispatch import resolve
 
-    def variant(order):
-        return lambda i: (lambda: triton_impl(i["hidden"], i["centroids"], i["token_ordering"], i["lm_head"],
-                                              top_k=top_k, output=output, k=k, order=order))
-    return {"triton_token_major": variant("tokens"), "triton_cluster_major": variant("clusters")}
+    def variant(backend, order):
+        def factory(i):
+            impl = resolve(OP, backend, i["hidden"].device, i["hidden"].dtype)
+            return lambda: impl(i["hidden"], i["centroids"], i["token_ordering"], i["lm_head"], top_k=top_k,
+                                output=output, k=k, order=order)
+        return factory
+    return {f"{b}_{o}_major": variant(b, f"{o}s") for b in ("triton", "cuda") for o in ("token", "cluster")}
 
 
 def dense_head_argmax(hidden, lm_head):

@@ -275,7 +275,7 @@ void q_only_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
 
 void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, const at::Tensor& token_ordering,
                      const at::Tensor& lm_head, int64_t top_k, c10::string_view output, at::Tensor& ids,
-                     at::Tensor& logits) {
+                     at::Tensor& logits, c10::string_view order) {
   const auto dev = hidden.device();
   check_tensor(hidden, "hidden", 2, dev);
   check_tensor(centroids, "centroids", 2, dev);
@@ -324,6 +324,11 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
     check_dtype(ids, "ids", at::kLong);
     check_contiguous(ids, "ids");
   }
+  // phase 2's order: the plan's ("auto"), or forced (benchmarks, tests); cluster-major serves argmax and topk
+  const bool ranked = mode == gemma4_mtp::CentroidOutput::kArgmax || mode == gemma4_mtp::CentroidOutput::kTopK;
+  G4_CHECK(order == "auto" || order == "tokens" || (order == "clusters" && ranked),
+           "gemma4_mtp: order must be 'auto', 'tokens' or, for argmax and topk, 'clusters', got '", std::string(order),
+           "'");
   check_contiguous(token_ordering, "token_ordering");
   check_inner(hidden, "hidden");
   check_inner(centroids, "centroids");
@@ -351,6 +356,9 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
   p.k = mode == gemma4_mtp::CentroidOutput::kTopK ? static_cast<int>(ids.size(1)) : 1;
   p.ids = mode == gemma4_mtp::CentroidOutput::kDense ? nullptr : ids.data_ptr<int64_t>();
   p.logits = logits.data_ptr<float>();
+  p.order = order == "tokens"     ? gemma4_mtp::CentroidOrder::kTokens
+            : order == "clusters" ? gemma4_mtp::CentroidOrder::kClusters
+                                  : gemma4_mtp::CentroidOrder::kAuto;
   if (T == 0) return;
   at::Tensor fresh;
   p.counters = zeroed_counters("centroid_logits", gemma4_mtp::kCentroidCounters, hidden, &fresh);
@@ -905,7 +913,7 @@ TORCH_LIBRARY(gemma4_mtp, m) {
   m.def("q_only_paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
         "float scale, int window, float softcap, Tensor(a!) out, Tensor(b!) lse) -> ()");
   m.def("centroid_logits(Tensor hidden, Tensor centroids, Tensor token_ordering, Tensor lm_head, int top_k, "
-        "str output, Tensor(a!) ids, Tensor(b!) logits) -> ()");
+        "str output, Tensor(a!) ids, Tensor(b!) logits, str order=\"auto\") -> ()");
   m.def("tree_verify(Tensor draft_tokens, Tensor parents, Tensor target_logits, Tensor? temperature, "
         "Tensor? uniforms, Tensor? draft_probs, Tensor(a!) accept_len, Tensor(b!) accepted_nodes, "
         "Tensor(c!) output_tokens, Tensor(d!) last_node) -> ()");

@@ -79,3 +79,14 @@ def test_strided_inputs():
     args = (wide(hidden), wide(centroids), ordering, wide(lm_head))
     assert not args[0].is_contiguous()
     check_all_outputs(args, 3, "strided")
+
+
+@pytest.mark.parametrize("output,order", [("sparse", "clusters"), ("dense", "clusters"), ("argmax", "rows")])
+def test_cuda_implementation_refuses_an_order_it_cannot_take(output, order):
+    """The CUDA implementation's `order` (benchmarks and tests force phase 2's order with it, as with the
+    Triton one): cluster-major serves argmax and topk only; the error names the argument before any launch."""
+    from gemma4_mtp_kernels import cuda as cuda_backend
+
+    args = make(2, 16, 8, 32, torch.float32)
+    with pytest.raises(ValueError, match="order must be 'tokens' or, for argmax and topk, 'clusters'"):
+        cuda_backend.centroid_logits(*args, top_k=2, output=output, fill_value=0.0, order=order)

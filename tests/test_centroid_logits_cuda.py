@@ -28,6 +28,29 @@ def test_real_e2b_shape(T, dtype):
     check_cuda_outputs(args, E2B["top_k"], f"E2B T={T} {dtype}")
 
 
+@pytest.mark.parametrize("T,order", [(1, "clusters"), (3, "clusters"), (9, "tokens"), (64, "tokens")])
+def test_both_phase2_orders_at_any_T(T, order):
+    """Each phase-2 order forced where the plan takes the other (argmax and topk; sparse and dense are
+    token-major whatever is asked of argmax)."""
+    def call(*args, output="argmax", **kw):
+        if output in ("argmax", "topk"):
+            return cuda_backend.centroid_logits(*args, output=output, order=order, **kw)
+        return g.centroid_logits(*args, output=output, **kw, backend="cuda")
+    args = make(T, E2B["Hd"], E2B["centroids"], E2B["vocab"], torch.bfloat16)
+    check_all_outputs(args, E2B["top_k"], f"E2B T={T} {order}", device=DEV, call=call)
+
+
+def test_cluster_major_order_is_refused_for_sparse_and_dense():
+    args = [t.to(DEV) for t in make(2, 16, 8, 32, torch.float32)]
+    for output in ("sparse", "dense"):
+        with pytest.raises(ValueError, match="order"):
+            cuda_backend.centroid_logits(*args, top_k=2, output=output, fill_value=0.0, order="clusters")
+        K = 32 if output == "dense" else 2 * 4
+        ids = torch.empty(2, 0 if output == "dense" else K, dtype=torch.int64, device=DEV)
+        with pytest.raises(RuntimeError, match="order must be"):  # the op's own check, for raw callers
+            cuda_backend._ops().centroid_logits(*args, 2, output, ids, torch.empty(2, K, device=DEV), "clusters")
+
+
 @pytest.mark.parametrize("top_k", [1, 3, 8])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
 def test_small_heads(top_k, index_dtype):

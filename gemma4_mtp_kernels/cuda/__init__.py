@@ -108,13 +108,18 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
     return (out, lse) if return_lse else out
 
 
-def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, output="argmax", fill_value=None, k=1):
+def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, output="argmax", fill_value=None, k=1,
+                    order=None):
+    """order: phase 2's order forced ("tokens" or, for argmax and topk, "clusters"), for comparisons, as the
+    Triton implementation takes it; None: the plan's (centroid_logic.h centroid_order)."""
     op = "centroid_logits"
     T = hidden.shape[0]
     C = centroids.shape[0]
     V = token_ordering.shape[0]
     if C > MAX_CENTROIDS:
         raise ValueError(f"{op}: centroids must have at most {MAX_CENTROIDS} rows for the cuda backend, got {C}")
+    if order not in (None, "tokens") and not (order == "clusters" and output in ("argmax", "topk")):
+        raise ValueError(f"{op}: order must be 'tokens' or, for argmax and topk, 'clusters', got {order!r}")
     dev = hidden.device
     if output == "argmax":
         ids = torch.empty((T,), dtype=torch.int64, device=dev)
@@ -129,7 +134,8 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
     else:
         ids = torch.empty((0,), dtype=torch.int64, device=dev)
         logits = torch.full((T, V), fill_value, dtype=torch.float32, device=dev)
-    _ops().centroid_logits(hidden, centroids, token_ordering, lm_head, int(top_k), output, ids, logits)
+    _ops().centroid_logits(hidden, centroids, token_ordering, lm_head, int(top_k), output, ids, logits,
+                           order or "auto")
     return logits if output == "dense" else (ids, logits)
 
 

@@ -15,7 +15,7 @@ def _q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale, w
 
 
 @torch.library.register_fake("gemma4_mtp::centroid_logits")
-def _centroid_logits(hidden, centroids, token_ordering, lm_head, top_k, output, ids, logits):
+def _centroid_logits(hidden, centroids, token_ordering, lm_head, top_k, output, ids, logits, order="auto"):
     return None
 
 
