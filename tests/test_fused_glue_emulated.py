@@ -120,6 +120,16 @@ def test_stage_holds_at_most_its_steps(binary, tmp_path):
     assert got["splits"] == "2" and int(got["steps"]) <= 62
 
 
+@pytest.mark.parametrize("T,H", [(3, 1000), (8, 2080)])
+def test_split_k_without_statistics_reads_its_k_range(binary, tmp_path, T, H):
+    """No residual, no norm (o_proj, down_proj): each CTA stages its own k range of every token row, which
+    starts past 0 for every split after the first (H 1000: a ragged last step; 2080: 62-step splits on one
+    SM), 3 tokens (a group of warps per row, one group idle) or 8 (a warp per row)."""
+    for dtype in (torch.bfloat16, torch.float32):  # the tensor-core path, then the CUDA-core one
+        got = glue(binary, tmp_path, "rms_norm_linear", T, H, 32, dtype, "none", emu=dict(sms=1))
+        assert int(got["splits"]) > 1
+
+
 @pytest.mark.parametrize("T", [17, 40, 70])  # m16 tiles 2, 4 and two token tiles of 4
 def test_token_tiles(binary, tmp_path, T):
     got = glue(binary, tmp_path, "rms_norm_linear", T, 96, 48, torch.bfloat16, "layer")

@@ -17,7 +17,8 @@
 //     compute 1/rms of x and of h, and write n for the CTA's k range into shared memory (x itself when
 //     the op has no prologue), rounded where Hugging Face rounds; the CTAs of split 0 share the
 //     residual_out / normed_out writes. Only live tokens are computed: a one-token step pays for one
-//     row, not for the m16 tile the mma reads (its other rows are zeros in registers).
+//     row, not for the m16 tile the mma reads (its other rows are zeros in registers). rms_norm_linear
+//     without residual, norm or full-row outputs (o_proj, down_proj) stages its k range alone.
 //  3. Main loop, as fused_concat_down_proj's tensor-core path: each warp takes every 8th k step, each
 //     lane loads one 16-byte vector per weight row and step straight into mma.m16n8k16 B fragments,
 //     U steps' loads in flight before any is consumed; A fragments come from the staged n.
@@ -249,6 +250,23 @@ __device__ void prologue_rows(const GlueParams& p, const Prologue<T>& pr, int t0
   }
 }
 
+// Step 2 without statistics or full-row outputs (no residual, no norm: o_proj, down_proj): n is x, and a
+// CTA needs its k range alone, which every thread copies into the stage a 16-byte vector at a time, the
+// live rows' vectors dealt round robin: independent loads, one L2 round trip. prologue_rows reads whole
+// rows in passes of row groups: 32 passes over 16384 elements a row for the 1984 a 31B o_proj CTA stages
+// at 8 tokens (and 8 passes at one token), ~2x the CTA's weight bytes in L2 reads.
+template <class T>
+__device__ void stage_k_range(const GlueParams& p, int t0, int live, T* stage, int stage_stride, int k_lo, int k_hi) {
+  constexpr int V = kVec16<T>;  // V divides H and k_lo (the tensor-core path's condition)
+  const int nv = (min(k_hi, p.H) - k_lo) / V;
+  for (int i = threadIdx.x; i < live * nv; i += kThreads) {
+    const int r = i / nv, v = i % nv;
+    Packed<V, T> x;
+    load_packed<V>(static_cast<const T*>(p.x) + static_cast<int64_t>(t0 + r) * p.x_stride + k_lo + v * V, x);
+    *reinterpret_cast<Packed<V, T>*>(stage + static_cast<int64_t>(r) * stage_stride + v * V) = x;
+  }
+}
+
 // The weight row that this CTA's tile row r (0..31) reads; null past the weight's rows.
 template <class T, GlueKind KIND>
 __device__ __forceinline__ const T* weight_row(const GlueParams& p, int r) {
@@ -389,7 +407,12 @@ __global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) mma_kernel(GluePara
   griddep_launch_dependents();
 
   const Prologue<T> pr = make_prologue<T>(p);
-  prologue_rows<8, kCache>(p, pr, t0, live, inv_x, inv_h, red_s, stage, stride, k_lo, k_hi);
+  // kLinear only: the other kernels, at the edge of their registers, spilled with the second path
+  if (KIND == GlueKind::kLinear && !pr.res && !pr.norm && p.residual_out == nullptr && p.normed_out == nullptr) {
+    stage_k_range(p, t0, live, stage, stride, k_lo, k_hi);
+  } else {
+    prologue_rows<8, kCache>(p, pr, t0, live, inv_x, inv_h, red_s, stage, stride, k_lo, k_hi);
+  }
   __syncthreads();
 
   const int g = mma_b_row(lane), lk = mma_lane_k(lane);
