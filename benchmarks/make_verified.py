@@ -38,6 +38,9 @@ REWRITTEN = {
                                                   "phase 2 the 2026-12-04 run did not have"),
     ("centroid_logits", "cuda"): ("2026-12-05", "argmax / topk with T * top_k above the SMs take a cluster-major "
                                                 "phase 2 the 2026-12-04 run did not have"),
+    ("rms_norm_linear", "cuda"): ("2026-12-05", "without a residual or a norm (o_proj, down_proj) the CTA stages its k "
+                                                "range alone: not the prologue the 2026-12-04 run timed (76.9 us at "
+                                                "31B o_proj T=8)"),
     ("q_only_paged_attention", "triton"): ("2026-12-05", "the key loop reads the block table a segment ahead, so its "
                                                          "K/V tiles are pipelined: not the loop the 2026-12-04 run timed"),
 }

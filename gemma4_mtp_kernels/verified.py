@@ -34,13 +34,6 @@ EVIDENCE = {
         ((('H', 1024), ('N', 8192)), ('T', 1, 8), 'cuda', '2026-12-04-h200: 31B gate_up T=1: cuda 20.0 us; 31B gate_up T=8: cuda 31.8 us'),
         ((('H', 256), ('N', 2048)), ('T', 1, 1), 'cuda', '2026-12-04-h200: E2B gate_up T=1: cuda 5.9 us'),
     ),
-    ('NVIDIA H200', 'rms_norm_linear', 'bfloat16'): (
-        ((('H', 1024), ('N', 5376)), ('T', 1, 8), 'cuda', '2026-12-04-h200: 31B post_projection T=1: cuda 9.9 us; 31B post_projection T=8: cuda 16.1 us'),
-        ((('H', 16384), ('N', 1024)), ('T', 1, 8), 'cuda', '2026-12-04-h200: 31B o_proj full T=1: cuda 23.5 us; 31B o_proj full T=8: cuda 76.9 us'),
-        ((('H', 2048), ('N', 256)), ('T', 1, 1), 'cuda', '2026-12-04-h200: E2B o_proj full T=1: cuda 5.2 us; E2B down_proj T=1: cuda 5.1 us'),
-        ((('H', 256), ('N', 1536)), ('T', 1, 1), 'cuda', '2026-12-04-h200: E2B post_projection T=1: cuda 5.5 us'),
-        ((('H', 8192), ('N', 1024)), ('T', 1, 8), 'cuda', '2026-12-04-h200: 31B down_proj T=1: cuda 11.5 us; 31B down_proj T=8: cuda 25.5 us'),
-    ),
     ('NVIDIA H200', 'rms_norm_q_rope', 'bfloat16'): (
         ((('H', 1024), ('N', 16384), ('D', 512)), ('T', 1, 8), 'cuda', '2026-12-04-h200: 31B q_proj full T=1: cuda 23.8 us; 31B q_proj full T=8: cuda 38.1 us'),
         ((('H', 256), ('N', 2048), ('D', 512)), ('T', 1, 1), 'cuda', '2026-12-04-h200: E2B q_proj full T=1: cuda 10.5 us'),
