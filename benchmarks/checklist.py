@@ -113,6 +113,8 @@ PREDICTIONS = (
     Prediction("31B o_proj T=1, CUDA", "rms_norm_linear", "31B o_proj full T=1", "cuda", 19, 23, 23.5, CUDA_K_RANGE),
     Prediction("31B down_proj T=8, CUDA", "rms_norm_linear", "31B down_proj T=8", "cuda", 10, 14, 25.5, CUDA_K_RANGE),
     Prediction("31B down_proj T=1, CUDA", "rms_norm_linear", "31B down_proj T=1", "cuda", 9.5, 11.5, 11.5, CUDA_K_RANGE),
+    Prediction("31B q_proj T=8, CUDA", "rms_norm_q_rope", "31B q_proj full T=8", "cuda", 31, 35, 38.1, CUDA_K_RANGE),
+    Prediction("31B gate_up T=8, CUDA", "rms_norm_gate_up", "31B gate_up T=8", "cuda", 28, 31, 31.8, CUDA_K_RANGE),
     Prediction("softmax_sample, 4096 candidates, B=1", "softmax_sample", "centroid head (4096 candidates) B=1",
                "triton", 5, 8, None, "Sampled draft tokens in two launches"),
     Prediction("softmax_sample, V = 262144, B=1", "softmax_sample", "dense head B=1", "triton", 5, 8, None,

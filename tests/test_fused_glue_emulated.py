@@ -130,6 +130,15 @@ def test_split_k_without_statistics_reads_its_k_range(binary, tmp_path, T, H):
         assert int(got["splits"]) > 1
 
 
+def test_eight_tokens_of_long_rows_in_several_passes(binary, tmp_path):
+    """8 tokens of 1024-element rows with every statistic (the 31B's glue at B = 8): a pass takes as many
+    rows as keep each in one batch of loads, so the prologue makes several passes of several rows (q_rope:
+    4 of 2, one vector a thread; gate_up, linear: 2 of 4)."""
+    glue(binary, tmp_path, "rms_norm_q_rope", 8, 1024, 256, torch.bfloat16, "layer", D=128, emu=dict(sms=8))
+    glue(binary, tmp_path, "rms_norm_gate_up", 8, 1024, 64, torch.bfloat16, "layer", emu=dict(sms=8))
+    glue(binary, tmp_path, "rms_norm_linear", 8, 1024, 64, torch.bfloat16, "layer", emu=dict(sms=8))
+
+
 @pytest.mark.parametrize("T", [17, 40, 70])  # m16 tiles 2, 4 and two token tiles of 4
 def test_token_tiles(binary, tmp_path, T):
     got = glue(binary, tmp_path, "rms_norm_linear", T, 96, 48, torch.bfloat16, "layer")

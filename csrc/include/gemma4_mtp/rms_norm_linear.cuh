@@ -182,8 +182,9 @@ __device__ __forceinline__ float group_sum(float v, int wpr, float* red_s) {
 
 // Step 2 of the design: for the live token rows of the tile, inv_x / inv_h (shared), n of [k_lo, k_hi)
 // into the stage (when given) and the CTA's share of residual_out / normed_out. The CTA's warps are
-// split into groups, one row per group (8 / live warps per row, at least one), so that a few rows use
-// every thread: a group's thread holds its first kCache vectors in registers, and a row of up to
+// split into groups, one row per group (8 / rows warps a row, as many rows a pass as keep a row in one
+// batch), so that a few rows use every thread: a group's thread holds its first kCache vectors in
+// registers, and a row of up to
 // kCache x (group threads) vectors costs one L2 round trip (one token: 4096 elements; 8 tokens: 512).
 // Longer rows are read again per pass, kCache vectors at a time. VEC = 8 (16-byte vectors, the
 // tensor-core path) or 1 (the CUDA-core path).
@@ -192,8 +193,11 @@ __device__ void prologue_rows(const GlueParams& p, const Prologue<T>& pr, int t0
                               float* inv_h_s, float* red_s, T* stage, int stage_stride, int k_lo, int k_hi) {
   const int warp = threadIdx.x >> 5;
   const int nvec = p.H / VEC;  // VEC divides H
-  int rows = 1;  // rows per pass: a power of two <= 8
-  while (rows < live && rows < kMmaWarps) rows *= 2;
+  // rows per pass: a power of two <= 8, doubled while a row still fits one batch (each statistic reads the
+  // batches after the first again: at 8 tokens the 31B q_rope's rows of 128 vectors took one pass of 4
+  // batches, 10 dependent loads; now 4 passes of one)
+  int rows = 1;
+  while (rows < live && rows < kMmaWarps && nvec * rows * 2 <= kCache * 32 * kMmaWarps) rows *= 2;
   const int wpr = kMmaWarps / rows, gthreads = 32 * wpr;
   const int gtid = threadIdx.x % gthreads;
   const int batches = max(1, static_cast<int>(ceil_div(nvec, int64_t{kCache} * gthreads)));
