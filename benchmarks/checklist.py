@@ -39,7 +39,7 @@ TOPK_SECTION = "The centroid head's top-k in its own launch"
 CLUSTER_MAJOR = "The centroid head at large T: cluster-major phase 2"
 ATTN_PIPELINE = "Attention's K/V tiles pipelined past the block table"
 CUDA_CLUSTER_MAJOR = "The CUDA centroid head's cluster-major phase 2"
-CUDA_K_RANGE = "The CUDA glue without a norm stages its k range alone"
+CUDA_GLUE_PROLOGUE = "The CUDA glue's prologue at several tokens"
 PREDICTIONS = (
     Prediction("E2B step", "drafter_step", STEP_E2B, "triton", 146, 160, 171.3, f"{ALL_FOUR}; {ATTN_PIPELINE}"),
     Prediction("31B step", "drafter_step", STEP_31B, "triton", 455, 485, 522.8, f"{ALL_FOUR}; {ATTN_PIPELINE}"),
@@ -109,12 +109,18 @@ PREDICTIONS = (
                "cuda_token_major", 55, 85, None, CUDA_CLUSTER_MAJOR, minus=("E2B argmax T=64", "cuda")),
     Prediction("E2B argmax T=1 CUDA cluster-major (forced), less token-major", "centroid_logits", "E2B argmax T=1",
                "cuda_cluster_major", 2, 7, None, CUDA_CLUSTER_MAJOR, minus=("E2B argmax T=1", "cuda")),
-    Prediction("31B o_proj T=8, CUDA", "rms_norm_linear", "31B o_proj full T=8", "cuda", 17, 25, 76.9, CUDA_K_RANGE),
-    Prediction("31B o_proj T=1, CUDA", "rms_norm_linear", "31B o_proj full T=1", "cuda", 19, 23, 23.5, CUDA_K_RANGE),
-    Prediction("31B down_proj T=8, CUDA", "rms_norm_linear", "31B down_proj T=8", "cuda", 10, 14, 25.5, CUDA_K_RANGE),
-    Prediction("31B down_proj T=1, CUDA", "rms_norm_linear", "31B down_proj T=1", "cuda", 9.5, 11.5, 11.5, CUDA_K_RANGE),
-    Prediction("31B q_proj T=8, CUDA", "rms_norm_q_rope", "31B q_proj full T=8", "cuda", 31, 35, 38.1, CUDA_K_RANGE),
-    Prediction("31B gate_up T=8, CUDA", "rms_norm_gate_up", "31B gate_up T=8", "cuda", 28, 31, 31.8, CUDA_K_RANGE),
+    Prediction("31B o_proj T=8, CUDA", "rms_norm_linear", "31B o_proj full T=8", "cuda", 17, 25, 76.9,
+               CUDA_GLUE_PROLOGUE),
+    Prediction("31B o_proj T=1, CUDA", "rms_norm_linear", "31B o_proj full T=1", "cuda", 19, 23, 23.5,
+               CUDA_GLUE_PROLOGUE),
+    Prediction("31B down_proj T=8, CUDA", "rms_norm_linear", "31B down_proj T=8", "cuda", 10, 14, 25.5,
+               CUDA_GLUE_PROLOGUE),
+    Prediction("31B down_proj T=1, CUDA", "rms_norm_linear", "31B down_proj T=1", "cuda", 9.5, 11.5, 11.5,
+               CUDA_GLUE_PROLOGUE),
+    Prediction("31B q_proj T=8, CUDA", "rms_norm_q_rope", "31B q_proj full T=8", "cuda", 31, 35, 38.1,
+               CUDA_GLUE_PROLOGUE),
+    Prediction("31B gate_up T=8, CUDA", "rms_norm_gate_up", "31B gate_up T=8", "cuda", 28, 31, 31.8,
+               CUDA_GLUE_PROLOGUE),
     Prediction("softmax_sample, 4096 candidates, B=1", "softmax_sample", "centroid head (4096 candidates) B=1",
                "triton", 5, 8, None, "Sampled draft tokens in two launches"),
     Prediction("softmax_sample, V = 262144, B=1", "softmax_sample", "dense head B=1", "triton", 5, 8, None,

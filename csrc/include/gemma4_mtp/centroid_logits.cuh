@@ -439,6 +439,21 @@ __device__ __forceinline__ ArgMax load_partial(const ArgMax* a) {
   return ArgMax{__uint_as_float(v.x), static_cast<int>(v.y)};
 }
 
+// Token t's argmax: the merge of the warp's lanes' partial merges b, stored by lane 0 ((-1, NaN) for a bad id
+// or no candidate).
+__device__ __forceinline__ void store_argmax(const CentroidParams& p, int64_t t, ArgMax b, int lane) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const ArgMax other{__shfl_xor_sync(0xffffffffu, b.value, o), __shfl_xor_sync(0xffffffffu, b.index, o)};
+    b = candidate_merge(b, other);
+  }
+  if (lane == 0) {
+    const bool none = b.index == kBadIndex || b.index == kNoIndex;
+    p.ids[t] = none ? -1 : b.index;
+    p.logits[t] = none ? NAN : b.value;
+  }
+}
+
 // Cluster-major phase 2a, tokens over programs: each token's top_k clusters, its threshold (the key of the
 // top_k-th: its clusters are those whose key is at least that) and a member count on each of them.
 template <int E>
@@ -609,16 +624,7 @@ __device__ void merge_pairs(const CentroidParams& p, const Workspace& w, int lan
     } else {
       ArgMax b = argmax_identity();
       for (int64_t i = lane; i < n; i += 32) b = candidate_merge(b, load_partial(part + i));
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const ArgMax other{__shfl_xor_sync(0xffffffffu, b.value, o), __shfl_xor_sync(0xffffffffu, b.index, o)};
-        b = candidate_merge(b, other);
-      }
-      if (lane == 0) {
-        const bool none = b.index == kBadIndex || b.index == kNoIndex;
-        p.ids[t] = none ? -1 : b.index;
-        p.logits[t] = none ? NAN : b.value;
-      }
+      store_argmax(p, t, b, lane);
     }
   }
 }
@@ -712,16 +718,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_kernel(CentroidParams p, Wor
       for (int64_t q = lo + lane; q <= hi; q += 32)  // programs without items wrote no partial
         if (items_begin(q, gridDim.x, items) < items_begin(q + 1, gridDim.x, items))
           b = candidate_merge(b, load_partial(w.partial + t * gridDim.x + q));
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const ArgMax other{__shfl_xor_sync(0xffffffffu, b.value, o), __shfl_xor_sync(0xffffffffu, b.index, o)};
-        b = candidate_merge(b, other);
-      }
-      if (lane == 0) {
-        const bool none = b.index == kBadIndex || b.index == kNoIndex;
-        p.ids[t] = none ? -1 : b.index;
-        p.logits[t] = none ? NAN : b.value;
-      }
+      store_argmax(p, t, b, lane);
     }
   }
   if (TOPK) {
