@@ -223,14 +223,19 @@ def test_graph_replays_reuse_the_counters(T):
     hang the barrier or release it early)."""
     cpu = make(T, E2B["Hd"], E2B["centroids"], E2B["vocab"], torch.bfloat16)
     hidden, centroids, ordering, lm_head = (t.to(DEV) for t in cpu)
-    token, best = g.centroid_logits(hidden, centroids, ordering, lm_head, backend="cuda")
+    first_token, first_best = g.centroid_logits(hidden, centroids, ordering, lm_head, backend="cuda")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         token, best = g.centroid_logits(hidden, centroids, ordering, lm_head, backend="cuda")
     for _ in range(20):
         graph.replay()
-        eager_token, _ = g.centroid_logits(hidden, centroids, ordering, lm_head, backend="cuda")
+        eager_token, eager_best = g.centroid_logits(hidden, centroids, ordering, lm_head, backend="cuda")
     torch.cuda.synchronize()
+    # every launch is the first one's, bit for bit (the kernel is deterministic)
+    assert torch.equal(token, first_token) and torch.equal(best, first_best)
+    assert torch.equal(eager_token, first_token) and torch.equal(eager_best, first_best)
+    # and the first one is right: within the accumulation bound of the reference, except where a near tie
+    # at the top_k-th cluster score picked another cluster (a token or two of 64 at most)
     want_tok, want_best = g.centroid_logits(*cpu, backend="torch")
-    assert (best.cpu() - want_best).abs().max() <= 2 * tol(cpu[0], cpu[3])
-    assert torch.equal(eager_token, token)
+    close = (first_best.cpu() - want_best).abs() <= 2 * tol(cpu[0], cpu[3])
+    assert bool(close.all()) if T == 1 else close.float().mean() >= 0.95
