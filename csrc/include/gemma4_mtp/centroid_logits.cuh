@@ -42,6 +42,7 @@
 #include "gemma4_mtp/common.cuh"
 #include "gemma4_mtp/grid_barrier.cuh"
 #include "gemma4_mtp/launch.cuh"
+#include "gemma4_mtp/mma_gemv.cuh"
 #include "gemma4_mtp/params.h"
 
 namespace gemma4_mtp {
@@ -74,23 +75,31 @@ inline int64_t num_partials(const CentroidParams& p) {
   return p.cluster_major ? int64_t{p.T} * p.top_k * p.chunks : int64_t{p.T} * p.grid;
 }
 
-inline int64_t workspace_bytes(const CentroidParams& p) {
+// Byte offsets of the workspace's parts and its size (workspace_bytes and carve read the one layout).
+struct Layout {
+  int64_t partial, keys, thr, members, slots, bytes;
+};
+
+inline Layout layout(const CentroidParams& p) {
   const int64_t n = num_partials(p);
-  const int64_t keys = p.output == CentroidOutput::kTopK ? int64_t{8} * n * p.k : 0;
-  const int64_t cluster_major = p.cluster_major ? int64_t{8} * p.T + int64_t{4} * p.C + int64_t{4} * p.T : 0;
-  return round_up(int64_t{4} * p.T * p.C, 16) + int64_t{8} * n + keys + cluster_major;
+  Layout l;
+  l.partial = round_up(int64_t{4} * p.T * p.C, 16);
+  l.keys = l.partial + int64_t{8} * n;
+  l.thr = l.keys + (p.output == CentroidOutput::kTopK ? int64_t{8} * n * p.k : 0);
+  l.members = l.thr + (p.cluster_major ? int64_t{8} * p.T : 0);
+  l.slots = l.members + (p.cluster_major ? int64_t{4} * p.C : 0);
+  l.bytes = l.slots + (p.cluster_major ? int64_t{4} * p.T : 0);
+  return l;
 }
+
+inline int64_t workspace_bytes(const CentroidParams& p) { return layout(p).bytes; }
 
 inline Workspace carve(const CentroidParams& p) {
   char* base = static_cast<char*>(p.workspace);
-  const int64_t n = num_partials(p);
-  char* partial = base + round_up(int64_t{4} * p.T * p.C, 16);
-  char* keys = partial + int64_t{8} * n;
-  char* thr = keys + (p.output == CentroidOutput::kTopK ? int64_t{8} * n * p.k : 0);
-  char* members = thr + int64_t{8} * p.T;
-  return Workspace{reinterpret_cast<float*>(base), reinterpret_cast<ArgMax*>(partial),
-                   reinterpret_cast<uint64_t*>(keys), reinterpret_cast<uint64_t*>(thr),
-                   reinterpret_cast<uint32_t*>(members), reinterpret_cast<uint32_t*>(members + int64_t{4} * p.C)};
+  const Layout l = layout(p);
+  return Workspace{reinterpret_cast<float*>(base), reinterpret_cast<ArgMax*>(base + l.partial),
+                   reinterpret_cast<uint64_t*>(base + l.keys), reinterpret_cast<uint64_t*>(base + l.thr),
+                   reinterpret_cast<uint32_t*>(base + l.members), reinterpret_cast<uint32_t*>(base + l.slots)};
 }
 
 struct Shared {  // 43 KiB: within the 48 KiB a launch may use without an opt-in
@@ -654,63 +663,47 @@ __global__ void __launch_bounds__(kThreads, 1) head_kernel(CentroidParams p, Wor
   }
   grid_barrier(p.counters);
 
+  const int64_t per_token = static_cast<int64_t>(p.top_k) * p.chunks;
+  const int64_t items = p.T * per_token;
   if (p.cluster_major) {
     select_all<E>(p, w, sh, lane, warp);
     grid_barrier(p.counters);
     score_pairs<T, VEC, E, TOPK>(p, w, sh, lane, warp);
     grid_barrier(p.counters);
     merge_pairs<TOPK>(p, w, lane, warp);
-    __syncthreads();
-    if (threadIdx.x == 0) {  // the last program to get here: every other is past every barrier
-      __threadfence();
-      if (atomicAdd(p.counters + 1, 1) == static_cast<int>(gridDim.x) - 1) {
-        p.counters[0] = 0;
-        p.counters[1] = 0;
+  } else {  // Phase 2
+    const int64_t cs = p.V / p.C;
+    const int64_t i1 = items_begin(blockIdx.x + 1, gridDim.x, items);
+    int64_t current = -1;
+    ArgMax best = argmax_identity();
+    const auto flush = [&](int64_t t) {
+      if (TOPK) {
+        flush_topk(p, w, t, sh);
+      } else if (p.output == CentroidOutput::kArgmax) {
+        flush_argmax(w, t, best, sh, lane, warp);
       }
+    };
+    for (int64_t i = items_begin(blockIdx.x, gridDim.x, items); i < i1; ++i) {
+      const int64_t t = i / per_token;
+      const int j = static_cast<int>((i % per_token) / p.chunks);
+      const int q = static_cast<int>(i % p.chunks);
+      if (t != current) {
+        if (current >= 0) flush(current);
+        best = argmax_identity();
+        select_clusters<E>(p, w, t, sh, lane, warp);
+        current = t;
+      }
+      const int r_lo = q * p.rows;
+      score_candidates<T, VEC, TOPK>(p, t, j, r_lo, static_cast<int>(min64(cs, r_lo + p.rows)), sh, best, lane,
+                                     warp);
     }
-    return;
+    if (current >= 0) flush(current);
   }
 
-  // Phase 2
-  const int64_t per_token = static_cast<int64_t>(p.top_k) * p.chunks;
-  const int64_t items = p.T * per_token;
-  const int64_t cs = p.V / p.C;
-  const int64_t i1 = items_begin(blockIdx.x + 1, gridDim.x, items);
-  int64_t current = -1;
-  ArgMax best = argmax_identity();
-  const auto flush = [&](int64_t t) {
-    if (TOPK) {
-      flush_topk(p, w, t, sh);
-    } else if (p.output == CentroidOutput::kArgmax) {
-      flush_argmax(w, t, best, sh, lane, warp);
-    }
-  };
-  for (int64_t i = items_begin(blockIdx.x, gridDim.x, items); i < i1; ++i) {
-    const int64_t t = i / per_token;
-    const int j = static_cast<int>((i % per_token) / p.chunks);
-    const int q = static_cast<int>(i % p.chunks);
-    if (t != current) {
-      if (current >= 0) flush(current);
-      best = argmax_identity();
-      select_clusters<E>(p, w, t, sh, lane, warp);
-      current = t;
-    }
-    const int r_lo = q * p.rows;
-    score_candidates<T, VEC, TOPK>(p, t, j, r_lo, static_cast<int>(min64(cs, r_lo + p.rows)), sh, best, lane,
-                                   warp);
-  }
-  if (current >= 0) flush(current);
-
-  // Phase 3: the last program to get here has every partial (and every program is past the barrier)
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    sh.last = atomicAdd(p.counters + 1, 1) == static_cast<int>(gridDim.x) - 1;
-  }
-  __syncthreads();
-  if (!sh.last) return;
-  __threadfence();
-  if (!TOPK && p.output == CentroidOutput::kArgmax) {
+  // Phase 3: the last program to get here has every partial, and every program is past every barrier;
+  // token-major, it merges the partials of every token (cluster-major 2c merged them already)
+  if (!last_to_arrive(p.counters + 1, static_cast<int>(gridDim.x), &sh.last)) return;
+  if (!p.cluster_major && !TOPK && p.output == CentroidOutput::kArgmax) {
     for (int64_t t = warp; t < p.T; t += kWarps) {
       const int64_t lo = program_of_item(t * per_token, gridDim.x, items);
       const int64_t hi = program_of_item((t + 1) * per_token - 1, gridDim.x, items);
@@ -721,7 +714,7 @@ __global__ void __launch_bounds__(kThreads, 1) head_kernel(CentroidParams p, Wor
       store_argmax(p, t, b, lane);
     }
   }
-  if (TOPK) {
+  if (!p.cluster_major && TOPK) {
     for (int64_t t = 0; t < p.T; ++t)
       reduce_topk(p, w, t, program_of_item(t * per_token, gridDim.x, items),
                   program_of_item((t + 1) * per_token - 1, gridDim.x, items), items, sh);
