@@ -41,6 +41,10 @@ REWRITTEN = {
     ("rms_norm_linear", "cuda"): ("2026-12-05", "without a residual or a norm (o_proj, down_proj) the CTA stages its k "
                                                 "range alone: not the prologue the 2026-12-04 run timed (76.9 us at "
                                                 "31B o_proj T=8)"),
+    ("rms_norm_gate_up", "cuda"): ("2026-12-05", "the prologue takes as many token rows a pass as keep each in one "
+                                                 "batch of loads: not the one the 2026-12-04 run timed at T > 1"),
+    ("rms_norm_q_rope", "cuda"): ("2026-12-05", "the prologue takes as many token rows a pass as keep each in one "
+                                                "batch of loads: not the one the 2026-12-04 run timed at T > 1"),
     ("q_only_paged_attention", "triton"): ("2026-12-05", "the key loop reads the block table a segment ahead, so its "
                                                          "K/V tiles are pipelined: not the loop the 2026-12-04 run timed"),
 }

@@ -30,14 +30,6 @@ EVIDENCE = {
         ((('Hb', 5376), ('Hd', 1024)), ('T', 1, 8), 'cuda', '2026-12-04-h200: 31B T=1: cuda 12.1 us, triton 13.2 us; 31B T=8: cuda 11.5 us, triton 14.2 us'),
         ((('Hb', 5376), ('Hd', 1024)), ('T', 64, 64), 'triton', '2026-12-04-h200: 31B T=64: triton 21.4 us, cuda 26.3 us'),
     ),
-    ('NVIDIA H200', 'rms_norm_gate_up', 'bfloat16'): (
-        ((('H', 1024), ('N', 8192)), ('T', 1, 8), 'cuda', '2026-12-04-h200: 31B gate_up T=1: cuda 20.0 us; 31B gate_up T=8: cuda 31.8 us'),
-        ((('H', 256), ('N', 2048)), ('T', 1, 1), 'cuda', '2026-12-04-h200: E2B gate_up T=1: cuda 5.9 us'),
-    ),
-    ('NVIDIA H200', 'rms_norm_q_rope', 'bfloat16'): (
-        ((('H', 1024), ('N', 16384), ('D', 512)), ('T', 1, 8), 'cuda', '2026-12-04-h200: 31B q_proj full T=1: cuda 23.8 us; 31B q_proj full T=8: cuda 38.1 us'),
-        ((('H', 256), ('N', 2048), ('D', 512)), ('T', 1, 1), 'cuda', '2026-12-04-h200: E2B q_proj full T=1: cuda 10.5 us'),
-    ),
     ('NVIDIA H200', 'tree_verify', 'bfloat16'): (
         ((('N', 16), ('V', 262144), ('sampling', False), ('draft_probs', False)), ('B', 8, 8), 'triton', '2026-12-04-h200: greedy tree b=4 B=8 N=16: triton 28.3 us, cuda 30.4 us'),
         ((('N', 5), ('V', 262144), ('sampling', False), ('draft_probs', False)), ('B', 1, 64), 'triton', '2026-12-04-h200: greedy chain B=1 N=5: triton 5.9 us, cuda 7.3 us; greedy chain B=8 N=5: triton 12.5 us, cuda 15.8 us; greedy chain B=64 N=5: triton 52.0 us, cuda 56.3 us'),
