@@ -8,7 +8,7 @@
 #
 # Every stage is time-boxed so that one hang cannot eat the device budget (a device command may run
 # 10 minutes, 600 s; with every box spent, kill grace included, the script ends by ~580 s): build 60 s,
-# GPU suite 200 s (four files at a time, each at most 120 s; 160 s measured), main command 90 s, the
+# GPU suite 200 s (eight files at a time, each at most 120 s; 160 s measured at four), main command 90 s, the
 # benchmarks what is left before 420 s (benchmarks/checklist.py's cases first: the open predictions;
 # skipped under 30 s; + 20 s grace), step profile 40 s, decode profile 40 s, memcheck what is left
 # before 560 s (at most 60 s, skipped under 20 s), the summary table, the plot 20 s if it can start by
@@ -82,23 +82,27 @@ stage build 60 "$OUT/build.log" "$PY" setup.py build_ext --inplace
 "$PY" -c "import gemma4_mtp_kernels as g; [print(f'{k:7s} {v.available!s:5s} {v.detail}') for k, v in g.available_backends().items()]" 2>&1 | tee -a "$LOG"
 
 # The GPU suite: every test file's GPU-marked tests, one pytest process per file. A fatal error (a
-# segmentation fault, an illegal address that poisons the context) ends only its own file. Four files
-# run at a time (4 CPU threads each): a bare machine compiles every Triton kernel a test launches,
-# which is CPU work, and one file's compiles would otherwise hold up the rest of the time box.
+# segmentation fault, an illegal address that poisons the context) ends only its own file. Eight files
+# run at a time (2 CPU threads each), the longest first by the newest committed run's times
+# (benchmarks.gpu_suite --order; files it did not time first): a bare machine compiles every Triton
+# kernel a test launches, one compile after another in each process, so the suite is CPU-bound on a
+# few cores. On 2026-12-04 four at a time took 160 s for 495 s of files (the longest 64 s), 22 files
+# now; eight, the longest first, should end soon after the longest (~75-100 s).
 mkdir -p "$OUT/pytest"
 suite_t0=$SECONDS
 : > "$OUT/gpu_suite.txt"
-suite_files=$(grep -l "mark.gpu" tests/test_*.py)
+gpu_files=$(grep -l "mark.gpu" tests/test_*.py)
+suite_files=$("$PY" -m benchmarks.gpu_suite --order $gpu_files 2>> "$LOG") || suite_files=$gpu_files
 for f in $suite_files; do
     name=$(basename "$f" .py)
-    while [ "$(jobs -rp | wc -l)" -ge 4 ]; do wait -n; done
+    while [ "$(jobs -rp | wc -l)" -ge 8 ]; do wait -n; done
     left=$(( 200 - (SECONDS - suite_t0) ))
     if [ $left -lt 10 ]; then
         continue  # reported as not run below
     fi
     [ $left -gt 120 ] && left=120
     (
-        OMP_NUM_THREADS=4 timeout --kill-after=5 $left "$PY" -m pytest -q -m gpu -p no:cacheprovider \
+        OMP_NUM_THREADS=2 timeout --kill-after=5 $left "$PY" -m pytest -q -m gpu -p no:cacheprovider \
             -o faulthandler_timeout=60 --junitxml="$OUT/pytest/$name.xml" "$f" > "$OUT/pytest/$name.log" 2>&1
         echo $? > "$OUT/pytest/$name.rc"
     ) &

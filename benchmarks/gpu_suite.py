@@ -8,7 +8,8 @@ into `gpu_suite.json`, which `benchmarks.make_verified` reads next to the run's 
     python -m benchmarks.gpu_suite DIR --out gpu_suite.json
 
     {"schema": 1, "complete": bool,           # no file crashed or timed out
-     "files": {stem: {rc, status: passed|failed|no tests|timed out|crashed, tests, failures, errors, skipped}},
+     "files": {stem: {rc, status: passed|failed|no tests|timed out|crashed, tests, failures, errors, skipped,
+                      seconds: pytest's time for the file (None without its XML)}},
      "ops": {op: {backend: {passed, tests, failures, errors, skipped, files: [stem...], why}}}}
 
 A file `test_<op module>_<backend>.py` (e.g. test_q_only_attention_cuda.py) counts for that op and
@@ -25,6 +26,7 @@ import glob
 import json
 import os
 import pkgutil
+import re
 import xml.etree.ElementTree as ET
 
 BACKENDS = ("cuda", "triton")
@@ -70,6 +72,12 @@ def file_scope(stem: str, modules: dict[str, str]) -> tuple[str | None, tuple[st
     return backend, None
 
 
+def _seconds(xml_path: str) -> float | None:
+    """pytest's own time for the file (its testsuite elements' `time`), or None."""
+    times = [float(t) for t in (ts.get("time") for ts in ET.parse(xml_path).getroot().iter("testsuite")) if t]
+    return round(sum(times), 2) if times else None
+
+
 def _testcases(xml_path: str):
     """(name, outcome) per testcase: passed | failed | error | skipped."""
     for tc in ET.parse(xml_path).getroot().iter("testcase"):
@@ -107,17 +115,17 @@ def convert(directory: str, modules: dict[str, str] | None = None) -> dict:
                 rc = int(f.read().strip())
         except (OSError, ValueError):
             rc = None
-        cases = []
+        cases, seconds = [], None
         if os.path.exists(xml_path):
             try:
-                cases = list(_testcases(xml_path))
+                cases, seconds = list(_testcases(xml_path)), _seconds(xml_path)
             except ET.ParseError:
                 xml_path = None
         has_xml = bool(xml_path) and os.path.exists(xml_path)
         status = _status(rc, has_xml)
         counts = {k: sum(1 for _, o in cases if o == v) for k, v in
                   (("failures", "failed"), ("errors", "error"), ("skipped", "skipped"))}
-        files[stem] = {"rc": rc, "status": status, "tests": len(cases), **counts}
+        files[stem] = {"rc": rc, "status": status, "tests": len(cases), **counts, "seconds": seconds}
         backend, file_ops = file_scope(stem, modules)
         if backend is None:
             continue
@@ -153,12 +161,57 @@ def convert(directory: str, modules: dict[str, str] | None = None) -> dict:
     return {"schema": 1, "complete": complete, "files": files, "ops": ops}
 
 
+# A line of gpu_check.sh's gpu_suite.txt (runs from before gpu_suite.json held the files' times): the file,
+# then pytest's last line, which ends with its time ("... 25 passed in 63.94s (0:01:03)")
+_SUITE_LINE = re.compile(r"^(test_\w+) .* in ([0-9.]+)s\b")
+
+
+def file_seconds(results_dir: str) -> dict[str, float]:
+    """Each test file's pytest time in the newest committed run under `results_dir` that recorded any:
+    its gpu_suite.json, or the gpu_suite.txt that gpu_check.sh wrote beside it (or under raw/)."""
+    for run in sorted(glob.glob(os.path.join(results_dir, "*", "")), reverse=True):
+        if os.path.basename(os.path.dirname(run)).startswith("gpu_check_"):  # not a committed run
+            continue
+        try:
+            with open(os.path.join(run, "gpu_suite.json")) as f:
+                files = json.load(f).get("files", {})
+            seconds = {stem: f["seconds"] for stem, f in files.items() if f.get("seconds") is not None}
+        except (OSError, ValueError):
+            seconds = {}
+        for txt in (os.path.join(run, "gpu_suite.txt"), os.path.join(run, "raw", "gpu_suite.txt")):
+            if seconds or not os.path.exists(txt):
+                continue
+            with open(txt) as f:
+                seconds = {m[1]: float(m[2]) for m in map(_SUITE_LINE.match, f) if m}
+        if seconds:
+            return seconds
+    return {}
+
+
+def order(paths: list[str], results_dir: str) -> list[str]:
+    """The test files in the order gpu_check.sh starts them: those without a time in the newest run first
+    (new files, which may be long), then the longest first, so that the last to start are short and the
+    suite ends soon after its longest file (on 2026-12-04 the files took 495 s in all, the longest 64)."""
+    seconds = file_seconds(results_dir)
+    stem = lambda p: os.path.splitext(os.path.basename(p))[0]  # noqa: E731
+    unknown = [p for p in paths if stem(p) not in seconds]
+    return unknown + sorted((p for p in paths if stem(p) in seconds), key=lambda p: -seconds[stem(p)])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="per-(op, backend) verdict of a per-file GPU test run")
-    p.add_argument("directory", help="holds <stem>.rc and <stem>.xml per test file")
-    p.add_argument("--out", required=True)
+    p.add_argument("paths", nargs="+", help="the directory holding <stem>.rc and <stem>.xml per test file; "
+                                            "with --order, test files")
+    p.add_argument("--out")
+    p.add_argument("--order", action="store_true", help="print the test files in the order to start them")
+    p.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = p.parse_args(argv)
-    suite = convert(args.directory)
+    if args.order:
+        print(" ".join(order(args.paths, args.results)))
+        return 0
+    if len(args.paths) != 1 or not args.out:
+        p.error("a run's directory and --out, or --order with test files")
+    suite = convert(args.paths[0])
     with open(args.out, "w") as f:
         json.dump(suite, f, indent=1)
     for op, per in sorted(suite["ops"].items()):

@@ -279,13 +279,14 @@ def test_public_op_with_auto_on_cpu_compiles_in_fullgraph():
 
 # ---------------------------------------------------------------- gpu_suite.json from a per-file run
 
-def _junit(path, cases):
+def _junit(path, cases, seconds=None):
     body = "".join(
         f'<testcase classname="tests.x" name="{n}">' + {"passed": "", "failed": "<failure message='m'/>",
                                                          "error": "<error message='m'/>",
                                                          "skipped": "<skipped message='s'/>"}[o] + "</testcase>"
         for n, o in cases)
-    path.write_text(f'<?xml version="1.0"?><testsuites><testsuite name="pytest">{body}</testsuite></testsuites>')
+    time = "" if seconds is None else f' time="{seconds}"'
+    path.write_text(f'<?xml version="1.0"?><testsuites><testsuite name="pytest"{time}>{body}</testsuite></testsuites>')
 
 
 def test_gpu_suite_verdict_per_op_and_backend(tmp_path):
@@ -336,3 +337,51 @@ def test_gpu_suite_timeouts_count_against_the_file_ops(tmp_path):
     s = gpu_suite.convert(str(tmp_path))
     assert s["ops"]["tree_verify"]["triton"]["passed"] is False
     assert "timed out" in s["ops"]["tree_verify"]["triton"]["why"]
+
+
+def test_gpu_suite_files_start_longest_first_by_the_newest_committed_times(tmp_path):
+    """gpu_check.sh starts the suite's files in `gpu_suite.order`: files the newest committed run did not
+    time first, then by that run's time, longest first; its gpu_suite.json holds each file's time (pytest's,
+    from the XML), older runs only gpu_suite.txt's lines."""
+    pytest_dir = tmp_path / "pytest"
+    pytest_dir.mkdir()
+    _junit(pytest_dir / "test_tree_verify_cuda.xml", [("test_a", "passed")], seconds=12.5)
+    (pytest_dir / "test_tree_verify_cuda.rc").write_text("0\n")
+    (pytest_dir / "test_tree_verify_triton.rc").write_text("139\n")  # died: no XML, no time
+    files = gpu_suite.convert(str(pytest_dir))["files"]
+    assert files["test_tree_verify_cuda"]["seconds"] == 12.5 and files["test_tree_verify_triton"]["seconds"] is None
+
+    results = tmp_path / "results"
+    old = results / "2026-12-04-h200" / "raw"
+    old.mkdir(parents=True)
+    (old / "gpu_suite.txt").write_text(
+        "test_a_cuda ok: 43 passed, 14 warnings in 28.34s\n"
+        "test_b_cuda FAILED rc=1: 3 failed, 27 passed in 63.94s (0:01:03)\n"
+        "test_c_triton not run (suite time box spent)\n")
+    paths = ["tests/test_a_cuda.py", "tests/test_b_cuda.py", "tests/test_c_triton.py", "tests/test_new_cuda.py"]
+    assert gpu_suite.order(paths, str(results)) == ["tests/test_c_triton.py", "tests/test_new_cuda.py",
+                                                    "tests/test_b_cuda.py", "tests/test_a_cuda.py"]
+    # a newer run's gpu_suite.json times win; gpu_check.sh's uncommitted output directories do not count
+    new = results / "2026-12-20-h200"
+    new.mkdir()
+    (new / "gpu_suite.json").write_text(json.dumps({"files": {"test_a_cuda": {"seconds": 90.0},
+                                                              "test_b_cuda": {"seconds": 10.0},
+                                                              "test_c_triton": {"seconds": None}}}))
+    (results / "gpu_check_20261230T000000Z").mkdir()
+    (results / "gpu_check_20261230T000000Z" / "gpu_suite.json").write_text(
+        json.dumps({"files": {"test_b_cuda": {"seconds": 999.0}}}))
+    assert gpu_suite.order(paths, str(results)) == ["tests/test_c_triton.py", "tests/test_new_cuda.py",
+                                                    "tests/test_a_cuda.py", "tests/test_b_cuda.py"]
+    assert gpu_suite.main(["--order", "--results", str(results), *paths]) == 0
+    assert gpu_suite.order(paths, str(tmp_path / "none")) == paths
+
+
+def test_gpu_suite_order_of_the_committed_runs_covers_every_gpu_file(capsys):
+    """The CLI gpu_check.sh calls, on this checkout: every GPU test file, each once."""
+    import glob
+    files = sorted(p for p in glob.glob(os.path.join(ROOT, "tests", "test_*.py")) if "mark.gpu" in open(p).read())
+    assert gpu_suite.main(["--order", *files]) == 0
+    printed = capsys.readouterr().out.split()
+    assert sorted(printed) == files
+    assert printed.index(os.path.join(ROOT, "tests", "test_dense_lm_head_cuda.py")) < printed.index(
+        os.path.join(ROOT, "tests", "test_transfer.py"))  # 63.9 s and 6.1 s on 2026-12-04
