@@ -148,3 +148,10 @@ def index_range(op: str, name: str, t: torch.Tensor, low: int, high: int, what: 
     if lo < low or hi >= high:
         bad = t[(t < low) | (t >= high)][0].item()
         fail_value(op, name, f"in [{low}, {high}) ({what})", f"value {bad}")
+
+
+def centroid_order(op: str, order, output: str) -> None:
+    """The centroid head's forced phase-2 order, which both GPU backends take for comparisons (the public
+    op does not): None (the plan's), "tokens", or for argmax and topk "clusters"."""
+    if order not in (None, "tokens") and not (order == "clusters" and output in ("argmax", "topk")):
+        fail_value(op, "order", "'tokens' or, for argmax and topk, 'clusters'", repr(order))

@@ -82,11 +82,17 @@ def test_strided_inputs():
 
 
 @pytest.mark.parametrize("output,order", [("sparse", "clusters"), ("dense", "clusters"), ("argmax", "rows")])
-def test_cuda_implementation_refuses_an_order_it_cannot_take(output, order):
-    """The CUDA implementation's `order` (benchmarks and tests force phase 2's order with it, as with the
-    Triton one): cluster-major serves argmax and topk only; the error names the argument before any launch."""
+def test_gpu_implementations_refuse_an_order_they_cannot_take(output, order):
+    """The CUDA and Triton implementations' `order` (benchmarks and tests force phase 2's order with it):
+    cluster-major serves argmax and topk only; the error names the argument before any launch."""
+    import importlib
+
     from gemma4_mtp_kernels import cuda as cuda_backend
 
+    message = "centroid_logits: order must be 'tokens' or, for argmax and topk, 'clusters', got"
     args = make(2, 16, 8, 32, torch.float32)
-    with pytest.raises(ValueError, match="order must be 'tokens' or, for argmax and topk, 'clusters'"):
+    with pytest.raises(ValueError, match=message):
         cuda_backend.centroid_logits(*args, top_k=2, output=output, fill_value=0.0, order=order)
+    triton_plan = importlib.import_module("gemma4_mtp_kernels.triton.centroid_logits").plan
+    with pytest.raises(ValueError, match=message):
+        triton_plan(2, 2, 8, 4, 132, output=output, order=order)

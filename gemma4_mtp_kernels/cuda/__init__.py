@@ -17,6 +17,7 @@ import os
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from .._checks import centroid_order
 from .._types import VerifyResult
 
 # The kernels' limits that the public ops do not impose (see csrc/include/gemma4_mtp/*.cuh).
@@ -118,8 +119,7 @@ def centroid_logits(hidden, centroids, token_ordering, lm_head, *, top_k=32, out
     V = token_ordering.shape[0]
     if C > MAX_CENTROIDS:
         raise ValueError(f"{op}: centroids must have at most {MAX_CENTROIDS} rows for the cuda backend, got {C}")
-    if order not in (None, "tokens") and not (order == "clusters" and output in ("argmax", "topk")):
-        raise ValueError(f"{op}: order must be 'tokens' or, for argmax and topk, 'clusters', got {order!r}")
+    centroid_order(op, order, output)
     dev = hidden.device
     if output == "argmax":
         ids = torch.empty((T,), dtype=torch.int64, device=dev)

@@ -58,6 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._checks import centroid_order
 from .._counters import zeroed_counters
 from ._common import cdiv, dot_precision, interpreting, last_to_arrive, mma, num_sms, pow2_at_least
 
@@ -448,8 +449,7 @@ def plan(T: int, top_k: int, CS: int, C: int, sms: int, output: str = "argmax", 
     pairs = T * top_k
     if order is None:
         order = "clusters" if output in ("argmax", "topk") and pairs > sms else "tokens"
-    if order not in ("tokens", "clusters") or (order == "clusters" and output not in ("argmax", "topk")):
-        raise ValueError(f"order must be 'tokens' or, for argmax and topk, 'clusters', got {order!r}")
+    centroid_order("centroid_logits", order, output)
     if order == "clusters":
         grid = max(1, min(sms, max(min(pairs, C), cdiv(C, CENTROIDS_PER_PROGRAM))))
         return dict(grid=grid, chunks=1, rows=CS, items=pairs, order=order)
