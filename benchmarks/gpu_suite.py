@@ -72,18 +72,17 @@ def file_scope(stem: str, modules: dict[str, str]) -> tuple[str | None, tuple[st
     return backend, None
 
 
-def _seconds(xml_path: str) -> float | None:
-    """pytest's own time for the file (its testsuite elements' `time`), or None."""
-    times = [float(t) for t in (ts.get("time") for ts in ET.parse(xml_path).getroot().iter("testsuite")) if t]
-    return round(sum(times), 2) if times else None
-
-
-def _testcases(xml_path: str):
-    """(name, outcome) per testcase: passed | failed | error | skipped."""
-    for tc in ET.parse(xml_path).getroot().iter("testcase"):
+def _read_xml(xml_path: str) -> tuple[list[tuple[str, str]], float | None]:
+    """(name, outcome: passed | failed | error | skipped) per testcase, and pytest's own time for the file
+    (its testsuite elements' `time`, None without one)."""
+    root = ET.parse(xml_path).getroot()
+    cases = []
+    for tc in root.iter("testcase"):
         tags = {child.tag for child in tc}
         outcome = "failed" if "failure" in tags else "error" if "error" in tags else "skipped" if "skipped" in tags else "passed"
-        yield tc.get("name", ""), outcome
+        cases.append((tc.get("name", ""), outcome))
+    times = [float(t) for t in (ts.get("time") for ts in root.iter("testsuite")) if t]
+    return cases, round(sum(times), 2) if times else None
 
 
 def _status(rc: int | None, has_xml: bool) -> str:
@@ -118,7 +117,7 @@ def convert(directory: str, modules: dict[str, str] | None = None) -> dict:
         cases, seconds = [], None
         if os.path.exists(xml_path):
             try:
-                cases, seconds = list(_testcases(xml_path)), _seconds(xml_path)
+                cases, seconds = _read_xml(xml_path)
             except ET.ParseError:
                 xml_path = None
         has_xml = bool(xml_path) and os.path.exists(xml_path)
@@ -193,9 +192,9 @@ def order(paths: list[str], results_dir: str) -> list[str]:
     (new files, which may be long), then the longest first, so that the last to start are short and the
     suite ends soon after its longest file (on 2026-12-04 the files took 495 s in all, the longest 64)."""
     seconds = file_seconds(results_dir)
-    stem = lambda p: os.path.splitext(os.path.basename(p))[0]  # noqa: E731
-    unknown = [p for p in paths if stem(p) not in seconds]
-    return unknown + sorted((p for p in paths if stem(p) in seconds), key=lambda p: -seconds[stem(p)])
+    timed = {p: seconds.get(os.path.splitext(os.path.basename(p))[0]) for p in paths}
+    return [p for p in paths if timed[p] is None] + sorted((p for p in paths if timed[p] is not None),
+                                                           key=lambda p: -timed[p])
 
 
 def main(argv=None) -> int:
