@@ -163,8 +163,8 @@ for backend in auto triton cuda; do
 done
 
 # The benchmarks get what the stages above left before 360 s (none under 30 s); 16 processes first run every
-# case once (at most 40% of that: compiles land in the on-disk caches; run_all.precompile), the checklist's
-# cases first. The vLLM anchor runs when
+# baseline of every case once, a baseline a task (at most 40% of that: compiles land in the on-disk caches;
+# run_all.precompile), the checklist's cases first. The vLLM anchor runs when
 # GEMMA4_MTP_VLLM_UNIFIED_ATTENTION names a copy of its kernel (benchmarks/vllm_anchor.py). run_all times
 # benchmarks/checklist.py's cases first, then stops starting new cases after its budget (its share per op:
 # half for the drafter step and rounds, run_all.WEIGHTS) and records the rest as "not run"; the JSON is

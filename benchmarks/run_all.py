@@ -158,25 +158,27 @@ def device_and_dtype(dry: bool):
 
 
 _WORKER: dict = {}
+_INPUTS: dict = {}  # a worker's last case's first input set, (module, case index) -> inputs
 
 
-def _warm_case(task: tuple[str, int, bool]) -> tuple[int, int]:
-    """A precompile worker: every baseline of one case run once on its first input set; (ran, failed)."""
+def _warm_baseline(task: tuple[str, int, str, bool]) -> tuple[str, int, bool]:
+    """A precompile worker: one baseline of one case run once on the case's first input set (made once
+    for consecutive baselines of a case); (module, case index, whether it failed)."""
     import torch
-    modname, i, dry = task
+    modname, i, name, dry = task
     if modname not in _WORKER:
         _WORKER[modname] = importlib.import_module(f"{__package__}.{modname}").cases(dry)
     case = _WORKER[modname][i]
-    inputs = case.make_inputs(*device_and_dtype(dry), 0)
-    failed = 0
-    for factory in case.baselines.values():
-        try:
-            factory(inputs)()
-            if not dry:
-                torch.cuda.synchronize()
-        except Exception:  # noqa: BLE001 - a missing or failing baseline is the timed run's to report
-            failed += 1
-    return len(case.baselines), failed
+    try:
+        if (modname, i) not in _INPUTS:
+            _INPUTS.clear()  # one case's inputs at a time (a 31B case's are GBs)
+            _INPUTS[modname, i] = case.make_inputs(*device_and_dtype(dry), 0)
+        case.baselines[name](_INPUTS[modname, i])()
+        if not dry:
+            torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - a missing or failing baseline is the timed run's to report
+        return modname, i, True
+    return modname, i, False
 
 
 def ordered(cases_of: dict[str, list], first=()) -> list[tuple[str, int]]:
@@ -191,29 +193,33 @@ def ordered(cases_of: dict[str, list], first=()) -> list[tuple[str, int]]:
 
 def precompile(modules, jobs: int, deadline: float, *, dry: bool, done=frozenset(), first=(), log=print) -> dict:
     """Every baseline of every case of `modules` (but the (op, label) pairs in `done`) run once, by `jobs`
-    spawned processes, one case at a time each (those of `first` first, `ordered`), until `deadline`
+    spawned processes, one baseline at a time each (the cases of `first` first, `ordered`), until `deadline`
     (time.monotonic()): what compiles on a first call (Triton's JIT, inductor) compiles there, in
     parallel, into the on-disk caches the timed process then reads, instead of one kernel after another
-    inside the timed process's budget (on 2026-12-04 the benchmark stage's 94 s timed two drafter steps). Bounded by the deadline whatever a
-    worker does (one that dies loses its case, which then compiles when it is timed). Returns what ran."""
+    inside the timed process's budget (on 2026-12-04 the benchmark stage's 94 s timed two drafter steps).
+    A task is one baseline, not a case: a sweep case holds ~15 variants and a drafter step ~10, each its own
+    compiles, which one worker a case ran one after another. Bounded by the deadline whatever a worker does
+    (one that dies loses its task, which then compiles when it is timed). Returns what ran."""
     cases_of = {m: importlib.import_module(f"{__package__}.{m}").cases(dry) for m in modules}
-    tasks = [(m, i, dry) for m, i in ordered(cases_of, first)
-             if (cases_of[m][i].op, cases_of[m][i].label) not in done]
-    ran = failed = finished = 0
+    picked = [(m, i) for m, i in ordered(cases_of, first) if (cases_of[m][i].op, cases_of[m][i].label) not in done]
+    tasks = [(m, i, name, dry) for m, i in picked for name in cases_of[m][i].baselines]
+    left = {(m, i): len(cases_of[m][i].baselines) for m, i in picked}  # baselines not yet run, per case
+    ran = failed = 0
     pool = multiprocessing.get_context("spawn").Pool(jobs)
     try:
-        results = pool.imap_unordered(_warm_case, tasks)
+        results = pool.imap_unordered(_warm_baseline, tasks)
         for _ in tasks:
             try:
                 wait = None if deadline == float("inf") else max(0.0, deadline - time.monotonic())
-                n, bad = results.next(timeout=wait)
+                m, i, bad = results.next(timeout=wait)
             except multiprocessing.TimeoutError:
-                log(f"precompile: stopped at its deadline after {finished} of {len(tasks)} cases")
+                log(f"precompile: stopped at its deadline after {ran} of {len(tasks)} baselines")
                 break
-            finished, ran, failed = finished + 1, ran + n, failed + bad
+            ran, failed, left[m, i] = ran + 1, failed + bad, left[m, i] - 1
     finally:
         pool.terminate()
-    return {"cases": len(tasks), "cases_run": finished, "baselines_run": ran, "baselines_failed": failed}
+    return {"cases": len(picked), "cases_run": sum(n == 0 for n in left.values()), "baselines_run": ran,
+            "baselines_failed": failed}
 
 
 def run(*, dry: bool, out_path: str, ops=None, time_budget_s: float | None = None, runs: int = 30,
@@ -368,8 +374,8 @@ def main(argv=None) -> int:
     p.add_argument("--time-budget", type=float, default=None, help="seconds; later cases are recorded as not run")
     p.add_argument("--runs", type=int, default=30, help="timed repetitions per baseline (median reported)")
     p.add_argument("--precompile-jobs", type=int, default=0, metavar="N",
-                   help="first run every case once in N processes (on a GPU its compiles land in the on-disk "
-                        "caches; at most 40%% of the time budget)")
+                   help="first run every baseline of every case once in N processes (on a GPU its compiles land "
+                        "in the on-disk caches; at most 40%% of the time budget)")
     p.add_argument("--table", metavar="RESULTS", help="print the summary table of a results file and exit")
     p.add_argument("--markdown", action="store_true", help="table as markdown")
     p.add_argument("--plot", metavar="PNG", help="also draw the roofline plot (needs matplotlib)")

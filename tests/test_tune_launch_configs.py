@@ -87,7 +87,7 @@ def spawnable(monkeypatch):
 
 def test_precompile_workers_run_every_variant(spawnable):
     """The worker pool that compiles the variants before they are timed on a GPU (run_all.precompile:
-    spawned processes, a case each), here on the dry cases under the interpreter: every variant runs,
+    spawned processes, a baseline each), here on the dry cases under the interpreter: every variant runs,
     none fails; a deadline already past stops it at once, and cases already done are left out."""
     from benchmarks import run_all
     cases = tune.cases(True)
