@@ -198,8 +198,11 @@ def precompile(modules, jobs: int, deadline: float, *, dry: bool, done=frozenset
     parallel, into the on-disk caches the timed process then reads, instead of one kernel after another
     inside the timed process's budget (on 2026-12-04 the benchmark stage's 94 s timed two drafter steps).
     A task is one baseline, not a case: a sweep case holds ~15 variants and a drafter step ~10, each its own
-    compiles, which one worker a case ran one after another. Bounded by the deadline whatever a worker does
-    (one that dies loses its task, which then compiles when it is timed). Returns what ran."""
+    compiles, which one worker a case ran one after another. A worker holds one case's inputs: on the largest
+    cases (31B, B = 32, 32K: ~9 GB of cache) many workers at once can exceed the device's memory, and an
+    allocation that fails counts its baseline failed here (the timed run makes the inputs again, alone).
+    Bounded by the deadline whatever a worker does (one that dies loses its task, which then compiles when
+    it is timed). Returns what ran."""
     cases_of = {m: importlib.import_module(f"{__package__}.{m}").cases(dry) for m in modules}
     picked = [(m, i) for m, i in ordered(cases_of, first) if (cases_of[m][i].op, cases_of[m][i].label) not in done]
     tasks = [(m, i, name, dry) for m, i in picked for name in cases_of[m][i].baselines]
