@@ -29,6 +29,8 @@ import pkgutil
 import re
 import xml.etree.ElementTree as ET
 
+from .make_verified import RESULTS, load_runs
+
 BACKENDS = ("cuda", "triton")
 # test files named after a group of ops: test_<group>_<backend>.py covers exactly these
 GROUPS = {"fused_glue": ("rms_norm_linear", "rms_norm_gate_up", "rms_norm_q_rope")}
@@ -166,18 +168,14 @@ _SUITE_LINE = re.compile(r"^(test_\w+) .* in ([0-9.]+)s\b")
 
 
 def file_seconds(results_dir: str) -> dict[str, float]:
-    """Each test file's pytest time in the newest committed run under `results_dir` that recorded any:
-    its gpu_suite.json, or the gpu_suite.txt that gpu_check.sh wrote beside it (or under raw/)."""
-    for run in sorted(glob.glob(os.path.join(results_dir, "*", "")), reverse=True):
-        if os.path.basename(os.path.dirname(run)).startswith("gpu_check_"):  # not a committed run
-            continue
-        try:
-            with open(os.path.join(run, "gpu_suite.json")) as f:
-                files = json.load(f).get("files", {})
-            seconds = {stem: f["seconds"] for stem, f in files.items() if f.get("seconds") is not None}
-        except (OSError, ValueError):
-            seconds = {}
-        for txt in (os.path.join(run, "gpu_suite.txt"), os.path.join(run, "raw", "gpu_suite.txt")):
+    """Each test file's pytest time in the newest committed run under `results_dir` (make_verified's runs)
+    that recorded any: its gpu_suite.json, or the gpu_suite.txt that gpu_check.sh wrote beside it (or
+    under raw/)."""
+    for run in sorted(load_runs(results_dir), key=lambda r: r.date, reverse=True):
+        files = (run.suite or {}).get("files", {})
+        seconds = {stem: f["seconds"] for stem, f in files.items() if f.get("seconds") is not None}
+        for txt in (os.path.join(results_dir, run.name, "gpu_suite.txt"),
+                    os.path.join(results_dir, run.name, "raw", "gpu_suite.txt")):
             if seconds or not os.path.exists(txt):
                 continue
             with open(txt) as f:
@@ -203,7 +201,7 @@ def main(argv=None) -> int:
                                             "with --order, test files")
     p.add_argument("--out")
     p.add_argument("--order", action="store_true", help="print the test files in the order to start them")
-    p.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    p.add_argument("--results", default=RESULTS)
     args = p.parse_args(argv)
     if args.order:
         print(" ".join(order(args.paths, args.results)))

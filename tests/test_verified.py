@@ -351,9 +351,9 @@ def test_gpu_suite_files_start_longest_first_by_the_newest_committed_times(tmp_p
     files = gpu_suite.convert(str(pytest_dir))["files"]
     assert files["test_tree_verify_cuda"]["seconds"] == 12.5 and files["test_tree_verify_triton"]["seconds"] is None
 
-    results = tmp_path / "results"
-    old = results / "2026-12-04-h200" / "raw"
-    old.mkdir(parents=True)
+    results = tmp_path / "results"  # committed runs: each with its results.json (make_verified.load_runs)
+    old = _write_run(results, "2026-12-04-h200", [], passed=None, date="2026-12-04T00:00:00+00:00") / "raw"
+    old.mkdir()
     (old / "gpu_suite.txt").write_text(
         "test_a_cuda ok: 43 passed, 14 warnings in 28.34s\n"
         "test_b_cuda FAILED rc=1: 3 failed, 27 passed in 63.94s (0:01:03)\n"
@@ -362,14 +362,13 @@ def test_gpu_suite_files_start_longest_first_by_the_newest_committed_times(tmp_p
     assert gpu_suite.order(paths, str(results)) == ["tests/test_c_triton.py", "tests/test_new_cuda.py",
                                                     "tests/test_b_cuda.py", "tests/test_a_cuda.py"]
     # a newer run's gpu_suite.json times win; gpu_check.sh's uncommitted output directories do not count
-    new = results / "2026-12-20-h200"
-    new.mkdir()
+    new = _write_run(results, "2026-12-20-h200", [], passed=None, date="2026-12-20T00:00:00+00:00")
     (new / "gpu_suite.json").write_text(json.dumps({"files": {"test_a_cuda": {"seconds": 90.0},
                                                               "test_b_cuda": {"seconds": 10.0},
                                                               "test_c_triton": {"seconds": None}}}))
-    (results / "gpu_check_20261230T000000Z").mkdir()
-    (results / "gpu_check_20261230T000000Z" / "gpu_suite.json").write_text(
-        json.dumps({"files": {"test_b_cuda": {"seconds": 999.0}}}))
+    uncommitted = _write_run(results, "gpu_check_20261230T000000Z", [], passed=None,
+                             date="2026-12-30T00:00:00+00:00")
+    (uncommitted / "gpu_suite.json").write_text(json.dumps({"files": {"test_b_cuda": {"seconds": 999.0}}}))
     assert gpu_suite.order(paths, str(results)) == ["tests/test_c_triton.py", "tests/test_new_cuda.py",
                                                     "tests/test_a_cuda.py", "tests/test_b_cuda.py"]
     assert gpu_suite.main(["--order", "--results", str(results), *paths]) == 0
