@@ -45,6 +45,9 @@ REWRITTEN = {
                                                  "batch of loads: not the one the 2026-12-04 run timed at T > 1"),
     ("rms_norm_q_rope", "cuda"): ("2026-12-05", "the prologue takes as many token rows a pass as keep each in one "
                                                 "batch of loads: not the one the 2026-12-04 run timed at T > 1"),
+    ("q_only_paged_attention", "cuda"): ("2026-12-05", "sm_90: a V row no copy fills is zeroed when its tile is "
+                                                       "issued, not every stage before the first copy: not the "
+                                                       "kernel the 2026-12-04 run verified"),
     ("q_only_paged_attention", "triton"): ("2026-12-05", "the key loop reads the block table a segment ahead, so its "
                                                          "K/V tiles are pipelined: not the loop the 2026-12-04 run timed"),
 }

@@ -260,10 +260,19 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const AttentionParams p, c
   uint64_t* bars = reinterpret_cast<uint64_t*>(stat + L::kStatFloats);
   int* bad_flag = reinterpret_cast<int*>(bars + kMaxStages);
 
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // Shared memory only, so before the wait (under PDL while the previous kernel still runs): the stages'
+  // mbarriers and the bad-block flag; the __syncthreads after the Work publishes them.
+  if (tid == 0) {
+    if constexpr (kHasBulkCopy) {
+      for (int s = 0; s < stages; ++s) mbarrier_init(&bars[s], C::kCopyRows);
+      fence_mbarrier_init();
+    }
+    *bad_flag = 0;
+  }
   griddep_wait();               // q, the cache, the table and seq_lens may come from the previous kernel
   griddep_launch_dependents();  // the merge may be scheduled now; it waits for this grid to finish
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int slice = warp % C::kSlices, grp = warp / C::kSlices;
   const int quad = lane & 3, lrow = lane >> 2;
   const Work w = cta_work(p, R, C::kKeys);
@@ -295,11 +304,22 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const AttentionParams p, c
                          : cache;
     unsigned char* dst = stage_mem + static_cast<size_t>(st) * C::kStageBytes + crow * C::kPitch;
     if constexpr (kHasBulkCopy) {
-      // Rows left out keep what an earlier stage (or the zero fill) put there: finite, and their
-      // scores are masked; their P is exactly 0.
       if (cpart == 0) {
         mbarrier_arrive_expect_tx(&bars[st], valid ? D * 2 : 0);
         if (valid) bulk_copy_g2s(dst, src, D * 2, &bars[st]);
+      }
+      // A row left out (past the range's end, or a bad block) has its score masked and its P exactly 0,
+      // but P V multiplies its V row, which must be finite: its threads zero it (the K row may hold
+      // anything). The fence orders these generic stores before a later bulk copy into the row; the
+      // row is read >= 1 __syncthreads later (stages >= 3). Zeroing only such rows, here, replaces a
+      // zero fill of every stage before the first copy (~200 KiB of shared stores, ~0.8 us at the
+      // start of every CTA).
+      if (!valid && is_v) {
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < C::kChunksPerThread; ++j)
+          reinterpret_cast<uint4*>(dst)[j * C::kThreadsPerRow + cpart] = zero;
+        fence_proxy_async_shared();
       }
     } else {
 #pragma unroll 1  // registers: the 32-row kernel at D 512 is at the limit
@@ -311,18 +331,7 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(const AttentionParams p, c
     }
   };
 
-  if constexpr (kHasBulkCopy) {
-    // Zero the stages once, so that rows no copy fills (past the end of the range) hold finite values.
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    for (int i = tid; i < stages * C::kStageBytes / 16; i += kThreads) reinterpret_cast<uint4*>(stage_mem)[i] = zero;
-    fence_proxy_async_shared();
-    if (tid == 0) {
-      for (int s = 0; s < stages; ++s) mbarrier_init(&bars[s], C::kCopyRows);
-      fence_mbarrier_init();
-    }
-  }
-  if (tid == 0) *bad_flag = 0;
-  __syncthreads();
+  __syncthreads();  // the mbarriers and the flag
 
   // ---- Q fragments (A operand): rows of m-tile mt, k-step ks of this warp's slice ----
   const T* qp = static_cast<const T*>(p.q);
