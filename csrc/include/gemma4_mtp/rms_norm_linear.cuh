@@ -280,17 +280,55 @@ __device__ __forceinline__ const T* weight_row(const GlueParams& p, int r) {
   return static_cast<const T*>(up ? p.up_weight : p.weight) + row * (up ? p.up_weight_stride : p.weight_stride);
 }
 
-// q_norm and RoPE of one head for the live tokens of the tile, from the workspace (the rounded q_proj
-// output, written by the head's CTAs). A warp per token; lane holds elements lane + 32 i, so an
-// element's neox partner (j + D/2 mod D) sits in the same lane.
+// cos / sin of token t's rotation angles for the lane's neox pairs (j = lane + 32 i, i < D / 64), as
+// rms_norm_q_rope's Triton kernel computes them (fp32 angle), rounded to the dtype. Its loads (the
+// position, inv_freq) are issued together, before any store that could alias them.
 template <class T, int D>
-__device__ void norm_rope_head(const GlueParams& p, int head, int t0, int live) {
+__device__ __forceinline__ void rope_angles(const GlueParams& p, int64_t t, int lane, float (&c)[D / 64],
+                                            float (&s)[D / 64]) {
+  const int64_t pi = t / p.per_pos;
+  const float pos = static_cast<float>(p.positions_int64 ? static_cast<const int64_t*>(p.positions)[pi]
+                                                         : static_cast<const int32_t*>(p.positions)[pi]);
+  float f[D / 64];
+#pragma unroll
+  for (int i = 0; i < D / 64; ++i) f[i] = p.inv_freq[lane + 32 * i];
+#pragma unroll
+  for (int i = 0; i < D / 64; ++i) {
+    cos_sin(pos * f[i], c[i], s[i]);
+    c[i] = rnd<T>(c[i]);
+    s[i] = rnd<T>(s[i]);
+  }
+}
+
+// kQRope's step 5: the CTA stores its rounded q_proj tile to the workspace; the last of a head's CTAs to
+// finish (a counter) applies q_norm and RoPE to the head for the live tokens of the tile, a warp per
+// token, lane holding elements lane + 32 i (an element's neox partner, j + D/2 mod D, in the same lane).
+// What does not depend on the other CTAs' tiles, the lane's q_norm weights and the angles of the warp's
+// first token, is loaded and computed before the election (whose atomic is an L2 round trip): after it,
+// one wave of loads (the head) instead of a chain of them (the head, then the norm weights, then the
+// position and each pair's inv_freq behind the previous pair's stores, which they might alias: 6 waves
+// at D 256, 10 at D 512 in the sm_90 SASS).
+template <class T, int D>
+__device__ void q_rope_tail(const GlueParams& p, float (*tile)[kGlueRows + 1], int t0, int live, int* flag) {
   constexpr int NI = D / 32;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const T* ws = static_cast<const T*>(p.workspace);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tile_n = blockIdx.x;
+  T* ws = static_cast<T*>(p.workspace);
+  for (int e = tid; e < live * kGlueRows; e += kThreads) {
+    const int t = e / kGlueRows, r = e % kGlueRows;
+    ws[static_cast<int64_t>(t0 + t) * p.N + glue_weight_row(GlueKind::kQRope, tile_n, r)] = from_float<T>(tile[t][r]);
+  }
+  const int head = tile_n * kGlueRows / D;  // D is a multiple of 32: a tile lies in one head
+  int32_t* counter = p.counters + glue_split_counters(p.plan) + blockIdx.y * (p.N / D) + head;
+  float w[NI], c[NI / 2], s[NI / 2];
+#pragma unroll
+  for (int i = 0; i < NI; ++i) w[i] = elem<T>(p.q_norm_weight, lane + 32 * i);
+  if (warp < live) rope_angles<T, D>(p, t0 + warp, lane, c, s);
+  if (!last_to_arrive(counter, D / kGlueRows, flag)) return;
   T* out = static_cast<T*>(p.out);
   for (int tl = warp; tl < live; tl += kMmaWarps) {
     const int64_t t = t0 + tl;
+    if (tl != warp) rope_angles<T, D>(p, t, lane, c, s);
     const int64_t row = t * p.N + static_cast<int64_t>(head) * D;
     float q[NI];
     float ss = 0.f;
@@ -301,24 +339,18 @@ __device__ void norm_rope_head(const GlueParams& p, int head, int t0, int live) 
     }
     const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(D) + p.eps);
 #pragma unroll
-    for (int i = 0; i < NI; ++i) q[i] = rnd<T>(q[i] * inv * elem<T>(p.q_norm_weight, lane + 32 * i));  // q_norm
-    const int64_t pi = t / p.per_pos;
-    const float pos = static_cast<float>(p.positions_int64 ? static_cast<const int64_t*>(p.positions)[pi]
-                                                           : static_cast<const int32_t*>(p.positions)[pi]);
+    for (int i = 0; i < NI; ++i) q[i] = rnd<T>(q[i] * inv * w[i]);  // q_norm
     // the neox pair (j, j + D/2) shares its angle: element j gets q_j c - q_{j+D/2} s, its partner
     // q_{j+D/2} c + q_j s, each product and the sum rounded
 #pragma unroll
     for (int i = 0; i < NI / 2; ++i) {
       const int j = lane + 32 * i;
-      float c, s;
-      cos_sin(pos * p.inv_freq[j], c, s);
-      c = rnd<T>(c);
-      s = rnd<T>(s);
       const float lo = q[i], hi = q[i + NI / 2];
-      out[row + j] = from_float<T>(rnd<T>(lo * c) + rnd<T>(-hi * s));
-      out[row + j + D / 2] = from_float<T>(rnd<T>(hi * c) + rnd<T>(lo * s));
+      out[row + j] = from_float<T>(rnd<T>(lo * c[i]) + rnd<T>(-hi * s[i]));
+      out[row + j + D / 2] = from_float<T>(rnd<T>(hi * c[i]) + rnd<T>(lo * s[i]));
     }
   }
+  if (tid == 0) *counter = 0;
 }
 
 // Steps 4-5: `tile` [kTok][33] holds the CTA's sum over its k range.
@@ -360,21 +392,12 @@ __device__ void finish(const GlueParams& p, float (*tile)[kGlueRows + 1], int t0
       out[(t0 + t) * p.out_stride + col] = from_float<T>(gate * rnd<T>(tile[t][c + 16]));
     }
   } else {
-    T* ws = static_cast<T*>(p.workspace);
-    for (int e = tid; e < live * kGlueRows; e += kThreads) {
-      const int t = e / kGlueRows, r = e % kGlueRows;
-      ws[static_cast<int64_t>(t0 + t) * p.N + glue_weight_row(KIND, tile_n, r)] = from_float<T>(tile[t][r]);
-    }
-    const int head = tile_n * kGlueRows / p.D;  // D is a multiple of 32: a tile lies in one head
-    int32_t* counter = p.counters + glue_split_counters(p.plan) + ty * (p.N / p.D) + head;
-    if (!last_to_arrive(counter, p.D / kGlueRows, flag)) return;
     switch (p.D) {
-      case 64: norm_rope_head<T, 64>(p, head, t0, live); break;
-      case 128: norm_rope_head<T, 128>(p, head, t0, live); break;
-      case 256: norm_rope_head<T, 256>(p, head, t0, live); break;
-      default: norm_rope_head<T, 512>(p, head, t0, live); break;
+      case 64: q_rope_tail<T, 64>(p, tile, t0, live, flag); break;
+      case 128: q_rope_tail<T, 128>(p, tile, t0, live, flag); break;
+      case 256: q_rope_tail<T, 256>(p, tile, t0, live, flag); break;
+      default: q_rope_tail<T, 512>(p, tile, t0, live, flag); break;
     }
-    if (tid == 0) *counter = 0;
   }
 }
 
