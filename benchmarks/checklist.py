@@ -40,6 +40,7 @@ CLUSTER_MAJOR = "The centroid head at large T: cluster-major phase 2"
 ATTN_PIPELINE = "Attention's K/V tiles pipelined past the block table"
 CUDA_CLUSTER_MAJOR = "The CUDA centroid head's cluster-major phase 2"
 CUDA_GLUE_PROLOGUE = "The CUDA glue's prologue at several tokens"
+CUDA_TAILS = "The CUDA q_rope's election tail and the CUDA attention's zero fill"
 PREDICTIONS = (
     Prediction("E2B step", "drafter_step", STEP_E2B, "triton", 146, 160, 171.3, f"{ALL_FOUR}; {ATTN_PIPELINE}"),
     Prediction("31B step", "drafter_step", STEP_31B, "triton", 455, 485, 522.8, f"{ALL_FOUR}; {ATTN_PIPELINE}"),
@@ -121,6 +122,15 @@ PREDICTIONS = (
                CUDA_GLUE_PROLOGUE),
     Prediction("31B gate_up T=8, CUDA", "rms_norm_gate_up", "31B gate_up T=8", "cuda", 28, 31, 31.8,
                CUDA_GLUE_PROLOGUE),
+    Prediction("E2B q_rope T=1, CUDA", "rms_norm_q_rope", "E2B q_proj full T=1", "cuda", 7.3, 8.4, 10.54,
+               CUDA_TAILS),
+    Prediction("31B q_rope T=1, CUDA", "rms_norm_q_rope", "31B q_proj full T=1", "cuda", 20.5, 21.8, 23.79,
+               CUDA_TAILS),
+    Prediction("E2B sliding attention 8K, CUDA", "q_only_paged_attention", "E2B sliding D=256 B=1 Q=1 ctx=8192",
+               "cuda", 11.0, 11.8, 12.17, CUDA_TAILS),
+    Prediction("E2B full attention 8K, CUDA", "q_only_paged_attention", "E2B full D=512 B=1 Q=1 ctx=8192", "cuda",
+               20.3, 21.4, 21.78, CUDA_TAILS),
+    Prediction("E2B step, CUDA", "drafter_step", STEP_E2B, "cuda", 189, 197, 203.3, CUDA_TAILS),
     Prediction("softmax_sample, 4096 candidates, B=1", "softmax_sample", "centroid head (4096 candidates) B=1",
                "triton", 5, 8, None, "Sampled draft tokens in two launches"),
     Prediction("softmax_sample, V = 262144, B=1", "softmax_sample", "dense head B=1", "triton", 5, 8, None,
