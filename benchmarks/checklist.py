@@ -41,8 +41,10 @@ ATTN_PIPELINE = "Attention's K/V tiles pipelined past the block table"
 CUDA_CLUSTER_MAJOR = "The CUDA centroid head's cluster-major phase 2"
 CUDA_GLUE_PROLOGUE = "The CUDA glue's prologue at several tokens"
 CUDA_TAILS = "The CUDA q_rope's election tail and the CUDA attention's zero fill"
+SHORT_SPLITS = "E2B's split-K GEMVs in two-block programs"
 PREDICTIONS = (
-    Prediction("E2B step", "drafter_step", STEP_E2B, "triton", 146, 160, 171.3, f"{ALL_FOUR}; {ATTN_PIPELINE}"),
+    Prediction("E2B step", "drafter_step", STEP_E2B, "triton", 134, 154, 171.3,
+               f"{ALL_FOUR}; {ATTN_PIPELINE}; {SHORT_SPLITS}"),
     Prediction("31B step", "drafter_step", STEP_31B, "triton", 455, 485, 522.8, f"{ALL_FOUR}; {ATTN_PIPELINE}"),
     Prediction("E2B eager step, cuda: one host call", "drafter_step", STEP_E2B, "cuda_eager", 180, 300, 1292.6,
                ONE_CALL),
@@ -122,6 +124,11 @@ PREDICTIONS = (
                CUDA_GLUE_PROLOGUE),
     Prediction("31B gate_up T=8, CUDA", "rms_norm_gate_up", "31B gate_up T=8", "cuda", 28, 31, 31.8,
                CUDA_GLUE_PROLOGUE),
+    Prediction("E2B step, splits of >= 8 K blocks (the old rule), less two", "drafter_step", STEP_E2B,
+               "triton_long_splits", 6, 14, None, SHORT_SPLITS, minus=(STEP_E2B, "triton")),
+    Prediction("E2B o_proj full T=1", "rms_norm_linear", "E2B o_proj full T=1", "triton", 3.2, 4.2, 5.13,
+               SHORT_SPLITS),
+    Prediction("E2B down_proj T=1", "rms_norm_linear", "E2B down_proj T=1", "triton", 3.2, 4.2, 5.04, SHORT_SPLITS),
     Prediction("E2B q_rope T=1, CUDA", "rms_norm_q_rope", "E2B q_proj full T=1", "cuda", 7.3, 8.4, 10.54,
                CUDA_TAILS),
     Prediction("31B q_rope T=1, CUDA", "rms_norm_q_rope", "31B q_proj full T=1", "cuda", 20.5, 21.8, 23.79,

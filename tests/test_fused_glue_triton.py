@@ -207,7 +207,7 @@ def test_linear_sums_more_splits_than_it_loads_at_once(monkeypatch):
     summed 8 at a time (sum_splits), the second group three partials and five masked."""
     from gemma4_mtp_kernels.triton import _common
     monkeypatch.setattr(_common, "INTERPRETER_SMS", 132)
-    cfg = launch_config(1, 5632, 32, num_sms(torch.device("cpu")))
+    cfg = launch_config(1, 1408, 32, num_sms(torch.device("cpu")))
     assert (cfg["split_k"], cfg["SPLIT_LOADS"]) == (11, 8)
-    linear(1, 5632, 32, torch.bfloat16, "none")
-    linear(1, 5632, 32, torch.float32, "layer")
+    linear(1, 1408, 32, torch.bfloat16, "none")
+    linear(1, 1408, 32, torch.float32, "layer")

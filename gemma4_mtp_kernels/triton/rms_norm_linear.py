@@ -250,22 +250,29 @@ def token_block(T: int) -> int:
     return min(64, pow2_at_least(T, 16))
 
 
-MIN_KB_PER_SPLIT = 8  # K blocks per program: a weight stream long enough for the 3-stage pipeline
+# K blocks per program at least. Where the tiles alone fill the GPU's two programs an SM (the 31B and 26B
+# projections: 16-17 splits of 8-29 blocks) this never binds; where the weight is small (E2B / E4B o_proj
+# and down_proj, 0.5-1 MiB over 8 tiles), it set the split count: at 8 blocks, 16-32 programs each streamed
+# its 8 blocks through a 3-stage pipeline, a chain of ~2.5 us (the op cases took 5.0-5.1 us, as long as
+# the pre-projection's 24 serial epilogue round trips). At 2 the program's whole range is what the L2
+# prefetch before its wait asks for (PREFETCH_LINES = 4 blocks) and its loop two loads deep, for 8-16
+# partials that the elected program sums in 1-2 waves of 8 (sum_splits).
+MIN_KB_PER_SPLIT = 2
 
 
 def launch_config(T: int, H: int, N: int, sms: int, *, block_n: int | None = None, block_k: int = BLOCK_K,
                   split_k: int | None = None, num_warps: int = 4, num_stages: int = 3) -> dict:
-    """Tiles and split count (also what the AOT compile check records): up to 2 programs per SM,
-    each streaming >= 8 K blocks (the first GPU run's down projection, which splits 22 MiB into
-    5-block runs, reached 38% of copy bandwidth), with the fp32 partials (8 * SPLIT_K * T * N bytes
-    written and read back) capped at ~1/4 of the weight. The keywords replace one choice each (the
+    """Tiles and split count (also what the AOT compile check records): up to 2 programs per SM (the
+    first GPU run's 31B down projection, split into 5-block runs over many more programs, reached 38%
+    of copy bandwidth), each streaming >= MIN_KB_PER_SPLIT K blocks, with the fp32 partials
+    (8 * SPLIT_K * T * N bytes written and read back) capped at ~1/4 of the weight. The keywords replace one choice each (the
     rest follows from it): `benchmarks/tune_launch_configs.py` times them against these defaults."""
     block_t = token_block(T)
     block_n = block_n or (32 if N <= 512 else 64)
     tiles = cdiv(N, block_n) * cdiv(max(T, 1), block_t)
     nkb = cdiv(H, block_k)
     if split_k is None:
-        split_k = min(cdiv(2 * sms, tiles), nkb // MIN_KB_PER_SPLIT, H // (8 * max(T, 1)))
+        split_k = min(2 * sms // tiles, nkb // MIN_KB_PER_SPLIT, H // (8 * max(T, 1)))
     kb_per_split = max(1, cdiv(nkb, max(1, split_k)))
     split = max(1, cdiv(nkb, kb_per_split))
     return dict(BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_K=block_k, split_k=split, kb_per_split=kb_per_split,
