@@ -90,13 +90,17 @@ __device__ __forceinline__ int64_t out_row(const AttentionParams& p, const Work&
 // columns per CTA; the attention kernels' in-kernel merge for the group's rows and every column.
 // ------------------------------------------------------------------------------------------------
 
+// Partials a merge_splits thread loads at once (float4 each: 32 registers).
+constexpr int kMergeBatch = 8;
+
 // Shared floats of merge_splits for `rows` rows with row_splits partials (rows x splits) in all.
 constexpr int merge_scratch_floats(int threads, int rows, int row_splits) { return 4 * threads + row_splits + 3 * rows; }
 
 // Merges columns [col0, col0 + cols) of rows orow(0 .. rows - 1) of out (their lse too when write_lse)
 // over p.num_splits partials; every thread of the kThreads-thread CTA calls it, `scratch` is 16-byte
-// aligned shared memory of merge_scratch_floats(). All lse are loaded at once, then all partials: two
-// L2 latencies per call whatever the rows. Partials are read with .cg loads (the in-kernel merge reads
+// aligned shared memory of merge_scratch_floats(). All lse are loaded at once, then the partials,
+// kMergeBatch a thread at once: two L2 latencies per call up to kMergeBatch splits a thread (a 128-split
+// merge kernel's 16: three). Partials are read with .cg loads (the in-kernel merge reads
 // other CTAs' writes; L1 is not coherent). A float4 column of a row is one item; when there are fewer
 // items than threads, `ways` threads share an item, each taking every ways-th split, and their sums
 // meet in shared memory in way order (the merge kernel at 128 columns: lane = item, warp = way).
@@ -160,15 +164,27 @@ __device__ __forceinline__ void merge_splits(const AttentionParams& p, int rows,
     const int r = item / vecs;
     const float* src = p.workspace + orow(r) * S * D + col0 + item % vecs * 4;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-    for (int s = way; s < S; s += ways) {
-      const float ws = weight[r * S + s];
-      if (ws > 0.f) {
-        const float4 v = __ldcg(reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * D));
-        o.x = fmaf(ws, v.x, o.x);
-        o.y = fmaf(ws, v.y, o.y);
-        o.z = fmaf(ws, v.z, o.z);
-        o.w = fmaf(ws, v.w, o.w);
+    // kMergeBatch partials loaded before any is added (every split wrote its partial, so the loads need no
+    // weight): a load guarded by its weight kept each behind the previous split's adds, one L2 round trip
+    // per split (sm_90 SASS: 8 in a sliding layer's in-kernel merge, 16 a thread in the merge kernel of a
+    // 128-split full layer). Added in split order, a weight-0 split skipped, as before.
+    for (int s0 = way; s0 < S; s0 += kMergeBatch * ways) {
+      float4 v[kMergeBatch];
+      float wv[kMergeBatch];
+#pragma unroll
+      for (int j = 0; j < kMergeBatch; ++j) {  // past the last split: the last one again (unpredicated
+        const int s = min(s0 + j * ways, S - 1);  // loads, which ptxas issues together), weighed 0
+        wv[j] = s0 + j * ways < S ? weight[r * S + s] : 0.f;
+        v[j] = __ldcg(reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * D));
+      }
+#pragma unroll
+      for (int j = 0; j < kMergeBatch; ++j) {
+        if (wv[j] > 0.f) {
+          o.x = fmaf(wv[j], v[j].x, o.x);
+          o.y = fmaf(wv[j], v[j].y, o.y);
+          o.z = fmaf(wv[j], v[j].z, o.z);
+          o.w = fmaf(wv[j], v[j].w, o.w);
+        }
       }
     }
     if (ways == 1) {
@@ -846,7 +862,7 @@ constexpr int kMergeThreads = 256;
 constexpr int kMergeCols = 128;
 
 template <class T>
-__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const AttentionParams p) {
+__global__ void __launch_bounds__(kMergeThreads, 1) merge_kernel(const AttentionParams p) {
   __shared__ __align__(16) float scratch[merge_scratch_floats(kMergeThreads, 1, kAttentionMaxSplits)];
   griddep_wait();  // the partials are the previous grid's output
   const int col0 = blockIdx.y * kMergeCols;
