@@ -40,7 +40,7 @@ CLUSTER_MAJOR = "The centroid head at large T: cluster-major phase 2"
 ATTN_PIPELINE = "Attention's K/V tiles pipelined past the block table"
 CUDA_CLUSTER_MAJOR = "The CUDA centroid head's cluster-major phase 2"
 CUDA_GLUE_PROLOGUE = "The CUDA glue's prologue at several tokens"
-CUDA_TAILS = "The CUDA q_rope's election tail and the CUDA attention's zero fill"
+CUDA_TAILS = "CUDA serial loads: q_rope's tail, attention's zero fill and merges, softmax_sample"
 SHORT_SPLITS = "E2B's split-K GEMVs in two-block programs"
 PREDICTIONS = (
     Prediction("E2B step", "drafter_step", STEP_E2B, "triton", 134, 154, 171.3,
@@ -134,10 +134,16 @@ PREDICTIONS = (
     Prediction("31B q_rope T=1, CUDA", "rms_norm_q_rope", "31B q_proj full T=1", "cuda", 20.5, 21.8, 23.79,
                CUDA_TAILS),
     Prediction("E2B sliding attention 8K, CUDA", "q_only_paged_attention", "E2B sliding D=256 B=1 Q=1 ctx=8192",
-               "cuda", 11.0, 11.8, 12.17, CUDA_TAILS),
+               "cuda", 8.5, 10.0, 12.17, CUDA_TAILS),
     Prediction("E2B full attention 8K, CUDA", "q_only_paged_attention", "E2B full D=512 B=1 Q=1 ctx=8192", "cuda",
-               20.3, 21.4, 21.78, CUDA_TAILS),
-    Prediction("E2B step, CUDA", "drafter_step", STEP_E2B, "cuda", 189, 197, 203.3, CUDA_TAILS),
+               15.5, 18.5, 21.78, CUDA_TAILS),
+    Prediction("E2B full attention 32K, CUDA", "q_only_paged_attention", "E2B full D=512 B=1 Q=1 ctx=32768", "cuda",
+               36, 40, 42.89, CUDA_TAILS),
+    Prediction("softmax_sample, 4096 candidates, B=1, CUDA", "softmax_sample", "centroid head (4096 candidates) B=1",
+               "cuda", 5, 9, None, CUDA_TAILS),
+    Prediction("softmax_sample, V = 262144, B=1, CUDA", "softmax_sample", "dense head B=1", "cuda", 5, 9, None,
+               CUDA_TAILS),
+    Prediction("E2B step, CUDA", "drafter_step", STEP_E2B, "cuda", 178, 190, 203.3, CUDA_TAILS),
     Prediction("softmax_sample, 4096 candidates, B=1", "softmax_sample", "centroid head (4096 candidates) B=1",
                "triton", 5, 8, None, "Sampled draft tokens in two launches"),
     Prediction("softmax_sample, V = 262144, B=1", "softmax_sample", "dense head B=1", "triton", 5, 8, None,

@@ -265,8 +265,9 @@ def launch_config(T: int, H: int, N: int, sms: int, *, block_n: int | None = Non
     """Tiles and split count (also what the AOT compile check records): up to 2 programs per SM (the
     first GPU run's 31B down projection, split into 5-block runs over many more programs, reached 38%
     of copy bandwidth), each streaming >= MIN_KB_PER_SPLIT K blocks, with the fp32 partials
-    (8 * SPLIT_K * T * N bytes written and read back) capped at ~1/4 of the weight. The keywords replace one choice each (the
-    rest follows from it): `benchmarks/tune_launch_configs.py` times them against these defaults."""
+    (8 * SPLIT_K * T * N bytes written and read back) capped at ~1/4 of the weight. The keywords
+    replace one choice each (the rest follows from it): `benchmarks/tune_launch_configs.py` times them
+    against these defaults."""
     block_t = token_block(T)
     block_n = block_n or (32 if N <= 512 else 64)
     tiles = cdiv(N, block_n) * cdiv(max(T, 1), block_t)
