@@ -81,6 +81,14 @@ def test_e2b_width_and_top_k(binary, tmp_path, T, dtype, schedule, order):
                       call=Emulated(binary, tmp_path, schedule=schedule, order=order))
 
 
+def test_token_major_merge_of_more_programs_than_lanes(binary, tmp_path):
+    """Token-major at T = 1 on 70 SMs (2048 centroids: 70 programs, 32 clusters' items over them, some
+    programs without any): phase 3's warp merges up to three partials a lane (programs q, q + 32, q + 64),
+    loaded together, the programs without items left out."""
+    args = make(1, 64, 2048, 2048 * 16, torch.bfloat16, gen=torch.Generator().manual_seed(6))
+    check_all_outputs(args, E2B["top_k"], "70 programs", call=Emulated(binary, tmp_path, sms=70, order="tokens"))
+
+
 @pytest.mark.parametrize("top_k", [1, 3, 8])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
 @pytest.mark.parametrize("order", ["tokens", "clusters"])

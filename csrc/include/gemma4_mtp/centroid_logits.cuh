@@ -59,6 +59,9 @@ constexpr int kMaxTopK = 16;              // topk answers per token (a warp's la
 // programs (no GPU has more SMs).
 constexpr int kMaxTopKPrograms = kMaxCentroids / kMaxTopK;
 constexpr int kPassPairs = kMaxCentroids;  // the pairs of a cluster-major pass (Shared::cand)
+// Token-major argmax phase 3: partials a lane loads at once (one batch up to 160 programs; 8 made the
+// E = 8 kernel spill on sm_90a)
+constexpr int kPartialBatch = 5;
 
 struct Workspace {
   float* scores;    // [T, C]
@@ -708,9 +711,20 @@ __global__ void __launch_bounds__(kThreads, 1) head_kernel(CentroidParams p, Wor
       const int64_t lo = program_of_item(t * per_token, gridDim.x, items);
       const int64_t hi = program_of_item((t + 1) * per_token - 1, gridDim.x, items);
       ArgMax b = argmax_identity();
-      for (int64_t q = lo + lane; q <= hi; q += 32)  // programs without items wrote no partial
-        if (items_begin(q, gridDim.x, items) < items_begin(q + 1, gridDim.x, items))
-          b = candidate_merge(b, load_partial(w.partial + t * gridDim.x + q));
+      // kPartialBatch partials a lane loads before merging any (merged as they came, each load waited for
+      // the previous merge: ~5 dependent loads a lane over 132 programs, sm_90a SASS); a program without
+      // items wrote no partial, and a slot past hi loads hi's again: neither is merged
+      for (int64_t q0 = lo + lane; q0 <= hi; q0 += 32 * kPartialBatch) {
+        ArgMax got[kPartialBatch];
+#pragma unroll
+        for (int j = 0; j < kPartialBatch; ++j) got[j] = load_partial(w.partial + t * gridDim.x + min(q0 + 32 * j, hi));
+#pragma unroll
+        for (int j = 0; j < kPartialBatch; ++j) {
+          const int64_t q = q0 + 32 * j;
+          if (q <= hi && items_begin(q, gridDim.x, items) < items_begin(q + 1, gridDim.x, items))
+            b = candidate_merge(b, got[j]);
+        }
+      }
       store_argmax(p, t, b, lane);
     }
   }
