@@ -276,8 +276,8 @@ __global__ void __launch_bounds__(kThreads, K == 16 ? 1 : 2) mma_rows_kernel(Den
 
 constexpr int kMergeThreads = 128;
 // Published keys a merge thread loads before inserting any: inserted as they came, under ptxas's 32-register
-// target, each load waited for the previous key's insertion (3 dependent loads a thread at top-1, 17 at
-// top-8 with 264 rows CTAs; sm_90a SASS)
+// target, each load waited for the previous key's insertion (over the 264 lists of an H100 / H200, 3
+// dependent loads a thread at top-1, 17 at top-8; sm_90a SASS)
 constexpr int kMergeBatch = 8;
 
 template <int K>
