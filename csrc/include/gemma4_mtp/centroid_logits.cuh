@@ -219,9 +219,14 @@ __device__ void select_clusters(const CentroidParams& p, const Workspace& w, int
   __syncthreads();  // sh.sel of the previous token is no longer read
   const float* row = w.scores + t * p.C;
   const int base = threadIdx.x * E;
+  // unpredicated loads (past C: the last score again, keyed 0), which ptxas issues together; guarded, each
+  // waited for the previous one (4 dependent L2 loads at E2B's 2048 centroids, sm_90a SASS)
+  float score[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) score[e] = __ldcg(row + min(base + e, p.C - 1));
   uint32_t key[E];
 #pragma unroll
-  for (int e = 0; e < E; ++e) key[e] = base + e < p.C ? orderable_bits(__ldcg(row + base + e)) : 0u;
+  for (int e = 0; e < E; ++e) key[e] = base + e < p.C ? orderable_bits(score[e]) : 0u;
   RadixState st = radix_init(static_cast<uint32_t>(p.top_k));
   for (int pass = 0; pass < kRadixPasses; ++pass) {
 #pragma unroll
