@@ -70,9 +70,10 @@ __device__ __forceinline__ double block_inclusive_sum(double v, double* buf) {
   return buf[threadIdx.x];
 }
 
-// The thread's kItems logits of a chunk (ids first + i * kThreads; past V: 0), as fp32, loaded before any is
-// used: computed as they came (a division each, and in probs_kernel a store of q that might alias the
-// logits), they were one dependent load each, 16 in a row (sm_90a SASS), under ptxas's 32-register target.
+// The thread's kItems logits of a chunk (ids first + i * kThreads; past V the last one again, which the
+// callers mask), as fp32, loaded before any is used: computed as they came (a division each, and in
+// probs_kernel a store of q that might alias the logits), they were one dependent load each, 16 in a row
+// (sm_90a SASS), under ptxas's 32-register target.
 template <class T>
 __device__ __forceinline__ void load_chunk(const T* __restrict__ x, int first, int V, float (&v)[kItems]) {
   T raw[kItems];
@@ -82,7 +83,7 @@ __device__ __forceinline__ void load_chunk(const T* __restrict__ x, int first, i
     raw[i] = x[id < V ? id : V - 1];  // unpredicated: ptxas issues them together
   }
 #pragma unroll
-  for (int i = 0; i < kItems; ++i) v[i] = first + i * kThreads < V ? to_float(raw[i]) : 0.f;
+  for (int i = 0; i < kItems; ++i) v[i] = to_float(raw[i]);
 }
 
 template <class T>
