@@ -27,6 +27,9 @@ A step is `Gemma4MTPDrafter.step` + `top_tokens(last, 1)`; a round is `gemma4_mt
   blocks (`rms_norm_linear.MIN_KB_PER_SPLIT` = 8, the launcher's rule before 2026-12-05: 16-32 programs for
   E2B's o_proj and down_proj instead of 64-128), graph-replayed: whether a shorter weight chain per
   program pays for more partials (benchmarks/README.md, "E2B's split-K GEMVs in two-block programs");
+- `triton_two_launch_mlp` (E2B / E4B steps at B = 1): `triton` with each layer's MLP as two launches, gate_up then
+  down_proj (`rms_norm_gate_up.MLP_MAX_T` = 0, the step before 2026-12-06), graph-replayed: what the
+  one-launch MLP saves (benchmarks/README.md, "The MLP in one launch");
 - `triton_eager`, `cuda_eager`: the same calls eagerly, timed with events around them: on a GPU this
   is the host time per call (Python, validation, launches), the GPU waiting on it (`cuda_eager`: a
   step is one call into C++, csrc/ops/drafter_step.cu);
@@ -55,11 +58,13 @@ from .common import Case, external
 
 # the module (the package's attribute of that name is the op function it re-exports)
 rms_norm_linear = importlib.import_module("gemma4_mtp_kernels.triton.rms_norm_linear")
+rms_norm_gate_up = importlib.import_module("gemma4_mtp_kernels.triton.rms_norm_gate_up")
 
 # Our own drafter with a switch off, timed eagerly, or on the reference backend: what our choices are
 # worth, never an anchor to beat (benchmarks.readme_tables).
 OUR_VARIANTS = frozenset({"triton_no_pdl", "triton_merge_kernel", "triton_pdl_at_exit", "triton_no_prefetch",
-                          "triton_long_splits", "triton_eager", "cuda_eager", "cuda_eager_ops", "torch_eager"})
+                          "triton_long_splits", "triton_two_launch_mlp", "triton_eager", "cuda_eager",
+                          "cuda_eager_ops", "torch_eager"})
 
 # "sampled": the chain round of a sampling request (graphs.DraftSampling, temperature 0.8), its verify with
 # the drafts' probabilities
@@ -247,6 +252,8 @@ def cases(dry: bool) -> list[Case]:
             baselines["triton_pdl_at_exit"] = ours_with(kind, _common, "PDL_EARLY_TRIGGER", False)
             baselines["triton_no_prefetch"] = ours_with(kind, _common, "PREFETCH_WEIGHTS", False)
             baselines["triton_long_splits"] = ours_with(kind, rms_norm_linear, "MIN_KB_PER_SPLIT", 8)
+            if rms_norm_gate_up.one_launch(B, shape["Hd"], shape["inter"], shape["Hd"], 2):
+                baselines["triton_two_launch_mlp"] = ours_with(kind, rms_norm_gate_up, "MLP_MAX_T", 0)
         if not dry:  # the same calls as "triton" / "cuda", timed eagerly: nothing more to exercise on a CPU
             baselines["triton_eager"] = ours("triton", kind)
             baselines["cuda_eager"] = ours("cuda", kind)

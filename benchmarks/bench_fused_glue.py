@@ -22,13 +22,15 @@ TINY = dict(Hb=96, Hd=64, inter=128, Hq=2, D_swa=64, D_full=128)
 
 
 def projections(d: dict) -> list[tuple[str, str, int, int, int | None, str]]:
-    """(label, op, H, N, head dim, prologue) of one layer's calls: the full layer's q and o_proj, the
-    MLP's two halves and the post-projection (the final norm in front)."""
+    """(label, op, H, N, head dim or down_proj rows, prologue) of one layer's calls: the full layer's q and
+    o_proj, the MLP's two halves, the whole MLP (gate_up with its down_weight: what a step runs) and the
+    post-projection (the final norm in front)."""
     Hd, Hq, D = d["Hd"], d["Hq"], d["D_full"]
     return [("q_proj full", "rms_norm_q_rope", Hd, Hq * D, D, "layer"),
             ("o_proj full", "rms_norm_linear", Hq * D, Hd, None, "none"),
             ("gate_up", "rms_norm_gate_up", Hd, d["inter"], None, "layer"),
             ("down_proj", "rms_norm_linear", d["inter"], Hd, None, "none"),
+            ("mlp", "rms_norm_gate_up", Hd, d["inter"], Hd, "layer"),
             ("post_projection", "rms_norm_linear", Hd, d["Hb"], None, "layer")]
 
 
@@ -45,6 +47,8 @@ def _inputs(op, H, N, D, T, prologue):
                            residual_out=torch.empty(T, H, dtype=dtype, device=device))
         if op == "rms_norm_gate_up":
             i["args"] = (rnd(N, H, scale=1 / math.sqrt(H)),)
+            if D is not None:  # the whole MLP: D is down_proj's rows
+                i["kw"]["down_weight"] = rnd(D, N, scale=1 / math.sqrt(N))
         elif op == "rms_norm_q_rope":
             inv = 1.0 / (10_000.0 ** (torch.arange(0, D, 2, dtype=torch.float32, device=device) / D))
             i["args"] = (rnd(D, scale=0.2, mean=1.0), torch.full((T,), 8191, dtype=torch.long, device=device), inv)
@@ -60,6 +64,21 @@ def _call(op):
     return call
 
 
+def _two_launches(call):
+    """`call` with the one-launch MLP off (Triton's MLP_MAX_T 0) while it runs, a graph capture included."""
+    import importlib
+
+    module = importlib.import_module("gemma4_mtp_kernels.triton.rms_norm_gate_up")
+
+    def two(fn, i, backend):
+        saved, module.MLP_MAX_T = module.MLP_MAX_T, 0
+        try:
+            return call(fn, i, backend)
+        finally:
+            module.MLP_MAX_T = saved
+    return two
+
+
 def cases(dry: bool) -> list[Case]:
     grid = [("tiny", TINY, T) for T in (1, 3)] if dry else [("31B", roofline.DRAFTERS["31B"], 1),
                                                              ("E2B", roofline.DRAFTERS["E2B"], 1),
@@ -68,12 +87,15 @@ def cases(dry: bool) -> list[Case]:
     for name, d, T in grid:
         for label, op, H, N, D, prologue in projections(d):
             call = _call(op)
+            mlp = label == "mlp"
+            baselines = {"torch_composition": ours(op, "torch", call), "triton": ours(op, "triton", call),
+                         "cuda": ours(op, "cuda", call)}
+            if mlp:  # the same call as two Triton launches (gate_up, then down_proj), as above MLP_MAX_T tokens
+                baselines["triton_two_launch_mlp"] = ours(op, "triton", _two_launches(call))
             out.append(Case(
                 op=op, label=f"{name} {label} T={T}", params=dict(drafter=name, H=H, N=N, T=T, D=D),
-                cost=roofline.fused_glue(op, H, N, T, prologue=prologue != "none"),
+                cost=roofline.fused_glue(op, H, N, T, prologue=prologue != "none", down=D if mlp else None),
                 make_inputs=_inputs(op, H, N, D, T, prologue),
                 reference=lambda i, call=call, op=op: call(getattr(gk, op), i, "torch"),
-                baselines={"torch_composition": ours(op, "torch", call), "triton": ours(op, "triton", call),
-                           "cuda": ours(op, "cuda", call)},
-                default_compare=close))
+                baselines=baselines, default_compare=close))
     return out

@@ -11,7 +11,7 @@ the prediction is in benchmarks/README.md ("Stage boundaries").
 Builds benchmarks/cuda/stage_boundary.cu with nvcc for GEMMA4_MTP_CUDA_ARCHS (default "80;90a"), runs
 it (CUDA graphs, cudaEvent timing: each result is the slope of a 1-stage and an N-stage chain, the
 graph's own launch taken out, each chain's first replay checked against the host), writes the JSON
-with the environment, and prints a table with what a drafter step's 24 such boundaries cost."""
+with the environment, and prints a table with what an E2B drafter step's 20 such boundaries cost."""
 from __future__ import annotations
 
 import argparse
@@ -24,7 +24,7 @@ from gemma4_mtp_kernels import _toolchain as toolchain
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "benchmarks" / "cuda" / "stage_boundary.cu"
-STEP_STAGES = 24  # a B = 1 chain step's dependent launches on every drafter (tests/test_launch_budget.py)
+STEP_STAGES = 20  # an E2B / E4B B = 1 chain step's dependent launches (tests/test_launch_budget.py)
 
 
 def build(out_dir: Path) -> Path:

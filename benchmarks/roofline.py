@@ -137,15 +137,18 @@ def softmax_sample(B: int, vocab: int, *, E: int = 4) -> Cost:
     return Cost("softmax_sample", parts, flops=float(B * vocab * 5))
 
 
-def fused_glue(op: str, H: int, N: int, T: int, *, prologue: bool, E: int = BF16) -> Cost:
+def fused_glue(op: str, H: int, N: int, T: int, *, prologue: bool, E: int = BF16, down: int | None = None) -> Cost:
     """rms_norm_linear / rms_norm_gate_up / rms_norm_q_rope: the weight once (gate_up: two), T rows of
     x (and, with the layer prologue, of the residual, the residual written back, and two norm
-    vectors), T output rows."""
-    parts = {"weights: glue projection": N * H * E * (2 if op == "rms_norm_gate_up" else 1),
-             "activations": T * H * E * (3 if prologue else 1) + T * N * E}
+    vectors), T output rows. down: gate_up with a down_weight [down, N] (the whole MLP): that weight
+    once more, T output rows of `down`."""
+    gate_up = op == "rms_norm_gate_up"
+    out = N if down is None else down
+    parts = {"weights: glue projection": N * H * E * (2 if gate_up else 1) + (down or 0) * N * E,
+             "activations": T * H * E * (3 if prologue else 1) + T * out * E}
     if prologue:
         parts["weights: norms"] = 2 * H * E
-    return Cost(op, parts, flops=2.0 * T * N * H * (2 if op == "rms_norm_gate_up" else 1))
+    return Cost(op, parts, flops=2.0 * T * N * (H * (2 if gate_up else 1) + (down or 0)))
 
 
 # ---------------------------------------------------------------- drafter step and round

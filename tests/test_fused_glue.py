@@ -20,6 +20,8 @@ def test_rms_norm_linear_reference(kind, dtype):
 @pytest.mark.parametrize("kind", PROLOGUES)
 def test_rms_norm_gate_up_reference(kind, dtype):
     check_glue("rms_norm_gate_up", "torch", "cpu", 5, 96, 72, dtype, kind, gen=torch.Generator().manual_seed(2))
+    check_glue("rms_norm_gate_up", "torch", "cpu", 5, 96, 72, dtype, kind, gen=torch.Generator().manual_seed(2),
+               down=40)  # the whole MLP
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -34,7 +36,7 @@ def test_rms_norm_q_rope_reference(kind, dtype, D, proportional):
 def test_reference_is_the_layer_composition(dtype):
     """Bit for bit what a decoder layer computes with gemma4_mtp.layers: the previous layer's end
     (x + post_ff_norm(h)) * layer_scalar, the input norm, q_proj, q_norm, RoPE; the post-attention
-    residual and pre-feedforward norm into gate/up; the final norm written out."""
+    residual and pre-feedforward norm into gate/up (and down_proj); the final norm written out."""
     gen = torch.Generator().manual_seed(4)
     T, H, D = 4, 64, 64
     x, kw = make_prologue(T, H, dtype, "layer", gen)
@@ -49,6 +51,8 @@ def test_reference_is_the_layer_composition(dtype):
     wg, wu = weight(96, H, dtype, gen), weight(96, H, dtype, gen)
     m = F.gelu(F.linear(n, wg), approximate="tanh") * F.linear(n, wu)
     assert torch.equal(g.rms_norm_gate_up(x, wg, wu, eps=EPS, backend="torch", **kw), m)
+    wd = weight(H, 96, dtype, gen)
+    assert torch.equal(g.rms_norm_gate_up(x, wg, wu, down_weight=wd, eps=EPS, backend="torch", **kw), F.linear(m, wd))
     wp = weight(80, H, dtype, gen)
     n_out = torch.empty_like(x)
     assert torch.equal(g.rms_norm_linear(x, wp, eps=EPS, normed_out=n_out, backend="torch", **kw), F.linear(n, wp))
@@ -97,6 +101,11 @@ def _q(**change):
     (_linear(residual=torch.randn(3, 8, device="meta")), ValueError, "residual must be on the same device"),
     (_gate_up(up_weight=torch.randn(7, 8)), ValueError, "up_weight must be of size 6 in dim 0"),
     (_gate_up(gate_weight=torch.randn(6, 9)), ValueError, "gate_weight must be of size 8 in dim 1"),
+    (_gate_up(down_weight=torch.randn(8, 7)), ValueError, "down_weight must be of size 6 in dim 1"),
+    (_gate_up(down_weight=torch.randn(8)), ValueError, "down_weight must be a 2-d tensor"),
+    (_gate_up(down_weight=torch.randn(8, 6, dtype=torch.bfloat16)), TypeError, "down_weight must be of the same dtype"),
+    (_gate_up(down_weight=torch.randn(6, 8).T), ValueError, "down_weight must be stride 1"),
+    (_gate_up(down_weight=torch.randn(8, 6), out=torch.empty(3, 6)), ValueError, "out must be of shape"),
     (_q(q_norm_weight=torch.ones(48)), ValueError, "q_norm_weight must be of a head dim"),
     (_q(weight=torch.randn(100, 8)), ValueError, "weight must be a positive multiple of the head dim 64"),
     (_q(positions=torch.tensor([1, 2, 3])), ValueError, "positions must be of a length dividing T = 4"),

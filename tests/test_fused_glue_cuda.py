@@ -56,6 +56,14 @@ def test_strided_and_misaligned_rows(op):
     glue(op, 3, 128, 64, torch.bfloat16, "layer", shifted=True)
 
 
+@pytest.mark.parametrize("name", list(DRAFTERS))
+@pytest.mark.parametrize("T", [1, 8])
+def test_rms_norm_gate_up_with_down_weight(name, T):
+    """The whole MLP (gate_up, then down_proj: two CUDA launches) at a real drafter's shapes."""
+    d = DRAFTERS[name]
+    glue("rms_norm_gate_up", T, d["Hd"], d["inter"], torch.bfloat16, "layer", down=d["Hd"])
+
+
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("name", list(DRAFTERS))
 @pytest.mark.parametrize("T", [1, 64])

@@ -29,6 +29,11 @@ def gate_up(T, H, I, dtype, kind, device="cpu", **kw):
                       **kw)
 
 
+def mlp(T, H, I, N, dtype, kind, device="cpu", **kw):
+    return check_glue("rms_norm_gate_up", "triton", device, T, H, I, dtype, kind, gen=GEN().manual_seed(T + H + I + N),
+                      down=N, **kw)
+
+
 def q_rope(T, H, Hq, D, dtype, kind, device="cpu", **kw):
     return check_glue("rms_norm_q_rope", "triton", device, T, H, Hq * D, dtype, kind, gen=GEN().manual_seed(T + H + D),
                       D=D, **kw)
@@ -120,6 +125,64 @@ def test_without_the_optional_outputs():
 # the package re-exports the op functions under the module names: import the modules by path
 linear_module = importlib.import_module("gemma4_mtp_kernels.triton.rms_norm_linear")
 q_rope_module = importlib.import_module("gemma4_mtp_kernels.triton.rms_norm_q_rope")
+gate_up_module = importlib.import_module("gemma4_mtp_kernels.triton.rms_norm_gate_up")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", PROLOGUES)
+def test_mlp_prologues(kind, dtype):
+    """The whole MLP in one launch (T <= MLP_MAX_T): 5 programs of 32 rows (the last one ragged) in groups
+    of 4, the last group of one; N = 72 over two down_proj row blocks (the second ragged)."""
+    cfg = gate_up_module.mlp_config(3, 136)
+    assert (cfg["programs"], cfg["GROUP"], cfg["groups"]) == (5, 4, 2)
+    mlp(3, 96, 136, 72, dtype, kind)
+
+
+@pytest.mark.parametrize("T", [1, 4, 5, 17])
+def test_mlp_one_launch_up_to_four_tokens(T, monkeypatch):
+    """Up to MLP_MAX_T tokens one launch of `_mlp_kernel`; above, gate_up's kernel and then down_proj's."""
+    mlp(T, 64, 96, 48, torch.bfloat16, "layer")
+    x, kw = make_prologue(T, 64, torch.bfloat16, "layer", GEN().manual_seed(0))
+    wg, wu, wd = (weight(n, k, torch.bfloat16, None) for n, k in ((96, 64), (96, 64), (48, 96)))
+    names = []
+
+    class Spy:  # notes the kernel's name, then launches it
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            names.append(self.name)
+            return self.kernel[grid]
+    for module, name in ((gate_up_module, "_mlp_kernel"), (gate_up_module, "_gate_up_kernel"),
+                         (linear_module, "_norm_linear_kernel")):
+        monkeypatch.setattr(module, name, Spy(name, getattr(module, name)))
+    g.rms_norm_gate_up(x, wg, wu, down_weight=wd, backend="triton", **kw)
+    assert names == (["_mlp_kernel"] if T <= gate_up_module.MLP_MAX_T else ["_gate_up_kernel", "_norm_linear_kernel"])
+
+
+def test_mlp_sums_many_groups():
+    """E2B's grid: 2048 rows in 64 programs, groups of 8 (one wave of 8 partials per level), the flat [T, N]
+    output in one 1024-value chunk (T = 4); and 19 programs in groups of 8 (the last of three), an output of
+    three chunks (T = 3, N = 1000)."""
+    assert [gate_up_module.mlp_config(1, 2048)[k] for k in ("programs", "GROUP", "groups", "SPLIT_LOADS")] \
+        == [64, 8, 8, 8]
+    assert [gate_up_module.mlp_config(3, 600)[k] for k in ("programs", "GROUP", "groups")] == [19, 8, 3]
+    mlp(4, 256, 2048, 256, torch.bfloat16, "residual")
+    mlp(3, 64, 600, 1000, torch.float32, "layer")
+
+
+def test_mlp_is_one_launch_for_the_small_drafters_at_few_tokens():
+    """E2B / E4B (3 MiB of MLP weights) up to 4 tokens; 26B / 31B (48 MiB) never (their weights stream from
+    DRAM: the module's note)."""
+    for name, d in DRAFTERS.items():
+        for T in (1, 4, 5):
+            want = T <= 4 and d["Hd"] == 256
+            assert gate_up_module.one_launch(T, d["Hd"], d["inter"], d["Hd"], 2) is want, (name, T)
+
+
+def test_mlp_counters_are_left_zero():
+    mlp(2, 64, 300, 40, torch.bfloat16, "layer")
+    assert not zeroed_counters(torch.device("cpu"), 64, gate_up_module.COUNTER_OWNER).any()
 
 
 def test_prologue_loops_unroll_no_further_than_the_row():
@@ -181,8 +244,9 @@ def test_real_shapes_on_gpu(name, T):
         linear(T, Hq * D, Hd, torch.bfloat16, "none", device="cuda")
     gate_up(T, Hd, d["inter"], torch.bfloat16, "residual", device="cuda")
     linear(T, d["inter"], Hd, torch.bfloat16, "none", device="cuda")
+    mlp(T, Hd, d["inter"], Hd, torch.bfloat16, "layer", device="cuda")  # one launch for E2B / E4B at T = 1
     linear(T, Hd, d["Hb"], torch.bfloat16, "layer", device="cuda")
-    for module in (linear_module, q_rope_module):
+    for module in (linear_module, q_rope_module, gate_up_module):
         assert not zeroed_counters(torch.device("cuda"), 1, module.COUNTER_OWNER).any()
 
 

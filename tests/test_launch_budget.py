@@ -7,7 +7,8 @@ fail, so a step that is counted has no hidden sync. Before the fused glue a step
 to 298 (31B) kernels by this count (~257 cudaLaunchKernel calls in the first GPU run's profile).
 
 Budget per step: 6 per layer (q: 1; attention: 2, the split-KV partials and their merge; o_proj: 1;
-gate/up: 1; down_proj: 1) + 3 (issue 11's aim): the pre-projection (1, its split-K reduced by its last
+gate/up: 1; down_proj: 1; for E2B / E4B one launch for both at T <= 4, `rms_norm_gate_up` with its
+down_weight) + 3 (issue 11's aim): the pre-projection (1, its split-K reduced by its last
 program), the post-projection with the final norm (1), the LM head (1: the centroid head, or the
 dense head whose last program per token block merges the top-k lists), and no torch op at all, a
 tree level's top-k included (each head ranks its candidates itself; the centroid head's tree levels
@@ -76,10 +77,23 @@ def test_a_chain_steps_sliding_layers_merge_in_the_attention_kernel(counts):
             assert r["sliding_layers"] == 3 and r["launches"] <= budget, r
 
 
+def test_a_one_request_steps_mlp_is_one_launch(counts):
+    """At B = 1 (1 or 2 tokens a step) each layer's MLP (gate/up and down_proj) of E2B / E4B is one Triton
+    launch; at B = 8 (8 or 16 tokens), and for 26B / 31B (`triton.rms_norm_gate_up.one_launch`), two."""
+    for r in counts:
+        one = r["B"] == 1 and r["drafter"] in ("E2B", "E4B")
+        budget = PER_LAYER * r["layers"] + PER_STEP - (r["layers"] if one else 0)
+        if (r["Q"], r["k"]) == (1, 1):
+            budget -= r["sliding_layers"]
+        assert r["launches"] <= budget, r
+
+
 def test_the_stage_boundary_table_prices_a_chain_steps_launches(counts):
-    """bench_stage_boundary's "x N" column is a B = 1 chain step's dependent launches, as counted here."""
+    """bench_stage_boundary's "x N" column is an E2B / E4B B = 1 chain step's dependent launches, as counted
+    here (26B / 31B: 4 more, their MLPs in two launches)."""
     from benchmarks.bench_stage_boundary import STEP_STAGES
-    assert {r["launches"] for r in counts if (r["B"], r["Q"], r["k"]) == (1, 1, 1)} == {STEP_STAGES}
+    steps = {r["drafter"]: r["launches"] for r in counts if (r["B"], r["Q"], r["k"]) == (1, 1, 1)}
+    assert steps == {"E2B": STEP_STAGES, "E4B": STEP_STAGES, "26B-A4B": STEP_STAGES + 4, "31B": STEP_STAGES + 4}
 
 
 def test_a_tree_level_is_within_budget(counts):

@@ -109,12 +109,12 @@ def test_the_awkward_paths_are_recorded(compiled):
 
 def test_split_k_epilogues_load_their_partials_at_once(compiled):
     """The decode steps' split-K launches on sm_90 (rms_norm_linear, fused_concat_down_proj at token tiles
-    <= 16, with the 128-register cap) issue a group of partial loads before any add: one wave in the
-    SASS after the election (the row's problem otherwise), where a tile-at-a-time loop made one
-    dependent L2 round trip per split."""
+    <= 16, the one-launch MLP's group sums, with the 128-register cap) issue a group of partial loads
+    before any add: one wave in the SASS after the election (the row's problem otherwise), where a
+    tile-at-a-time loop made one dependent L2 round trip per split."""
     compiled, _ = compiled
     rows = [r for r in compiled if "split_load_waves" in r]
-    assert {r["kernel"] for r in rows} == {"_norm_linear_kernel", "_down_proj_kernel"}
+    assert {r["kernel"] for r in rows} == {"_norm_linear_kernel", "_down_proj_kernel", "_mlp_kernel"}
     assert all(r["split_load_waves"] == 1 for r in rows)
 
 
@@ -129,10 +129,10 @@ def test_in_kernel_merges_load_their_partials_with_the_lse(compiled):
 
 
 def test_step_sass_lists_every_launch_of_a_step():
-    """aot.step_sass (the step table of benchmarks/triton_resources.md): the 24 launches of an E2B step at
+    """aot.step_sass (the step table of benchmarks/triton_resources.md): the 20 launches of an E2B step at
     B = 1 in launch order, from the pre-projection to the centroid head, each with its sm_90 SASS counts;
-    the elected tails where a counter elects a program (q_rope's one-token epilogue among them), none in
-    gate_up, which has no counter."""
+    the elected tails where a counter elects a program (q_rope's one-token epilogue, the one-launch MLP's
+    reduction tree among them)."""
     from gemma4_mtp_kernels.triton import aot
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -142,11 +142,11 @@ def test_step_sass_lists_every_launch_of_a_step():
                                "print(json.dumps(step_sass('E2B')))"],
         env=env, cwd=ROOT, capture_output=True, text=True, check=True).stdout)
     kernels = [r["kernel"] for r in rows]
-    assert len(rows) == 24 and kernels[0] == "_down_proj_kernel" and kernels[-1] == "_head"
-    assert kernels.count("_q_rope_kernel") == kernels.count("_gate_up_kernel") == 4
+    assert len(rows) == 20 and kernels[0] == "_down_proj_kernel" and kernels[-1] == "_head"
+    assert kernels.count("_q_rope_kernel") == kernels.count("_mlp_kernel") == 4 and "_gate_up_kernel" not in kernels
     assert all(r["instructions"] > r["barriers"] > 0 and r["global_loads"] > 0 for r in rows)
     assert all(0 < r["after_election"] <= aot.Q_ROPE_ONE_TOKEN_TAIL for r in rows if r["kernel"] == "_q_rope_kernel")
-    assert all(r["after_election"] == 0 for r in rows if r["kernel"] == "_gate_up_kernel")
+    assert all(r["after_election"] > 0 for r in rows if r["kernel"] == "_mlp_kernel")
 
 
 def test_q_rope_one_token_epilogue_is_short(compiled):
@@ -167,9 +167,9 @@ def test_q_rope_one_token_epilogue_is_short(compiled):
 # a sampled step's softmax_sample included. Not the centroid head (a cooperative launch: its grid barrier
 # needs every program resident) nor tree_verify (once per round, after the target's forward).
 PDL_KERNELS = {"_attn_kernel", "_merge_kernel", "_down_proj_kernel", "_q_rope_kernel", "_norm_linear_kernel",
-               "_gate_up_kernel", "_head_kernel", "_chunk_stats_kernel", "_probs_kernel"}
+               "_gate_up_kernel", "_mlp_kernel", "_head_kernel", "_chunk_stats_kernel", "_probs_kernel"}
 # the step's weight streams (the glue and the pre-projection), which prefetch before their wait
-PREFETCH_KERNELS = {"_down_proj_kernel", "_q_rope_kernel", "_norm_linear_kernel", "_gate_up_kernel"}
+PREFETCH_KERNELS = {"_down_proj_kernel", "_q_rope_kernel", "_norm_linear_kernel", "_gate_up_kernel", "_mlp_kernel"}
 
 
 def test_programmatic_dependent_launch_on_sm90_only(compiled):

@@ -74,7 +74,7 @@ def pdl_args(device: torch.device, *, weights: bool = False) -> dict:
     """The kernel flag and launch option of a launch on `device`: with programmatic dependent launch
     (sm_90 and newer, not the interpreter) a kernel is scheduled while the kernel before it on the
     stream still runs and waits for it in `wait_for_inputs`, which hides the launch latency between
-    the 24 dependent launches of a drafter step. A kernel launched this way must call
+    the 20-24 dependent launches of a drafter step. A kernel launched this way must call
     `wait_for_inputs` before touching global memory (aot checks the PTX). USE_PDL: 0 off, 1 wait and
     trigger the next kernel at once, 2 wait only (the next kernel is triggered when this one exits);
     + 4 for a kernel that streams weights (`weights`): it prefetches its first weight lines into L2

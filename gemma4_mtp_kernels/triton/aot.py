@@ -305,7 +305,8 @@ def _prologue(dtype, T, H, kind):
 def _glue_scenarios() -> Iterator[Scenario]:
     """The fused glue ops at every projection of the real drafters: q (sliding and full head dims,
     first layer and layer boundary, tree levels sharing a position), o_proj and down_proj (split-K),
-    gate/up, post_projection (final norm written out), and the dense LM head (top-k and dense)."""
+    gate/up, the whole MLP (gate/up with down_proj), post_projection (final norm written out), and the
+    dense LM head (top-k and dense)."""
     for (dname, dtype), (name, d), T in itertools.product(DTYPES.items(), DRAFTERS.items(), (1, 8, 64)):
         Hd, Hq = d["Hd"], d["Hq"]
         kinds = ("norm", "scaled") if dname == "bf16" else ("scaled",)
@@ -329,6 +330,11 @@ def _glue_scenarios() -> Iterator[Scenario]:
                            lambda kind=kind: g.rms_norm_gate_up(_meta((T, Hd), dtype), _meta((d["inter"], Hd), dtype),
                                                                 _meta((d["inter"], Hd), dtype), backend="triton",
                                                                 **_prologue(dtype, T, Hd, kind)))
+            yield Scenario(f"mlp {dname} {name} T={T} {kind}", dname,  # one launch at T = 1, two above 4
+                           lambda kind=kind: g.rms_norm_gate_up(_meta((T, Hd), dtype), _meta((d["inter"], Hd), dtype),
+                                                                _meta((d["inter"], Hd), dtype),
+                                                                down_weight=_meta((Hd, d["inter"]), dtype),
+                                                                backend="triton", **_prologue(dtype, T, Hd, kind)))
         post = _prologue(dtype, T, Hd, "scaled")
         post.update(residual_out=None, normed_out=_meta((T, Hd), dtype))
         yield Scenario(f"linear (post_projection) {dname} {name} T={T}", dname,
@@ -340,6 +346,12 @@ def _glue_scenarios() -> Iterator[Scenario]:
                                lambda output=output, k=k: g.dense_lm_head(_meta((T, Hd), dtype),
                                                                           _meta((d["vocab"], Hd), dtype),
                                                                           output=output, k=k, backend="triton"))
+    # the one-launch MLP with more down_proj rows than one tile (no real drafter's: E2B / E4B have 256)
+    yield Scenario("mlp bf16 T=3 I=1024 N=1024, down_proj in four tiles", "bf16",
+                   lambda: g.rms_norm_gate_up(_meta((3, 256), torch.bfloat16), _meta((1024, 256), torch.bfloat16),
+                                              _meta((1024, 256), torch.bfloat16),
+                                              down_weight=_meta((1024, 1024), torch.bfloat16), backend="triton",
+                                              **_prologue(torch.bfloat16, 3, 256, "scaled")))
     yield Scenario("lm_head bf16 31B T=1 topk k=16", "bf16",
                    lambda: g.dense_lm_head(_meta((1, 1024), torch.bfloat16), _meta((VOCAB, 1024), torch.bfloat16),
                                            k=16, backend="triton"))
@@ -516,7 +528,8 @@ def _compile_row(launch: Launch, arch: int) -> dict:
     row["pdl_early_trigger"] = "griddepcontrol.launch_dependents" in ptx
     # L2 prefetches of the weight rows before the wait (`_common.prefetch_weight_rows`)
     row["prefetches_before_wait"] = ptx[:max(0, ptx.find("griddepcontrol.wait"))].count("prefetch.global.L2")
-    if arch == 90 and constexprs.get("SPLIT") and rec.options.get("maxnreg"):  # the decode steps' split-K
+    # the decode steps' split-K, and the one-launch MLP's last level (the group sums)
+    if arch == 90 and (constexprs.get("SPLIT") or row["kernel"] == "_mlp_kernel") and rec.options.get("maxnreg"):
         row["split_load_waves"] = load_waves_after_election(sass(compiled.asm["cubin"]), "FADD")
         if row["split_load_waves"] != 1:
             row["problems"].append(f"the split-K epilogue loads its partials in {row['split_load_waves']} dependent "

@@ -216,13 +216,14 @@ class Gemma4MTPDrafter(nn.Module):
 
         The Q queries of a request (tree branches of one level) share one attention call. Per layer:
         q (input norm, q_proj, q_norm, RoPE; the previous layer's post-feedforward norm, residual add
-        and layer scalar in its prologue), attention, o_proj, gate/up (post-attention norm, residual
-        add, pre-feedforward norm in its prologue), down_proj: 5 ops, 6 launches (attention's split-KV
-        merge included; 5 where the attention kernel merges its own splits: the sliding layers),
-        rounded where Hugging Face rounds (see gemma4_mtp_kernels.rms_norm_linear).
+        and layer scalar in its prologue), attention, o_proj, the MLP (post-attention norm, residual
+        add, pre-feedforward norm in its prologue; gate/up and down_proj): 4 ops, 6 launches (attention's
+        split-KV merge included; 5 where the attention kernel merges its own splits: the sliding layers;
+        one fewer where the MLP is one launch: Triton at T <= 4), rounded where Hugging Face rounds (see
+        gemma4_mtp_kernels.rms_norm_linear).
 
         What comes from outside (token ids, hidden states, the target's embedding and cache, the
-        positions) is checked on every step. The 17 fused glue calls take only the drafter's weights
+        positions) is checked on every step. The 13 fused glue calls take only the drafter's weights
         and the activations the step allocates: they go through the public, checked ops on the first
         step with these weights on this device and dtype, and through
         `gemma4_mtp_kernels.implementation` (no checks: ~30 µs less host time a call on a 2-core VM)
@@ -272,9 +273,9 @@ class Gemma4MTPDrafter(nn.Module):
                                          backend=be)
             a = linear(o.view(T, -1), w.o_proj)
             residual = x.new_empty(x.shape)
-            m = gate_up(a, w.gate, w.up, norm_weight=w.pre_ff_norm, eps=eps, residual=stream,
-                        residual_norm_weight=w.post_attn_norm, residual_out=residual)
-            delta, prev = linear(m, w.down), w
+            delta = gate_up(a, w.gate, w.up, down_weight=w.down, norm_weight=w.pre_ff_norm, eps=eps, residual=stream,
+                            residual_norm_weight=w.post_attn_norm, residual_out=residual)
+            prev = w
         last = x.new_empty(x.shape)
         proj = linear(delta, post_projection, norm_weight=final_norm, eps=eps, normed_out=last,
                       **self._glue(prev, residual, keep=False))
