@@ -28,7 +28,7 @@ __all__ = [
 def implementation(op: str, backend: str, device: torch.device, dtype: torch.dtype, shape: dict | None = None):
     """The backend function a call of the public op `op` (by name) runs on `device` in `dtype` with
     `backend`: the op minus its checks and its `backend=` argument. For callers that repeat one call
-    many times (a drafter step makes 17 fused glue calls): validate a call through the public op
+    many times (a drafter step makes 13 fused glue calls): validate a call through the public op
     once, then call this with arguments of the same kinds, shapes, dtypes, devices and layouts. It
     checks nothing: bad arguments read out of bounds on a GPU. `shape`: the call's shape parameters
     for the ops whose `auto` choice follows verified.py's evidence (as each op passes them to
