@@ -43,6 +43,8 @@ REWRITTEN = {
                                                 "31B o_proj T=8)"),
     ("rms_norm_gate_up", "cuda"): ("2026-12-05", "the prologue takes as many token rows a pass as keep each in one "
                                                  "batch of loads: not the one the 2026-12-04 run timed at T > 1"),
+    ("rms_norm_gate_up", "triton"): ("2026-12-06", "with a down_weight, E2B / E4B at T <= 4 take one new kernel "
+                                                   "(gate/up and down_proj, `_mlp_kernel`) no run has verified"),
     ("rms_norm_q_rope", "cuda"): ("2026-12-05", "the prologue takes as many token rows a pass as keep each in one "
                                                 "batch of loads: not the one the 2026-12-04 run timed at T > 1"),
     ("q_only_paged_attention", "cuda"): ("2026-12-05", "sm_90: a V row no copy fills is zeroed when its tile is "
