@@ -88,12 +88,14 @@ def cases(dry: bool) -> list[Case]:
         for label, op, H, N, D, prologue in projections(d):
             call = _call(op)
             mlp = label == "mlp"
+            params = dict(drafter=name, H=H, N=N, T=T, D=D)
             baselines = {"torch_composition": ours(op, "torch", call), "triton": ours(op, "triton", call),
                          "cuda": ours(op, "cuda", call)}
             if mlp:  # the same call as two Triton launches (gate_up, then down_proj), as above MLP_MAX_T tokens
                 baselines["triton_two_launch_mlp"] = ours(op, "triton", _two_launches(call))
+                params["down"] = D  # down_proj's rows: a shape parameter of the call (make_verified.SHAPES)
             out.append(Case(
-                op=op, label=f"{name} {label} T={T}", params=dict(drafter=name, H=H, N=N, T=T, D=D),
+                op=op, label=f"{name} {label} T={T}", params=params,
                 cost=roofline.fused_glue(op, H, N, T, prologue=prologue != "none", down=D if mlp else None),
                 make_inputs=_inputs(op, H, N, D, T, prologue),
                 reference=lambda i, call=call, op=op: call(getattr(gk, op), i, "torch"),

@@ -63,7 +63,7 @@ SHAPES = {
     "tree_verify": (("N", "V", "sampling", "draft_probs"), "B"),
     "dense_lm_head": (("Hd", "V", "k", "output"), "T"),
     "rms_norm_linear": (("H", "N"), "T"),
-    "rms_norm_gate_up": (("H", "N"), "T"),
+    "rms_norm_gate_up": (("H", "N", "down"), "T"),
     "rms_norm_q_rope": (("H", "N", "D"), "T"),
     "softmax_sample": (("V",), "B"),
 }
@@ -81,6 +81,8 @@ def shape_of(op: str, params: dict) -> dict:
         p.setdefault("draft_probs", p["sampling"])  # its sampling cases are chains with draft probabilities
     elif op == "dense_lm_head":
         p.setdefault("output", "topk")  # the head benchmark times the top-k output, the drafter's call
+    elif op == "rms_norm_gate_up":
+        p.setdefault("down", 0)  # gate/up alone (the whole MLP's cases, since 2026-12-06, say its rows)
     exact, rng = SHAPES[op]
     return {k: p[k] for k in (*exact, rng)}
 

@@ -3,9 +3,17 @@ from __future__ import annotations
 
 from .. import _checks as C
 from .._dispatch import resolve
-from .rms_norm_linear import check_prologue, shape_params
+from .rms_norm_linear import check_prologue
+from .rms_norm_linear import shape_params as linear_shape
 
 OP = "rms_norm_gate_up"
+
+
+def shape_params(x, gate_weight, down_weight=None) -> dict:
+    """The shape parameters a call passes to resolve(): rms_norm_linear's of the gate projection, and the
+    rows of down_weight (0 without): `auto` follows verified.py's evidence for the whole MLP apart from
+    gate/up alone (benchmarks.make_verified.SHAPES)."""
+    return dict(linear_shape(x, gate_weight), down=0 if down_weight is None else down_weight.shape[0])
 
 
 def rms_norm_gate_up(x, gate_weight, up_weight, *, down_weight=None, norm_weight=None, eps=1e-6, residual=None,
@@ -18,7 +26,8 @@ def rms_norm_gate_up(x, gate_weight, up_weight, *, down_weight=None, norm_weight
     each rounded to x's dtype, as Hugging Face's MLP does, and so is the down projection (fp32
     accumulation). Returns m [T, I], or [T, N] with down_weight; residual_out [T, H] receives h.
     Triton runs the MLP with down_weight as one launch at T <= 4 (decode steps and tree levels at small
-    batch: `gemma4_mtp_kernels.triton.rms_norm_gate_up`), as two above; CUDA as two launches.
+    batch) when its weights are small (E2B / E4B: `gemma4_mtp_kernels.triton.rms_norm_gate_up`), as two
+    otherwise; CUDA as two launches.
     """
     T, H, eps = check_prologue(OP, x, norm_weight=norm_weight, eps=eps, residual=residual,
                                residual_norm_weight=residual_norm_weight, layer_scalar=layer_scalar,
@@ -40,7 +49,7 @@ def rms_norm_gate_up(x, gate_weight, up_weight, *, down_weight=None, norm_weight
     if out is not None:
         C.out_tensor(OP, out, (T, I if down_weight is None else down_weight.shape[0]), x.dtype, x.device)
         C.no_overlap(OP, "out", out, [("x", x), *weights, ("residual", residual), ("residual_out", residual_out)])
-    impl = resolve(OP, backend, x.device, x.dtype, shape_params(x, gate_weight))
+    impl = resolve(OP, backend, x.device, x.dtype, shape_params(x, gate_weight, down_weight))
     return impl(x, gate_weight, up_weight, down_weight=down_weight, norm_weight=norm_weight, eps=eps,
                 residual=residual, residual_norm_weight=residual_norm_weight, layer_scalar=layer_scalar, out=out,
                 residual_out=residual_out)

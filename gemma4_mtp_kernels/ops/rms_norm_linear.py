@@ -54,7 +54,7 @@ def check_prologue(op, x, *, norm_weight, eps, residual, residual_norm_weight, l
 
 
 def shape_params(x, weight) -> dict:
-    """The shape parameters a glue call (rms_norm_linear, rms_norm_gate_up with its gate weight) passes
+    """The shape parameters a glue call (rms_norm_linear; rms_norm_gate_up's with its gate weight) passes
     to resolve(): `auto` follows verified.py's evidence for them (benchmarks.make_verified.SHAPES)."""
     return {"T": x.shape[0], "H": x.shape[1], "N": weight.shape[0]}
 

@@ -19,6 +19,7 @@ import gemma4_mtp_kernels as K
 from gemma4_mtp_kernels._checks import values_checkable
 from gemma4_mtp_kernels.ops.centroid_logits import shape_params as centroid_shape
 from gemma4_mtp_kernels.ops.dense_lm_head import shape_params as dense_head_shape
+from gemma4_mtp_kernels.ops.rms_norm_gate_up import shape_params as gate_up_shape
 from gemma4_mtp_kernels.ops.rms_norm_linear import shape_params as linear_shape
 from gemma4_mtp_kernels.ops.rms_norm_q_rope import check_positions
 from gemma4_mtp_kernels.ops.rms_norm_q_rope import shape_params as q_rope_shape
@@ -33,7 +34,7 @@ QUERY_POSITIONS = ("last_cached", "next")
 _GLUE_OPS = ("rms_norm_q_rope", "rms_norm_linear", "rms_norm_gate_up")
 _GLUE_SHAPES = {"rms_norm_q_rope": lambda x, w, q_norm, *_: q_rope_shape(x, w, q_norm),
                 "rms_norm_linear": lambda x, w, *_: linear_shape(x, w),
-                "rms_norm_gate_up": lambda x, w, *_: linear_shape(x, w)}
+                "rms_norm_gate_up": lambda x, w, _up, down_weight=None: gate_up_shape(x, w, down_weight)}
 
 
 class _Unchecked:
@@ -46,12 +47,14 @@ class _Unchecked:
         self.impls: dict[tuple, object] = {}
 
     def __call__(self, x, weight, *args, **kwargs):
-        # the shapes of the positional tensors determine the shape parameters (built only on a miss)
-        key = (x.shape, weight.shape, args[0].shape) if args else (x.shape, weight.shape)
+        # the shapes of the positional tensors and of a down_weight determine the shape parameters (built only
+        # on a miss)
+        down = kwargs.get("down_weight")
+        key = (x.shape, weight.shape, args[0].shape if args else None, None if down is None else down.shape)
         impl = self.impls.get(key)
         if impl is None:
-            impl = self.impls[key] = K.implementation(self.op, self.backend, self.device, self.dtype,
-                                                      self.shape(x, weight, *args))
+            shape = self.shape(x, weight, *args) if down is None else self.shape(x, weight, *args, down_weight=down)
+            impl = self.impls[key] = K.implementation(self.op, self.backend, self.device, self.dtype, shape)
         return impl(x, weight, *args, **kwargs)
 
 
@@ -219,8 +222,8 @@ class Gemma4MTPDrafter(nn.Module):
         and layer scalar in its prologue), attention, o_proj, the MLP (post-attention norm, residual
         add, pre-feedforward norm in its prologue; gate/up and down_proj): 4 ops, 6 launches (attention's
         split-KV merge included; 5 where the attention kernel merges its own splits: the sliding layers;
-        one fewer where the MLP is one launch: Triton at T <= 4), rounded where Hugging Face rounds (see
-        gemma4_mtp_kernels.rms_norm_linear).
+        one fewer where the MLP is one launch: Triton, E2B / E4B at T <= 4), rounded where Hugging Face
+        rounds (see gemma4_mtp_kernels.rms_norm_linear).
 
         What comes from outside (token ids, hidden states, the target's embedding and cache, the
         positions) is checked on every step. The 13 fused glue calls take only the drafter's weights
