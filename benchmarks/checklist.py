@@ -44,7 +44,7 @@ CUDA_TAILS = "CUDA serial loads: q_rope's tail, attention's zero fill and merges
 SHORT_SPLITS = "E2B's split-K GEMVs in two-block programs"
 ONE_LAUNCH_MLP = "The MLP in one launch"
 PREDICTIONS = (
-    Prediction("E2B step", "drafter_step", STEP_E2B, "triton", 124, 150, 171.3,
+    Prediction("E2B step", "drafter_step", STEP_E2B, "triton", 124, 152, 171.3,
                f"{ALL_FOUR}; {ATTN_PIPELINE}; {SHORT_SPLITS}; {ONE_LAUNCH_MLP}"),
     Prediction("31B step", "drafter_step", STEP_31B, "triton", 455, 485, 522.8, f"{ALL_FOUR}; {ATTN_PIPELINE}"),
     Prediction("E2B eager step, cuda: one host call", "drafter_step", STEP_E2B, "cuda_eager", 180, 300, 1292.6,
@@ -127,12 +127,12 @@ PREDICTIONS = (
                CUDA_GLUE_PROLOGUE),
     Prediction("E2B step, splits of >= 8 K blocks (the old rule), less two", "drafter_step", STEP_E2B,
                "triton_long_splits", 3, 7, None, f"{SHORT_SPLITS}; {ONE_LAUNCH_MLP}", minus=(STEP_E2B, "triton")),
-    Prediction("E2B MLP T=1 in one launch", "rms_norm_gate_up", "E2B mlp T=1", "triton", 7, 8.5, None,
+    Prediction("E2B MLP T=1 in one launch", "rms_norm_gate_up", "E2B mlp T=1", "triton", 7.5, 9.5, None,
                ONE_LAUNCH_MLP),
     Prediction("E2B MLP T=1 as two launches, less one", "rms_norm_gate_up", "E2B mlp T=1", "triton_two_launch_mlp",
-               1, 3, None, ONE_LAUNCH_MLP, minus=("E2B mlp T=1", "triton")),
+               0.5, 2.5, None, ONE_LAUNCH_MLP, minus=("E2B mlp T=1", "triton")),
     Prediction("E2B step with two-launch MLPs, less one-launch", "drafter_step", STEP_E2B, "triton_two_launch_mlp",
-               4, 12, None, ONE_LAUNCH_MLP, minus=(STEP_E2B, "triton")),
+               2, 10, None, ONE_LAUNCH_MLP, minus=(STEP_E2B, "triton")),
     Prediction("E2B o_proj full T=1", "rms_norm_linear", "E2B o_proj full T=1", "triton", 3.2, 4.2, 5.13,
                SHORT_SPLITS),
     Prediction("E2B down_proj T=1", "rms_norm_linear", "E2B down_proj T=1", "triton", 3.2, 4.2, 5.04, SHORT_SPLITS),
