@@ -9,7 +9,9 @@ plus the activations (roofline.fused_glue). Prediction: benchmarks/README.md, "C
 """
 from __future__ import annotations
 
+import importlib
 import math
+from unittest import mock
 
 import torch
 
@@ -17,6 +19,9 @@ import gemma4_mtp_kernels as gk
 
 from . import roofline
 from .common import Case, close, ours
+
+# the module (the package's attribute of that name is the op function it re-exports)
+_gate_up_module = importlib.import_module("gemma4_mtp_kernels.triton.rms_norm_gate_up")
 
 TINY = dict(Hb=96, Hd=64, inter=128, Hq=2, D_swa=64, D_full=128)
 
@@ -66,16 +71,9 @@ def _call(op):
 
 def _two_launches(call):
     """`call` with the one-launch MLP off (Triton's MLP_MAX_T 0) while it runs, a graph capture included."""
-    import importlib
-
-    module = importlib.import_module("gemma4_mtp_kernels.triton.rms_norm_gate_up")
-
     def two(fn, i, backend):
-        saved, module.MLP_MAX_T = module.MLP_MAX_T, 0
-        try:
+        with mock.patch.object(_gate_up_module, "MLP_MAX_T", 0):
             return call(fn, i, backend)
-        finally:
-            module.MLP_MAX_T = saved
     return two
 
 

@@ -102,6 +102,21 @@ def _gate_up_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, g_ptr, u_ptr, out_pt
     tl.store(out_ptr + tok.to(tl.int64)[None, :] * s_out + n[:, None], m, mask=n_mask[:, None] & tok_mask[None, :])
 
 
+@device_helper
+def _down_tile(d_ptr, n, i, i_mask, N, s_d):
+    """down_weight's rows n (past N: 0) at this program's columns i: [BLOCK_N, BLOCK_I]."""
+    return tl.load(d_ptr + n.to(tl.int64)[:, None] * s_d + i[None, :], mask=(n < N)[:, None] & i_mask[None, :],
+                   other=0.0)
+
+
+@device_helper
+def _store_partial(wd, m, part, n, tok, tok_mask, N, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+                   PREC: tl.constexpr, INTERP: tl.constexpr):
+    """This program's fp32 partial of down_proj's rows n, wd @ m, into its [T, N] slice `part`."""
+    acc = mma(wd, m, tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32), PREC, INTERP)
+    tl.store(part + tok[None, :] * N + n[:, None], acc, mask=(n < N)[:, None] & tok_mask[None, :])
+
+
 @triton.jit(do_not_specialize=["T"])
 def _mlp_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, g_ptr, u_ptr, d_ptr, out_ptr, hout_ptr, part_ptr, gpart_ptr,
                 cnt_ptr, T, H, I, N, eps, s_x, s_r, s_g, s_u, s_d, s_out, s_hout,
@@ -124,9 +139,7 @@ def _mlp_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, g_ptr, u_ptr, d_ptr, out
     tok = tl.arange(0, BLOCK_T)
     tok_mask = tok < T
     if ONE_TILE:  # all of down_proj's rows in one tile: asked for before gate / up, used after them
-        n = tl.arange(0, BLOCK_N)
-        wd0 = tl.load(d_ptr + n.to(tl.int64)[:, None] * s_d + i[None, :], mask=(n < N)[:, None] & i_mask[None, :],
-                      other=0.0)
+        wd0 = _down_tile(d_ptr, tl.arange(0, BLOCK_N), i, i_mask, N, s_d)
     m = _gated(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, g_ptr, u_ptr, hout_ptr, i, i_mask, tok, tok_mask, pid == 0,
                H, eps, s_x, s_r, s_g, s_u, s_hout, HAS_RES, HAS_SCALE, HAS_NORM, WRITE_H, dt, BLOCK_I, BLOCK_T,
                BLOCK_K, STATS_UNROLL, NORM_UNROLL, ROW_K, PREC, INTERP)
@@ -134,16 +147,12 @@ def _mlp_kernel(x_ptr, res_ptr, rw_ptr, sc_ptr, nw_ptr, g_ptr, u_ptr, d_ptr, out
     size = T * N
     part = part_ptr + pid.to(tl.int64) * size
     if ONE_TILE:
-        acc = mma(wd0, m, tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32), PREC, INTERP)
-        tl.store(part + tok[None, :] * N + n[:, None], acc, mask=(n < N)[:, None] & tok_mask[None, :])
+        _store_partial(wd0, m, part, tl.arange(0, BLOCK_N), tok, tok_mask, N, BLOCK_N, BLOCK_T, PREC, INTERP)
     else:
         for n0 in range(0, N, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
-            n_mask = n < N
-            wd = tl.load(d_ptr + n.to(tl.int64)[:, None] * s_d + i[None, :], mask=n_mask[:, None] & i_mask[None, :],
-                         other=0.0)
-            acc = mma(wd, m, tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32), PREC, INTERP)
-            tl.store(part + tok[None, :] * N + n[:, None], acc, mask=n_mask[:, None] & tok_mask[None, :])
+            _store_partial(_down_tile(d_ptr, n, i, i_mask, N, s_d), m, part, n, tok, tok_mask, N, BLOCK_N, BLOCK_T,
+                           PREC, INTERP)
     # the fixed reduction tree: the group's last program sums its members' partials, the last group the groups'
     programs = tl.num_programs(0)
     groups = tl.cdiv(programs, GROUP)

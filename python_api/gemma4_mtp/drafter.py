@@ -32,9 +32,10 @@ QUERY_POSITIONS = ("last_cached", "next")
 # the fused glue ops of a step, in the order step unpacks them (checked once per weights, see step), and
 # the shape parameters each passes to resolve (from its positional arguments)
 _GLUE_OPS = ("rms_norm_q_rope", "rms_norm_linear", "rms_norm_gate_up")
-_GLUE_SHAPES = {"rms_norm_q_rope": lambda x, w, q_norm, *_: q_rope_shape(x, w, q_norm),
-                "rms_norm_linear": lambda x, w, *_: linear_shape(x, w),
-                "rms_norm_gate_up": lambda x, w, _up, down_weight=None: gate_up_shape(x, w, down_weight)}
+# each from a glue call's arguments (its keywords too: rms_norm_gate_up's down_weight is a shape parameter)
+_GLUE_SHAPES = {"rms_norm_q_rope": lambda x, w, q_norm, *_, **__: q_rope_shape(x, w, q_norm),
+                "rms_norm_linear": lambda x, w, *_, **__: linear_shape(x, w),
+                "rms_norm_gate_up": lambda x, w, _up, down_weight=None, **_: gate_up_shape(x, w, down_weight)}
 
 
 class _Unchecked:
@@ -53,8 +54,8 @@ class _Unchecked:
         key = (x.shape, weight.shape, args[0].shape if args else None, None if down is None else down.shape)
         impl = self.impls.get(key)
         if impl is None:
-            shape = self.shape(x, weight, *args) if down is None else self.shape(x, weight, *args, down_weight=down)
-            impl = self.impls[key] = K.implementation(self.op, self.backend, self.device, self.dtype, shape)
+            impl = self.impls[key] = K.implementation(self.op, self.backend, self.device, self.dtype,
+                                                      self.shape(x, weight, *args, **kwargs))
         return impl(x, weight, *args, **kwargs)
 
 
