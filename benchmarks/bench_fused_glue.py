@@ -77,6 +77,14 @@ def _two_launches(call):
     return two
 
 
+def _cuda_two_launch_mlp(fn, i, backend):
+    """The whole MLP as the CUDA binding runs it above its one-launch rule (glue_logic.h
+    glue_mlp_one_launch): gate_up into m, then down_proj."""
+    kw = {k: v for k, v in i["kw"].items() if k != "down_weight"}
+    m = fn(i["x"], i["weight"], *i["args"], backend=backend, **kw)
+    return gk.rms_norm_linear(m, i["kw"]["down_weight"], backend=backend)
+
+
 def cases(dry: bool) -> list[Case]:
     grid = [("tiny", TINY, T) for T in (1, 3)] if dry else [("31B", roofline.DRAFTERS["31B"], 1),
                                                              ("E2B", roofline.DRAFTERS["E2B"], 1),
@@ -89,8 +97,9 @@ def cases(dry: bool) -> list[Case]:
             params = dict(drafter=name, H=H, N=N, T=T, D=D)
             baselines = {"torch_composition": ours(op, "torch", call), "triton": ours(op, "triton", call),
                          "cuda": ours(op, "cuda", call)}
-            if mlp:  # the same call as two Triton launches (gate_up, then down_proj), as above MLP_MAX_T tokens
+            if mlp:  # the same call as two launches (gate_up, then down_proj), as above the one-launch rules
                 baselines["triton_two_launch_mlp"] = ours(op, "triton", _two_launches(call))
+                baselines["cuda_two_launch_mlp"] = ours(op, "cuda", _cuda_two_launch_mlp)
                 params["down"] = D  # down_proj's rows: a shape parameter of the call (make_verified.SHAPES)
             out.append(Case(
                 op=op, label=f"{name} {label} T={T}", params=params,

@@ -43,6 +43,7 @@ CUDA_GLUE_PROLOGUE = "The CUDA glue's prologue at several tokens"
 CUDA_TAILS = "CUDA serial loads: q_rope's tail, attention's zero fill and merges, softmax_sample"
 SHORT_SPLITS = "E2B's split-K GEMVs in two-block programs"
 ONE_LAUNCH_MLP = "The MLP in one launch"
+CUDA_MLP = "The CUDA MLP in one launch"
 PREDICTIONS = (
     Prediction("E2B step", "drafter_step", STEP_E2B, "triton", 124, 152, 171.3,
                f"{ALL_FOUR}; {ATTN_PIPELINE}; {SHORT_SPLITS}; {ONE_LAUNCH_MLP}"),
@@ -133,6 +134,9 @@ PREDICTIONS = (
                0.5, 2.5, None, ONE_LAUNCH_MLP, minus=("E2B mlp T=1", "triton")),
     Prediction("E2B step with two-launch MLPs, less one-launch", "drafter_step", STEP_E2B, "triton_two_launch_mlp",
                2, 10, None, ONE_LAUNCH_MLP, minus=(STEP_E2B, "triton")),
+    Prediction("E2B MLP T=1 in one launch, CUDA", "rms_norm_gate_up", "E2B mlp T=1", "cuda", 8, 10, None, CUDA_MLP),
+    Prediction("E2B MLP T=1 as two CUDA launches, less one", "rms_norm_gate_up", "E2B mlp T=1", "cuda_two_launch_mlp",
+               0.5, 2.5, None, CUDA_MLP, minus=("E2B mlp T=1", "cuda")),
     Prediction("E2B o_proj full T=1", "rms_norm_linear", "E2B o_proj full T=1", "triton", 3.2, 4.2, 5.13,
                SHORT_SPLITS),
     Prediction("E2B down_proj T=1", "rms_norm_linear", "E2B down_proj T=1", "triton", 3.2, 4.2, 5.04, SHORT_SPLITS),
@@ -150,7 +154,7 @@ PREDICTIONS = (
                "cuda", 5, 9, None, CUDA_TAILS),
     Prediction("softmax_sample, V = 262144, B=1, CUDA", "softmax_sample", "dense head B=1", "cuda", 5, 9, None,
                CUDA_TAILS),
-    Prediction("E2B step, CUDA", "drafter_step", STEP_E2B, "cuda", 176, 189, 203.3, CUDA_TAILS),
+    Prediction("E2B step, CUDA", "drafter_step", STEP_E2B, "cuda", 166, 187, 203.3, f"{CUDA_TAILS}; {CUDA_MLP}"),
     Prediction("softmax_sample, 4096 candidates, B=1", "softmax_sample", "centroid head (4096 candidates) B=1",
                "triton", 5, 8, None, "Sampled draft tokens in two launches"),
     Prediction("softmax_sample, V = 262144, B=1", "softmax_sample", "dense head B=1", "triton", 5, 8, None,

@@ -41,8 +41,11 @@ REWRITTEN = {
     ("rms_norm_linear", "cuda"): ("2026-12-05", "without a residual or a norm (o_proj, down_proj) the CTA stages its k "
                                                 "range alone: not the prologue the 2026-12-04 run timed (76.9 us at "
                                                 "31B o_proj T=8)"),
-    ("rms_norm_gate_up", "cuda"): ("2026-12-05", "the prologue takes as many token rows a pass as keep each in one "
-                                                 "batch of loads: not the one the 2026-12-04 run timed at T > 1"),
+    ("rms_norm_gate_up", "cuda"): ("2026-12-06", "with a down_weight, E2B / E4B at T <= 4 run the whole MLP in the "
+                                                 "gate_up kernel (its tree over the tiles' down partials), and since "
+                                                 "2026-12-05 the prologue takes as many token rows a pass as keep "
+                                                 "each in one batch of loads: neither is what the 2026-12-04 run "
+                                                 "verified"),
     ("rms_norm_gate_up", "triton"): ("2026-12-06", "with a down_weight, E2B / E4B at T <= 4 take one new kernel "
                                                    "(gate/up and down_proj, `_mlp_kernel`) no run has verified"),
     ("rms_norm_q_rope", "cuda"): ("2026-12-05", "the prologue takes as many token rows a pass as keep each in one "

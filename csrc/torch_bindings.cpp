@@ -624,18 +624,50 @@ void rms_norm_linear(const at::Tensor& x, const at::Tensor& weight, const OptTen
   launch_glue(p, dt, x, "rms_norm_linear", gemma4_mtp::launch_rms_norm_linear);
 }
 
+// With down_weight [N, I], the whole MLP into out [T, N]: one launch where glue_mlp_one_launch() says
+// (the kernel's tree over the tiles' down partials), otherwise gate_up into m, then rms_norm_linear.
 void rms_norm_gate_up(const at::Tensor& x, const at::Tensor& gate_weight, const at::Tensor& up_weight,
-                      const OptTensor& norm_weight, double eps, const OptTensor& residual,
+                      const OptTensor& down_weight, const OptTensor& norm_weight, double eps, const OptTensor& residual,
                       const OptTensor& residual_norm_weight, const OptTensor& layer_scalar, at::Tensor& out,
                       const OptTensor& residual_out) {
   gemma4_mtp::GlueParams p{};
   const DType dt = glue_prologue(p, gemma4_mtp::GlueKind::kGateUp, x, norm_weight, eps, residual,
                                  residual_norm_weight, layer_scalar, residual_out, std::nullopt);
-  glue_projection(p, gate_weight, "gate_weight", x, out, {x.size(0), gate_weight.size(0)});
-  check_weight(up_weight, "up_weight", gate_weight.size(0), x);
+  check_weight(gate_weight, "gate_weight", -1, x);
+  const int64_t T = x.size(0), I = gate_weight.size(0);
+  check_weight(up_weight, "up_weight", I, x);
+  at::Tensor m = out;
+  bool one_launch = false;
+  if (down_weight) {
+    check_tensor(*down_weight, "down_weight", 2, x.device());
+    check_dtype(*down_weight, "down_weight", x.scalar_type());
+    G4_CHECK(down_weight->size(1) == I, "gemma4_mtp: down_weight must have I = gate_weight.shape[0] = ", I,
+             " columns, got shape ", down_weight->sizes());
+    check_inner(*down_weight, "down_weight");
+    G4_CHECK(down_weight->size(0) <= INT32_MAX, "gemma4_mtp: down_weight rows must fit 32-bit indices, got ",
+             down_weight->sizes());
+    check_dense(out, "out", {T, down_weight->size(0)}, x.device(), x.scalar_type());
+    if (I == 0) {  // an empty sum
+      out.zero_();
+      return;
+    }
+    one_launch = gemma4_mtp::glue_mlp_one_launch(T, x.size(1), I, down_weight->size(0), x.element_size());
+    if (one_launch) {
+      p.down_weight = down_weight->data_ptr();
+      p.down_weight_stride = stride(*down_weight, 0);
+      p.down_N = static_cast<int>(down_weight->size(0));
+    } else {
+      m = at::empty({T, I}, x.options());
+    }
+  }
+  glue_projection(p, gate_weight, "gate_weight", x, m, {T, one_launch ? down_weight->size(0) : I});
+  p.N = static_cast<int>(I);
   p.up_weight = up_weight.data_ptr();
   p.up_weight_stride = stride(up_weight, 0);
   launch_glue(p, dt, x, "rms_norm_gate_up", gemma4_mtp::launch_rms_norm_gate_up);
+  if (down_weight && !one_launch)
+    rms_norm_linear(m, *down_weight, std::nullopt, eps, std::nullopt, std::nullopt, std::nullopt, out, std::nullopt,
+                    std::nullopt);
 }
 
 void rms_norm_q_rope(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& q_norm_weight,
@@ -922,8 +954,8 @@ TORCH_LIBRARY(gemma4_mtp, m) {
   m.def("rms_norm_linear(Tensor x, Tensor weight, Tensor? norm_weight, float eps, Tensor? residual, "
         "Tensor? residual_norm_weight, Tensor? layer_scalar, Tensor(a!) out, Tensor(b!)? residual_out, "
         "Tensor(c!)? normed_out) -> ()");
-  m.def("rms_norm_gate_up(Tensor x, Tensor gate_weight, Tensor up_weight, Tensor? norm_weight, float eps, "
-        "Tensor? residual, Tensor? residual_norm_weight, Tensor? layer_scalar, Tensor(a!) out, "
+  m.def("rms_norm_gate_up(Tensor x, Tensor gate_weight, Tensor up_weight, Tensor? down_weight, Tensor? norm_weight, "
+        "float eps, Tensor? residual, Tensor? residual_norm_weight, Tensor? layer_scalar, Tensor(a!) out, "
         "Tensor(b!)? residual_out) -> ()");
   m.def("rms_norm_q_rope(Tensor x, Tensor weight, Tensor q_norm_weight, Tensor positions, Tensor inv_freq, "
         "Tensor? norm_weight, float eps, Tensor? residual, Tensor? residual_norm_weight, Tensor? layer_scalar, "

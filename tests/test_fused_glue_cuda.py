@@ -59,7 +59,8 @@ def test_strided_and_misaligned_rows(op):
 @pytest.mark.parametrize("name", list(DRAFTERS))
 @pytest.mark.parametrize("T", [1, 8])
 def test_rms_norm_gate_up_with_down_weight(name, T):
-    """The whole MLP (gate_up, then down_proj: two CUDA launches) at a real drafter's shapes."""
+    """The whole MLP at a real drafter's shapes: one launch for E2B / E4B at T = 1 (the kernel's tree over
+    the tiles' down partials), gate_up then down_proj otherwise (glue_logic.h glue_mlp_one_launch)."""
     d = DRAFTERS[name]
     glue("rms_norm_gate_up", T, d["Hd"], d["inter"], torch.bfloat16, "layer", down=d["Hd"])
 
@@ -97,6 +98,26 @@ def test_repeated_calls_and_graph_replays(op):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         got = getattr(g, op)(x, *args, backend="cuda", **kw)
+    for _ in range(3):
+        got.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(got, want)
+
+
+def test_rms_norm_gate_up_one_launch_mlp_repeated_calls_and_graph_replays():
+    """The one-launch MLP's tree counters are cached, never memset: each launch must leave them zero, or the
+    next call or replay would sum the wrong partials (E2B's shape, one token: 128 tiles in 8 groups)."""
+    d = DRAFTERS["E2B"]
+    x, kw = make_prologue(1, d["Hd"], torch.bfloat16, "layer", GEN().manual_seed(5))
+    x, kw = x.to(DEV), {k: v.to(DEV) for k, v in kw.items()}
+    wg, wu = (weight(d["inter"], d["Hd"], torch.bfloat16, GEN().manual_seed(s)).to(DEV) for s in (6, 7))
+    wd = weight(d["Hd"], d["inter"], torch.bfloat16, GEN().manual_seed(8)).to(DEV)
+    want = g.rms_norm_gate_up(x, wg, wu, down_weight=wd, backend="cuda", **kw)
+    for _ in range(3):
+        assert torch.equal(g.rms_norm_gate_up(x, wg, wu, down_weight=wd, backend="cuda", **kw), want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = g.rms_norm_gate_up(x, wg, wu, down_weight=wd, backend="cuda", **kw)
     for _ in range(3):
         got.fill_(float("nan"))
         graph.replay()

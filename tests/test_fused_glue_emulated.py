@@ -37,19 +37,23 @@ class Emulated:
     def __init__(self, binary, tmp_path, op, *, sms=8, major=9, schedule="rr", again_T=None):
         self.binary, self.dir, self.op = binary, tmp_path, op
         self.settings = f"sms={sms} major={major} schedule={schedule}" + (f" again_T={again_T}" if again_T else "")
-        self.last = {}
+        self.runs = []  # each launch's "OK" line; the whole MLP's check also runs gate_up alone after it
 
-    def __call__(self, x, *args, eps, out, norm_weight=None, residual=None, residual_norm_weight=None,
-                 layer_scalar=None, residual_out=None, normed_out=None):
+    def __call__(self, x, *args, eps, out=None, norm_weight=None, residual=None, residual_norm_weight=None,
+                 layer_scalar=None, residual_out=None, normed_out=None, down_weight=None):
         d = self.dir
         for f in d.glob("*.bin"):
             f.unlink()
         T, H = x.shape
+        if out is None:  # gate_up's m, which check_glue asks for beside the whole MLP
+            out = torch.empty((T, args[0].shape[0]), dtype=x.dtype)
         tensors = dict(x=x, weight=args[0], norm_weight=norm_weight, residual=residual,
-                       residual_norm_weight=residual_norm_weight, layer_scalar=layer_scalar)
+                       residual_norm_weight=residual_norm_weight, layer_scalar=layer_scalar, down_weight=down_weight)
         extra = ""
         if self.op == "rms_norm_gate_up":
             tensors["up_weight"] = args[1]
+            if down_weight is not None:
+                extra = f"down={down_weight.shape[0]}"
         if self.op == "rms_norm_q_rope":
             qnw, positions, inv_freq = args[1:]
             tensors.update(q_norm_weight=qnw, positions=positions, inv_freq=inv_freq)
@@ -65,7 +69,7 @@ class Emulated:
                  f"rs={residual.stride(0) if residual is not None else H}")
         cmd = (f"dir={d} op={OPS[self.op]} dtype={emulated.DTYPE_NAMES[x.dtype]} T={T} H={H} N={N} eps={eps!r} "
                f"{flags} {extra} {self.settings}")
-        self.last = emulated.run(self.binary, cmd)
+        self.runs.append(emulated.run(self.binary, cmd))
         out.copy_(emulated.read(d / "out.bin", out.dtype, out.shape))
         for name, buf in (("residual_out", residual_out), ("normed_out", normed_out)):
             if buf is not None:
@@ -79,7 +83,7 @@ GEN = torch.Generator
 def glue(binary, tmp_path, op, T, H, N, dtype, kind, *, emu=None, **kw):
     call = Emulated(binary, tmp_path, op, **(emu or {}))
     check_glue(op, "cuda (emulated)", "cpu", T, H, N, dtype, kind, gen=GEN().manual_seed(T + H + N), call=call, **kw)
-    return call.last
+    return call.runs[0]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -212,3 +216,57 @@ def test_drafter_layer_shapes(binary, tmp_path, name):
          "residual", emu=emu)
     glue(binary, tmp_path, "rms_norm_linear", 1, d["inter"], Hd, torch.bfloat16, "none", emu=emu)  # down_proj
     glue(binary, tmp_path, "rms_norm_linear", 1, Hd, d["Hb"], torch.bfloat16, "layer", emu=emu)  # post_projection
+
+
+def mlp(binary, tmp_path, T, H, I, N, dtype, kind, *, emu=None, **kw):
+    """rms_norm_gate_up with a down_weight [N, I]: the whole MLP in one launch of the gate_up kernel (its
+    tree over the tiles' down partials), whatever T (the one-launch rule is the callers': the binding and
+    the one-call step)."""
+    got = glue(binary, tmp_path, "rms_norm_gate_up", T, H, I, dtype, kind, down=N, emu=emu, **kw)
+    G = 1
+    tiles = -(-I // 16)
+    while G * G < tiles:
+        G *= 2
+    assert int(got["groups"]) == -(-tiles // G)
+    return got
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", PROLOGUES)
+def test_mlp_prologues(binary, tmp_path, kind, dtype):
+    """3 tiles of m columns (the last 8 wide: element loads of down_weight) in 2 groups of 2 (the last of
+    one tile)."""
+    mlp(binary, tmp_path, 3, 136, 40, 72, dtype, kind)
+
+
+def test_mlp_e2b_layer(binary, tmp_path):
+    """E2B's MLP at one token on an H200's 132 SMs: 128 tiles in 8 groups of 16, 256 rows of down_proj."""
+    got = mlp(binary, tmp_path, 1, 256, 2048, 256, torch.bfloat16, "residual", emu=dict(sms=132))
+    assert got["path"] == "mma" and got["groups"] == "8" and got["splits"] == "1"
+
+
+def test_mlp_down_rows_in_passes_and_unaligned_columns(binary, tmp_path):
+    """300 rows of down_weight (two passes of 256 threads) of 36 columns (72-byte rows: every other row's
+    16 columns start off a 16-byte boundary, and the last tile has 4), at 5 tokens."""
+    mlp(binary, tmp_path, 5, 64, 36, 300, torch.bfloat16, "layer")
+    mlp(binary, tmp_path, 5, 64, 36, 300, torch.float32, "layer")
+
+
+@pytest.mark.parametrize("T", [40, 70])  # 4 m16 tiles, then two token tiles (a tree each)
+def test_mlp_token_tiles(binary, tmp_path, T):
+    mlp(binary, tmp_path, T, 64, 48, 40, torch.bfloat16, "layer")
+
+
+def test_mlp_after_split_k(binary, tmp_path):
+    """Few tiles on 8 SMs split gate_up's k: the tile's last split runs the down partial."""
+    got = mlp(binary, tmp_path, 1, 1024, 32, 48, torch.bfloat16, "layer", emu=dict(sms=8))
+    assert int(got["splits"]) > 1
+
+
+def test_mlp_strided_rows_take_the_cuda_core_path(binary, tmp_path):
+    assert mlp(binary, tmp_path, 3, 96, 40, 24, torch.bfloat16, "residual", strided=True)["path"] == "scalar"
+
+
+@pytest.mark.parametrize("schedule", ["ahead", "behind"])
+def test_mlp_warps_out_of_step(binary, tmp_path, schedule):
+    mlp(binary, tmp_path, 2, 96, 80, 300, torch.bfloat16, "layer", emu=dict(schedule=schedule, sms=4))

@@ -2,7 +2,7 @@
 // drafter.py, whose composition this follows op for op) made from C++, with every activation, partial
 // and workspace carved from one caller-given buffer. What it saves is host time: an eager step of
 // per-op calls crosses from Python into an op ~20 times (~55 µs each on the 2026-12-04 H200 host:
-// 1.29 ms a step); this is one crossing and ~20 launches. Host code only: the kernels are the ops'.
+// 1.29 ms a step); this is one crossing and 20-24 launches. Host code only: the kernels are the ops'.
 #include <algorithm>
 
 #include "gemma4_mtp/drafter_step_params.h"
@@ -85,21 +85,31 @@ class Step {
       project(lin, w.o_proj, p_.Hd, a, p_.Hd);
       if (err == cudaSuccess) err = glue_launch(lin, launch_rms_norm_linear);
       void* residual_out = ws_.take(T_ * p_.Hd * E);
-      void* m = ws_.take(T_ * w.I * E);
+      // the MLP: one launch where the op's binding takes one (glue_mlp_one_launch), else gate_up into m
+      // and down_proj
+      const bool one_launch = glue_mlp_one_launch(T_, p_.Hd, w.I, p_.Hd, E);
+      void* d = ws_.take(T_ * p_.Hd * E);
+      void* m = one_launch ? d : ws_.take(T_ * w.I * E);
       GlueParams gu = glue(GlueKind::kGateUp, a, p_.Hd, w.pre_ff_norm);
       gu.residual = stream;
       gu.residual_stride = rows_stride(T_, p_.Hd);
       gu.residual_norm_weight = w.post_attn_norm;
       gu.residual_out = residual_out;
       gu.residual_out_stride = rows_stride(T_, p_.Hd);
-      project(gu, w.gate, w.I, m, w.I);
+      project(gu, w.gate, w.I, m, one_launch ? p_.Hd : w.I);
       gu.up_weight = w.up;
       gu.up_weight_stride = rows_stride(w.I, p_.Hd);
+      if (one_launch) {
+        gu.down_weight = w.down;
+        gu.down_weight_stride = rows_stride(p_.Hd, w.I);
+        gu.down_N = p_.Hd;
+      }
       if (err == cudaSuccess) err = glue_launch(gu, launch_rms_norm_gate_up);
-      void* d = ws_.take(T_ * p_.Hd * E);
-      GlueParams down = glue(GlueKind::kLinear, m, w.I, nullptr);
-      project(down, w.down, p_.Hd, d, p_.Hd);
-      if (err == cudaSuccess) err = glue_launch(down, launch_rms_norm_linear);
+      if (!one_launch) {
+        GlueParams down = glue(GlueKind::kLinear, m, w.I, nullptr);
+        project(down, w.down, p_.Hd, d, p_.Hd);
+        if (err == cudaSuccess) err = glue_launch(down, launch_rms_norm_linear);
+      }
       residual = residual_out;
       delta = d;
       prev = &w;

@@ -242,6 +242,28 @@ static void test_glue_plans() {
            int64_t{2} * 4 + (plan_glue(GlueKind::kQRope, 70, 256, 1024, 8, true).splits > 1 ? 2 * 32 : 0));
 }
 
+// The whole MLP in one gate_up launch: when (the small drafters at up to 4 tokens), and its tree's groups
+// cover every tile once.
+static void test_glue_mlp_tree() {
+  CHECK(glue_mlp_one_launch(1, 256, 2048, 256, 2));   // E2B / E4B, one token
+  CHECK(glue_mlp_one_launch(4, 256, 2048, 256, 2));   // a (2, 2, 1) level of two requests
+  CHECK(!glue_mlp_one_launch(5, 256, 2048, 256, 2));  // the partials grow with T
+  CHECK(!glue_mlp_one_launch(0, 256, 2048, 256, 2));
+  CHECK(!glue_mlp_one_launch(1, 1024, 8192, 1024, 2));  // 26B / 31B: 48 MiB from DRAM
+  CHECK(!glue_mlp_one_launch(1, 256, 2048, 256, 8));    // fp32 E2B: 12 MiB
+  GluePlan e2b = plan_glue(GlueKind::kGateUp, 1, 256, 2048, 132, true);
+  CHECK_EQ(e2b.row_tiles, 128);
+  CHECK_EQ(glue_mlp_group(e2b.row_tiles), 16);
+  CHECK_EQ(glue_mlp_groups(e2b.row_tiles), 8);
+  CHECK_EQ(glue_mlp_counters(e2b), int64_t{9});
+  CHECK_EQ(glue_mlp_workspace_floats(e2b, 1, 256), int64_t{136} * 256);
+  for (int tiles = 1; tiles <= 600; ++tiles) {
+    const int G = glue_mlp_group(tiles), groups = glue_mlp_groups(tiles);
+    CHECK(G * G >= tiles && (G == 1 || (G / 2) * (G / 2) < tiles));  // the power of two >= sqrt
+    CHECK(groups * G >= tiles && (groups - 1) * G < tiles);            // every group has a tile
+  }
+}
+
 int main() {
   test_attended_range();
   test_splits_cover_range();
@@ -253,5 +275,6 @@ int main() {
   test_attention_merge_paths();
   test_rows_per_cta();
   test_glue_plans();
+  test_glue_mlp_tree();
   return finish("test_plan");
 }

@@ -185,12 +185,14 @@ def rms_norm_linear(x, weight, *, norm_weight=None, eps=1e-6, residual=None, res
 
 def rms_norm_gate_up(x, gate_weight, up_weight, *, down_weight=None, norm_weight=None, eps=1e-6, residual=None,
                      residual_norm_weight=None, layer_scalar=None, out=None, residual_out=None):
-    # with down_weight, two launches: m, then down_proj (Triton's one-launch MLP has no CUDA twin yet)
-    m = out if down_weight is None and out is not None else torch.empty(
-        (x.shape[0], gate_weight.shape[0]), dtype=x.dtype, device=x.device)
-    _ops().rms_norm_gate_up(x, gate_weight, up_weight, norm_weight, float(eps), residual, residual_norm_weight,
-                            layer_scalar, m, residual_out)
-    return m if down_weight is None else rms_norm_linear(m, down_weight, out=out)
+    # with down_weight the whole MLP: one launch at few tokens on the small drafters, else gate_up then
+    # down_proj (the binding decides: glue_logic.h glue_mlp_one_launch)
+    if out is None:
+        N = gate_weight.shape[0] if down_weight is None else down_weight.shape[0]
+        out = torch.empty((x.shape[0], N), dtype=x.dtype, device=x.device)
+    _ops().rms_norm_gate_up(x, gate_weight, up_weight, down_weight, norm_weight, float(eps), residual,
+                            residual_norm_weight, layer_scalar, out, residual_out)
+    return out
 
 
 def rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, *, norm_weight=None, eps=1e-6, residual=None,

@@ -37,8 +37,8 @@ def _rms_norm_linear(x, weight, norm_weight, eps, residual, residual_norm_weight
 
 
 @torch.library.register_fake("gemma4_mtp::rms_norm_gate_up")
-def _rms_norm_gate_up(x, gate_weight, up_weight, norm_weight, eps, residual, residual_norm_weight, layer_scalar, out,
-                      residual_out):
+def _rms_norm_gate_up(x, gate_weight, up_weight, down_weight, norm_weight, eps, residual, residual_norm_weight,
+                      layer_scalar, out, residual_out):
     return None
 
 

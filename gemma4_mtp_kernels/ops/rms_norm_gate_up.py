@@ -25,9 +25,9 @@ def rms_norm_gate_up(x, gate_weight, up_weight, *, down_weight=None, norm_weight
     `rms_norm_linear`'s. Both projections, the gelu (tanh approximation, fp32 math) and the product are
     each rounded to x's dtype, as Hugging Face's MLP does, and so is the down projection (fp32
     accumulation). Returns m [T, I], or [T, N] with down_weight; residual_out [T, H] receives h.
-    Triton runs the MLP with down_weight as one launch at T <= 4 (decode steps and tree levels at small
-    batch) when its weights are small (E2B / E4B: `gemma4_mtp_kernels.triton.rms_norm_gate_up`), as two
-    otherwise; CUDA as two launches.
+    Both backends run the MLP with down_weight as one launch at T <= 4 (decode steps and tree levels at
+    small batch) when its weights are small (E2B / E4B: `gemma4_mtp_kernels.triton.rms_norm_gate_up`,
+    csrc/include/gemma4_mtp/glue_logic.h), as two otherwise.
     """
     T, H, eps = check_prologue(OP, x, norm_weight=norm_weight, eps=eps, residual=residual,
                                residual_norm_weight=residual_norm_weight, layer_scalar=layer_scalar,

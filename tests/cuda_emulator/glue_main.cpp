@@ -6,6 +6,7 @@
 //   dir=PATH op=linear|gate_up|q_rope dtype=bf16|f16|f32 T= H= N= [D= P=] eps= sms= major=
 //   res=0|1 scale=0|1 norm=0|1 rout=0|1 nout=0|1 pos64=0|1 xs= rs= (row strides of x and the residual)
 //   xo= (x's element offset in its allocation)   again_T= (then a second rms_norm_linear launch with T rows)
+//   down= (gate_up: the rows of a down_weight [down, N], the whole MLP in one launch; ds= its row stride)
 //   schedule=rr|ahead|behind
 // Inputs: DIR/<name>.bin, rows packed (the test's bytes), copied here into allocations of exactly
 // (rows - 1) * stride + cols elements, so any read past a row's end or the last row is an
@@ -36,7 +37,7 @@ int run(Args& a) {
 
   GlueParams p{};
   p.kind = op == "linear" ? GlueKind::kLinear : op == "gate_up" ? GlueKind::kGateUp : GlueKind::kQRope;
-  Buffer x = load(dir, "x", T_, H, xs, E, a.num("xo", 0)), residual, rw, sc, nw, up, qnw, pos, freq;
+  Buffer x = load(dir, "x", T_, H, xs, E, a.num("xo", 0)), residual, rw, sc, nw, up, down, qnw, pos, freq;
   Buffer weight = load(dir, "weight", N, H, H, E);
   p.x = x.data();
   p.x_stride = T_ == 1 ? 0 : xs;  // as the binding passes a size-1 dimension's stride
@@ -63,9 +64,17 @@ int run(Args& a) {
     p.up_weight = up.data();
     p.up_weight_stride = H;
   }
-  Buffer out = strided(T_, N, N, E), hout, nout_b;
+  const int Nd = static_cast<int>(a.num("down", 0)), N_out = Nd > 0 ? Nd : N;
+  if (Nd > 0) {
+    const int64_t ds = a.num("ds", N);
+    down = load(dir, "down_weight", Nd, N, ds, E);
+    p.down_weight = down.data();
+    p.down_weight_stride = Nd == 1 ? 0 : ds;
+    p.down_N = Nd;
+  }
+  Buffer out = strided(T_, N_out, N_out, E), hout, nout_b;
   p.out = out.data();
-  p.out_stride = N;
+  p.out_stride = N_out;
   if (rout) {
     hout = strided(T_, H, H, E);
     p.residual_out = hout.data();
@@ -96,7 +105,7 @@ int run(Args& a) {
   int64_t ws_bytes = 0, n_counters = 0;
   const int64_t part_bytes = glue_prepare<T>(p, static_cast<int>(a.num("sms", 8)), &ws_bytes, &n_counters);
   std::vector<float> partials(static_cast<size_t>(part_bytes / 4), NAN);
-  std::vector<unsigned char> ws(static_cast<size_t>(ws_bytes), 0xFF);
+  std::vector<unsigned char> ws(static_cast<size_t>(ws_bytes), 0xFF);  // NaN as fp32, and as 16-bit elements
   std::vector<int32_t> counters(static_cast<size_t>(n_counters), 0);
   p.partials = partials.empty() ? nullptr : partials.data();
   p.workspace = ws.empty() ? nullptr : ws.data();
@@ -134,9 +143,9 @@ int run(Args& a) {
   store(dir, "out", out);
   if (rout) store(dir, "residual_out", hout);
   if (nout) store(dir, "normed_out", nout_b);
-  std::printf("OK path=%s splits=%d steps=%d m16=%d grid=%ux%ux%u smem=%zu\n", glue::uses_mma<T>(p) ? "mma" : "scalar",
-              p.plan.splits, p.plan.steps_per_split, p.plan.token_tiles_m16, log[0].grid.x, log[0].grid.y,
-              log[0].grid.z, log[0].smem);
+  std::printf("OK path=%s splits=%d steps=%d m16=%d grid=%ux%ux%u smem=%zu groups=%d\n",
+              glue::uses_mma<T>(p) ? "mma" : "scalar", p.plan.splits, p.plan.steps_per_split, p.plan.token_tiles_m16,
+              log[0].grid.x, log[0].grid.y, log[0].grid.z, log[0].smem, Nd > 0 ? glue_mlp_groups(p.plan.row_tiles) : 0);
   return 0;
 }
 

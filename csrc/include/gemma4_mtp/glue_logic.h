@@ -88,4 +88,37 @@ G4_HD int64_t glue_counters(GlueKind kind, const GluePlan& p, int64_t heads) {
   return glue_split_counters(p) + (kind == GlueKind::kQRope ? static_cast<int64_t>(p.token_tiles) * heads : 0);
 }
 
+// The whole MLP in one rms_norm_gate_up launch (down_weight [down_N, I]): each tile's last CTA multiplies
+// its 16 columns of m by down_weight's 16 columns (the down projection's split-K operands, since the tile
+// holds that K range) and publishes an fp32 partial [T, down_N]; the partials are summed in a fixed tree
+// (deterministic): the last tile of each group of glue_mlp_group() tiles sums the group, the last group
+// the group sums, and rounds once. When (the callers' choice: the op's binding and the one-call step): the
+// Triton rule (triton/rms_norm_gate_up.py one_launch, which says why), up to 4 tokens and weights of at
+// most 8 MiB (E2B / E4B: L2-resident, latency bound); otherwise gate_up, then rms_norm_linear.
+constexpr int kGlueMlpMaxT = 4;
+constexpr int64_t kGlueMlpMaxWeightBytes = int64_t{8} << 20;
+
+G4_HD bool glue_mlp_one_launch(int64_t T, int64_t H, int64_t I, int64_t down_N, int64_t elem_bytes) {
+  return T > 0 && T <= kGlueMlpMaxT && (2 * H + down_N) * I * elem_bytes <= kGlueMlpMaxWeightBytes;
+}
+
+// Tiles per group of the reduction tree: the power of two >= sqrt(row_tiles) (E2B's 128 tiles: 8 groups
+// of 16, one wave of 16 loads a thread at the first level and 8 at the second).
+G4_HD int glue_mlp_group(int row_tiles) {
+  int g = 1;
+  while (g * g < row_tiles) g *= 2;
+  return g;
+}
+G4_HD int glue_mlp_groups(int row_tiles) { return static_cast<int>(ceil_div(row_tiles, glue_mlp_group(row_tiles))); }
+
+// Counters of the tree, after glue_counters(): per token tile, one per group and one for the groups.
+G4_HD int64_t glue_mlp_counters(const GluePlan& p) {
+  return static_cast<int64_t>(p.token_tiles) * (glue_mlp_groups(p.row_tiles) + 1);
+}
+
+// fp32 workspace of the tree: the tiles' partials, then the group sums, each [T, down_N].
+G4_HD int64_t glue_mlp_workspace_floats(const GluePlan& p, int64_t T, int64_t down_N) {
+  return (static_cast<int64_t>(p.row_tiles) + glue_mlp_groups(p.row_tiles)) * T * down_N;
+}
+
 }  // namespace gemma4_mtp

@@ -119,7 +119,9 @@ struct TreeVerifyParams {
 // Hugging Face's Gemma 4 rounds): h = x, or h = residual + rms_norm(x) * residual_norm_weight (then
 // h * layer_scalar when given); n = rms_norm(h) * norm_weight, or h when norm_weight is null. Then
 //   kLinear:  out [T, N] = n @ weight^T
-//   kGateUp:  out [T, N] = gelu_tanh(n @ weight^T) * (n @ up_weight^T)   (weight = gate_proj)
+//   kGateUp:  out [T, N] = gelu_tanh(n @ weight^T) * (n @ up_weight^T)   (weight = gate_proj); with
+//             down_weight, the whole MLP: out [T, down_N] = that m @ down_weight^T (m rounded to the dtype,
+//             the sum rounded once)
 //   kQRope:   out [T, N / D, D] = rope(rms_norm(n @ weight^T per head, q_norm_weight), positions)
 // residual_out / normed_out [T, H], when not null, receive h / n (normed_out: kLinear only).
 struct GlueParams {
@@ -136,6 +138,9 @@ struct GlueParams {
   int64_t weight_stride;
   const void* up_weight;  // kGateUp: [N, H]
   int64_t up_weight_stride;
+  const void* down_weight;  // kGateUp: [down_N, N] or null (out is m)
+  int64_t down_weight_stride;
+  int down_N;
   void* out;  // [T, N]; kQRope: contiguous [T, N / D, D]
   int64_t out_stride;
   void* residual_out;  // [T, H] or null
@@ -154,7 +159,8 @@ struct GlueParams {
   GluePlan plan;
   float* partials;    // fp32 [splits, T, row_tiles * 32] when plan.splits > 1
   int32_t* counters;  // glue_counters(); zero before the first launch, left zero
-  void* workspace;    // kQRope: [T, N] of the element type (q before q_norm)
+  void* workspace;    // kQRope: [T, N] of the element type (q before q_norm); kGateUp with down_weight:
+                      // fp32 [row_tiles + groups, T, down_N] (glue_mlp_workspace_floats)
 };
 
 }  // namespace gemma4_mtp

@@ -25,7 +25,8 @@
 //  4. The warps' tiles are summed in shared memory; with split k each split writes an fp32 partial and
 //     the tile's last CTA (a counter, left zero) sums them in split order (deterministic).
 //  5. Epilogue: kLinear rounds and stores; kGateUp rounds gate and up, gelu_tanh(gate) (fp32, rounded)
-//     times up (rounded); kQRope stores the rounded q_proj tile to a workspace and the last tile of each
+//     times up (rounded), and with down_weight multiplies that m by its 16 columns of down_weight and
+//     sums the tiles' fp32 partials in a fixed tree (the whole MLP in one launch: glue_logic.h); kQRope stores the rounded q_proj tile to a workspace and the last tile of each
 //     (token tile, head) to finish (a counter) applies q_norm and neox RoPE to the head (cos/sin of the
 //     fp32 angle as rms_norm_q_rope's Triton kernel computes them, rounded to the dtype).
 // fp32, and rows that 16-byte loads cannot assume (pointer or row stride not 16-byte aligned, H not a
@@ -353,6 +354,104 @@ __device__ void q_rope_tail(const GlueParams& p, float (*tile)[kGlueRows + 1], i
   if (tid == 0) *counter = 0;
 }
 
+constexpr int kMlpCols = 16;  // m columns of a gate_up tile (glue_cols_per_tile)
+
+// m of tile column c (< 16) for token row t: gate and up rounded, gelu_tanh(gate) rounded, the product
+// rounded, where Hugging Face's MLP rounds.
+template <class T>
+__device__ __forceinline__ float gated(const float (*tile)[kGlueRows + 1], int t, int c) {
+  return rnd<T>(rnd<T>(gelu_tanh(rnd<T>(tile[t][c]))) * rnd<T>(tile[t][c + kMlpCols]));
+}
+
+// The whole MLP's L2 prefetch before griddep_wait: this tile's 16 columns of down_weight (32 or 64 bytes
+// of each row), a row a thread, up to kPrefetchLines rows a thread (1024 rows: every drafter's Hd).
+template <class T>
+__device__ __forceinline__ void prefetch_down_columns(const GlueParams& p) {
+  if (p.down_weight == nullptr || blockIdx.z != 0) return;
+  const T* col = static_cast<const T*>(p.down_weight) + int64_t{blockIdx.x} * kMlpCols;
+#pragma unroll
+  for (int j = 0; j < kPrefetchLines; ++j) {
+    const int n = threadIdx.x + kThreads * j;
+    if (n < p.down_N) prefetch_l2(col + n * p.down_weight_stride);
+  }
+}
+
+template <class T>
+using DownColumns = Packed<kVec16<T>, T>[kMlpCols / kVec16<T>];
+
+// Row n of down_weight at this tile's columns [c0, c0 + cols), zeros past them and past down_N: 16-byte
+// vectors when the slice is whole and aligned, elements otherwise.
+template <class T>
+__device__ __forceinline__ void load_down_columns(const GlueParams& p, int n, int64_t c0, int cols, DownColumns<T>& w) {
+  constexpr int V = kVec16<T>;
+  const T* row = static_cast<const T*>(p.down_weight) + n * p.down_weight_stride + c0;
+  const bool vec = cols == kMlpCols && aligned16(row);
+#pragma unroll
+  for (int v = 0; v < kMlpCols / V; ++v) {
+    if (n < p.down_N && vec) {
+      load_packed<V>(row + v * V, w[v]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; ++e) w[v].e[e] = n < p.down_N && v * V + e < cols ? row[v * V + e] : from_float<T>(0.f);
+    }
+  }
+}
+
+// kGateUp with down_weight, step 5 (the tree of glue_logic.h): the tile's m [live, 16] replaces gate in
+// `tile`, times the tile's columns of down_weight, a row n per thread (their loads issued before m is
+// computed), is the tile's fp32 partial [T, down_N]; the last tile of each group to arrive sums the
+// group's partials, the last group the group sums, in a fixed order, rounded once into out.
+template <class T>
+__device__ void mlp_tail(const GlueParams& p, float (*tile)[kGlueRows + 1], int t0, int live, int* flag) {
+  constexpr int V = kVec16<T>;
+  const int tid = threadIdx.x, tile_n = blockIdx.x;
+  const int64_t c0 = int64_t{tile_n} * kMlpCols;
+  const int cols = static_cast<int>(min64(kMlpCols, p.N - c0));
+  const int Nd = p.down_N;
+  const int64_t TN = int64_t{p.T} * Nd;
+  float* ws = static_cast<float*>(p.workspace);
+  DownColumns<T> w;
+  load_down_columns<T>(p, tid, c0, cols, w);
+  for (int e = tid; e < live * kMlpCols; e += kThreads) {
+    const int t = e / kMlpCols, c = e % kMlpCols;
+    tile[t][c] = c < cols ? gated<T>(tile, t, c) : 0.f;
+  }
+  __syncthreads();
+  for (int n0 = 0; n0 < Nd; n0 += kThreads) {
+    const int n = n0 + tid;
+    if (n0 > 0) load_down_columns<T>(p, n, c0, cols, w);
+    for (int t = 0; t < live && n < Nd; ++t) {
+      float acc = 0.f;
+#pragma unroll
+      for (int c = 0; c < kMlpCols; ++c) acc = fmaf(tile[t][c], to_float(w[c / V].e[c % V]), acc);
+      ws[(tile_n * TN + int64_t{t0 + t} * Nd) + n] = acc;
+    }
+  }
+  const int G = glue_mlp_group(p.plan.row_tiles), groups = glue_mlp_groups(p.plan.row_tiles);
+  const int g = tile_n / G;
+  int32_t* counter = p.counters + glue_split_counters(p.plan) + int64_t{blockIdx.y} * (groups + 1);
+  if (!last_to_arrive(counter + g, min(G, p.plan.row_tiles - g * G), flag)) return;
+  const int64_t i0 = int64_t{t0} * Nd;  // the token tile's rows of a flat [T, down_N]
+  float* group_sums = ws + int64_t{p.plan.row_tiles} * TN;
+  for (int e = tid; e < live * Nd; e += kThreads) {
+    const float* part = ws + int64_t{g} * G * TN + i0 + e;
+    float s = 0.f;
+#pragma unroll 16
+    for (int j = 0; j < min(G, p.plan.row_tiles - g * G); ++j) s += __ldcg(part + j * TN);
+    group_sums[g * TN + i0 + e] = s;
+  }
+  if (tid == 0) counter[g] = 0;
+  if (!last_to_arrive(counter + groups, groups, flag)) return;
+  T* out = static_cast<T*>(p.out);
+  for (int e = tid; e < live * Nd; e += kThreads) {
+    float s = 0.f;
+#pragma unroll 8
+    for (int j = 0; j < groups; ++j) s += __ldcg(group_sums + j * TN + i0 + e);
+    out[(t0 + e / Nd) * p.out_stride + e % Nd] = from_float<T>(s);
+  }
+  if (tid == 0) counter[groups] = 0;
+}
+
 // Steps 4-5: `tile` [kTok][33] holds the CTA's sum over its k range.
 template <class T, GlueKind KIND, int kTok>
 __device__ void finish(const GlueParams& p, float (*tile)[kGlueRows + 1], int t0, int live, int* flag) {
@@ -384,12 +483,14 @@ __device__ void finish(const GlueParams& p, float (*tile)[kGlueRows + 1], int t0
       if (col < p.N) out[(t0 + t) * p.out_stride + col] = from_float<T>(tile[t][r]);
     }
   } else if constexpr (KIND == GlueKind::kGateUp) {
-    for (int e = tid; e < live * 16; e += kThreads) {
-      const int t = e / 16, c = e % 16;
+    if (p.down_weight != nullptr) {
+      mlp_tail<T>(p, tile, t0, live, flag);
+      return;
+    }
+    for (int e = tid; e < live * kMlpCols; e += kThreads) {
+      const int t = e / kMlpCols, c = e % kMlpCols;
       const int64_t col = glue_weight_row(KIND, tile_n, c);
-      if (col >= p.N) continue;
-      const float gate = rnd<T>(gelu_tanh(rnd<T>(tile[t][c])));
-      out[(t0 + t) * p.out_stride + col] = from_float<T>(gate * rnd<T>(tile[t][c + 16]));
+      if (col < p.N) out[(t0 + t) * p.out_stride + col] = from_float<T>(gated<T>(tile, t, c));
     }
   } else {
     switch (p.D) {
@@ -430,6 +531,7 @@ __global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) mma_kernel(GluePara
   const int k_lo = s_lo * kMmaStepK, k_hi = s_end * kMmaStepK;
 
   prefetch_weight_rows(weight_row<T, KIND>(p, threadIdx.x & 31), k_lo, min(k_hi, p.H));  // step 1
+  if constexpr (KIND == GlueKind::kGateUp) prefetch_down_columns<T>(p);
   griddep_wait();  // x, the residual and the norm weights may be the previous kernel's output
   griddep_launch_dependents();
 
@@ -501,6 +603,7 @@ __global__ void __launch_bounds__(kThreads, 1) scalar_kernel(GlueParams p) {
   const int k_lo = s_lo * kMmaStepK, k_hi = min(s_end * kMmaStepK, p.H);
 
   prefetch_weight_rows(weight_row<T, KIND>(p, threadIdx.x & 31), k_lo, k_hi);
+  if constexpr (KIND == GlueKind::kGateUp) prefetch_down_columns<T>(p);
   griddep_wait();
   griddep_launch_dependents();
 
@@ -591,7 +694,9 @@ inline bool params_ok(const GlueParams& p, GlueKind kind) {
       p.x == nullptr || p.weight == nullptr || p.out == nullptr ||
       (p.residual != nullptr && p.residual_norm_weight == nullptr))
     return false;
-  if (kind == GlueKind::kGateUp) return p.up_weight != nullptr;
+  if (kind == GlueKind::kGateUp)
+    return p.up_weight != nullptr &&
+           (p.down_weight == nullptr || (p.down_N >= 1 && p.workspace != nullptr && p.counters != nullptr));
   if (kind == GlueKind::kQRope)
     return (p.D == 64 || p.D == 128 || p.D == 256 || p.D == 512) && p.N % p.D == 0 && p.per_pos >= 1 &&
            p.workspace != nullptr && p.counters != nullptr && p.q_norm_weight != nullptr && p.positions != nullptr &&
@@ -609,14 +714,17 @@ cudaError_t run(const GlueParams& p, cudaStream_t stream) {
 }  // namespace glue
 
 // Fills p.plan for a device with num_sms SMs and returns the buffers a launch needs: the bytes of fp32
-// partials (p.partials), of the workspace (p.workspace, kQRope) and, in *counters, the int32 counters
+// partials (p.partials), of the workspace (p.workspace: kQRope, kGateUp with down_weight) and, in *counters, the int32 counters
 // (p.counters: zero before the first launch, left zero by every launch).
 template <class T>
 int64_t glue_prepare(GlueParams& p, int num_sms, int64_t* workspace_bytes, int64_t* counters) {
   p.plan = plan_glue(p.kind, p.T, p.H, p.N, num_sms, glue::uses_mma<T>(p));
   const int64_t heads = p.kind == GlueKind::kQRope && p.D > 0 ? p.N / p.D : 0;
-  *counters = glue_counters(p.kind, p.plan, heads);
-  *workspace_bytes = p.kind == GlueKind::kQRope ? static_cast<int64_t>(p.T) * p.N * static_cast<int64_t>(sizeof(T)) : 0;
+  const bool mlp = p.kind == GlueKind::kGateUp && p.down_weight != nullptr;
+  *counters = glue_counters(p.kind, p.plan, heads) + (mlp ? glue_mlp_counters(p.plan) : 0);
+  *workspace_bytes = p.kind == GlueKind::kQRope ? static_cast<int64_t>(p.T) * p.N * static_cast<int64_t>(sizeof(T))
+                     : mlp                      ? 4 * glue_mlp_workspace_floats(p.plan, p.T, p.down_N)
+                                                : 0;
   return p.plan.splits > 1 ? int64_t{4} * p.plan.splits * p.T * p.plan.row_tiles * kGlueRows : 0;
 }
 

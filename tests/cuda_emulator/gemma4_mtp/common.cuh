@@ -144,6 +144,7 @@ inline float warp_transpose_sum(float (&v)[32], int lane) {
   return v[0];
 }
 
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 inline bool host_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 inline unsigned char* dynamic_smem() { return emu::block()->smem; }
