@@ -124,6 +124,22 @@ def test_rms_norm_gate_up_one_launch_mlp_repeated_calls_and_graph_replays():
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("bad", ["columns", "dtype", "out"])
+def test_rms_norm_gate_up_raw_op_refuses_a_bad_down_weight_naming_it(bad):
+    """The C++ checks alone (torch.ops, no Python wrapper in front): a down_weight whose columns are not I,
+    of another dtype, or an out of gate_up's shape instead of [T, N] is refused with the tensor's name,
+    before any launch."""
+    x = torch.randn(1, 256, device=DEV).to(torch.bfloat16)
+    wg = torch.randn(2048, 256, device=DEV).to(torch.bfloat16)
+    wd = torch.randn(256, 2047 if bad == "columns" else 2048, device=DEV)
+    wd = wd if bad == "dtype" else wd.to(torch.bfloat16)
+    out = torch.empty(1, 2048 if bad == "out" else 256, dtype=torch.bfloat16, device=DEV)
+    error = TypeError if bad == "dtype" else ValueError
+    with pytest.raises(error, match="out" if bad == "out" else "down_weight"):
+        torch.ops.gemma4_mtp.rms_norm_gate_up(x, wg, wg, wd, None, 1e-6, None, None, None, out, None)
+    torch.cuda.synchronize()
+
+
 class _Serialized:
     """torch.ops.gemma4_mtp with the device drained after every op: no kernel can start before the
     previous one has finished, whatever programmatic dependent launch allows."""

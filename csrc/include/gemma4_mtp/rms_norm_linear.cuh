@@ -26,9 +26,10 @@
 //     the tile's last CTA (a counter, left zero) sums them in split order (deterministic).
 //  5. Epilogue: kLinear rounds and stores; kGateUp rounds gate and up, gelu_tanh(gate) (fp32, rounded)
 //     times up (rounded), and with down_weight multiplies that m by its 16 columns of down_weight and
-//     sums the tiles' fp32 partials in a fixed tree (the whole MLP in one launch: glue_logic.h); kQRope stores the rounded q_proj tile to a workspace and the last tile of each
-//     (token tile, head) to finish (a counter) applies q_norm and neox RoPE to the head (cos/sin of the
-//     fp32 angle as rms_norm_q_rope's Triton kernel computes them, rounded to the dtype).
+//     sums the tiles' fp32 partials in a fixed tree (the whole MLP in one launch: glue_logic.h); kQRope
+//     stores the rounded q_proj tile to a workspace and the last tile of each (token tile, head) to
+//     finish (a counter) applies q_norm and neox RoPE to the head (cos/sin of the fp32 angle as
+//     rms_norm_q_rope's Triton kernel computes them, rounded to the dtype).
 // fp32, and rows that 16-byte loads cannot assume (pointer or row stride not 16-byte aligned, H not a
 // multiple of 8): the CUDA-core kernel below, with the same tiles, plan and epilogues.
 //
@@ -428,16 +429,16 @@ __device__ void mlp_tail(const GlueParams& p, float (*tile)[kGlueRows + 1], int 
     }
   }
   const int G = glue_mlp_group(p.plan.row_tiles), groups = glue_mlp_groups(p.plan.row_tiles);
-  const int g = tile_n / G;
+  const int g = tile_n / G, members = min(G, p.plan.row_tiles - g * G);
   int32_t* counter = p.counters + glue_split_counters(p.plan) + int64_t{blockIdx.y} * (groups + 1);
-  if (!last_to_arrive(counter + g, min(G, p.plan.row_tiles - g * G), flag)) return;
+  if (!last_to_arrive(counter + g, members, flag)) return;
   const int64_t i0 = int64_t{t0} * Nd;  // the token tile's rows of a flat [T, down_N]
   float* group_sums = ws + int64_t{p.plan.row_tiles} * TN;
   for (int e = tid; e < live * Nd; e += kThreads) {
     const float* part = ws + int64_t{g} * G * TN + i0 + e;
     float s = 0.f;
 #pragma unroll 16
-    for (int j = 0; j < min(G, p.plan.row_tiles - g * G); ++j) s += __ldcg(part + j * TN);
+    for (int j = 0; j < members; ++j) s += __ldcg(part + j * TN);
     group_sums[g * TN + i0 + e] = s;
   }
   if (tid == 0) counter[g] = 0;
@@ -714,8 +715,8 @@ cudaError_t run(const GlueParams& p, cudaStream_t stream) {
 }  // namespace glue
 
 // Fills p.plan for a device with num_sms SMs and returns the buffers a launch needs: the bytes of fp32
-// partials (p.partials), of the workspace (p.workspace: kQRope, kGateUp with down_weight) and, in *counters, the int32 counters
-// (p.counters: zero before the first launch, left zero by every launch).
+// partials (p.partials), of the workspace (p.workspace: kQRope, kGateUp with down_weight) and, in
+// *counters, the int32 counters (p.counters: zero before the first launch, left zero by every launch).
 template <class T>
 int64_t glue_prepare(GlueParams& p, int num_sms, int64_t* workspace_bytes, int64_t* counters) {
   p.plan = plan_glue(p.kind, p.T, p.H, p.N, num_sms, glue::uses_mma<T>(p));
