@@ -126,7 +126,9 @@ def test_opcheck_meta_glue():
     out = torch.empty(T, w.shape[0], dtype=x.dtype, device="meta")
     opcheck_meta(ops().rms_norm_linear, (x, w, *pro, out, rows(), rows()))
     opcheck_meta(ops().rms_norm_linear, (x, w, None, 1e-6, None, None, None, out, None, None))
-    opcheck_meta(ops().rms_norm_gate_up, (x, w, w, *pro, out, rows()))
+    opcheck_meta(ops().rms_norm_gate_up, (x, w, w, None, *pro, out, rows()))
+    down = torch.empty(H, w.shape[0], dtype=x.dtype, device="meta")  # the whole MLP: out [T, H]
+    opcheck_meta(ops().rms_norm_gate_up, (x, w, w, down, *pro, rows(), rows()))
     qx, qw, qn, pos, freq = q_rope_args("meta")
     opcheck_meta(ops().rms_norm_q_rope, (qx, qw, qn, pos, freq, None, 1e-6, None, None, None,
                                          torch.empty(4, 2, 64, dtype=qx.dtype, device="meta"), None))

@@ -4,8 +4,9 @@ for bf16 / fp16 with 16-byte rows, CUDA cores for fp32 and other layouts), split
 tiles, every prologue, head dims 64-512, the real drafters' shapes, repeated calls and CUDA-graph
 replays (the cached counters must be left zero), and a whole drafter step on the cuda backend with
 programmatic dependent launch against the same step with every launch finished before the next.
-Never run on a GPU yet: the kernels are unverified and `auto` does not use them. Their logic runs on
-the CPU in test_fused_glue_emulated.py; their registration in test_cuda_opcheck.py.
+First run on the H200 on 2026-12-04 (all passed); kernels rewritten since are listed in
+benchmarks/make_verified.py's REWRITTEN until a run verifies them. Their logic runs on the CPU in
+test_fused_glue_emulated.py; their registration in test_cuda_opcheck.py.
 
 Every test's name holds the op it covers (benchmarks/gpu_suite.py counts a test for the op it names)."""
 from unittest import mock
