@@ -247,9 +247,11 @@ def test_mlp_e2b_layer(binary, tmp_path):
 
 def test_mlp_down_rows_in_passes_and_unaligned_columns(binary, tmp_path):
     """300 rows of down_weight (two passes of 256 threads) of 36 columns (72-byte rows: every other row's
-    16 columns start off a 16-byte boundary, and the last tile has 4), at 5 tokens."""
+    16 columns start off a 16-byte boundary, and the last tile has 4), at 5 tokens; 30 rows: the tree's
+    sums one float at a time (rows of the partials not 16-byte aligned), where multiples of 4 take float4."""
     mlp(binary, tmp_path, 5, 64, 36, 300, torch.bfloat16, "layer")
     mlp(binary, tmp_path, 5, 64, 36, 300, torch.float32, "layer")
+    mlp(binary, tmp_path, 5, 64, 36, 30, torch.bfloat16, "layer")
 
 
 @pytest.mark.parametrize("T", [40, 70])  # 4 m16 tiles, then two token tiles (a tree each)

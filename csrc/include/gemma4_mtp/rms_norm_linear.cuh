@@ -398,6 +398,57 @@ __device__ __forceinline__ void load_down_columns(const GlueParams& p, int n, in
   }
 }
 
+// W consecutive fp32 partials written by other CTAs of this launch (L2, not L1): a float4 or one float.
+template <int W>
+__device__ __forceinline__ void load_partials(const float* p, float (&v)[W]) {
+  if constexpr (W == 4) {
+    const float4 q = __ldcg(reinterpret_cast<const float4*>(p));
+    v[0] = q.x;
+    v[1] = q.y;
+    v[2] = q.z;
+    v[3] = q.w;
+  } else {
+    v[0] = __ldcg(p);
+  }
+}
+
+// One level of the MLP's tree: store(e, sum_{j < count} src[j * stride + e]) for the flat elements e < n,
+// summed in j order, W consecutive elements a thread (W = 4: float4 loads), the summands kChunk at a time,
+// each chunk's loads issued together (predicated, not a remainder loop, which issued a group of 8 one
+// load after another). 32 values in flight a thread: more spilled the one-m16-tile kernel (128 registers).
+template <int W, class Store>
+__device__ __forceinline__ void sum_level_w(const float* src, int64_t stride, int count, int n, Store store) {
+  constexpr int kChunk = W == 4 ? 8 : 16;
+  for (int e = threadIdx.x * W; e < n; e += kThreads * W) {
+    float s[W] = {};
+    for (int j0 = 0; j0 < count; j0 += kChunk) {
+      float v[kChunk][W];
+#pragma unroll
+      for (int u = 0; u < kChunk; ++u)
+        if (j0 + u < count) load_partials<W>(src + (j0 + u) * stride + e, v[u]);
+#pragma unroll
+      for (int u = 0; u < kChunk; ++u)
+#pragma unroll
+        for (int w = 0; w < W; ++w)
+          if (j0 + u < count) s[w] += v[u][w];
+    }
+#pragma unroll
+    for (int w = 0; w < W; ++w) store(e + w, s[w]);
+  }
+}
+
+// A float a thread while the elements fit the threads (E2B at T = 1: a group of 16 in one wave), else
+// float4 where the rows allow (down_N % 4 == 0, the workspace 16-byte aligned: `vec`): E2B at T = 4 sums
+// a group in two waves of 8 and the groups in one, where a float at a time took four waves of each.
+template <class Store>
+__device__ __forceinline__ void sum_level(bool vec, const float* src, int64_t stride, int count, int n, Store store) {
+  if (vec && n > kThreads) {
+    sum_level_w<4>(src, stride, count, n, store);
+  } else {
+    sum_level_w<1>(src, stride, count, n, store);
+  }
+}
+
 // kGateUp with down_weight, step 5 (the tree of glue_logic.h): the tile's m [live, 16] replaces gate in
 // `tile`, times the tile's columns of down_weight, a row n per thread (their loads issued before m is
 // computed), is the tile's fp32 partial [T, down_N]; the last tile of each group to arrive sums the
@@ -433,23 +484,16 @@ __device__ void mlp_tail(const GlueParams& p, float (*tile)[kGlueRows + 1], int 
   int32_t* counter = p.counters + glue_split_counters(p.plan) + int64_t{blockIdx.y} * (groups + 1);
   if (!last_to_arrive(counter + g, members, flag)) return;
   const int64_t i0 = int64_t{t0} * Nd;  // the token tile's rows of a flat [T, down_N]
+  const int n = live * Nd;
   float* group_sums = ws + int64_t{p.plan.row_tiles} * TN;
-  for (int e = tid; e < live * Nd; e += kThreads) {
-    const float* part = ws + int64_t{g} * G * TN + i0 + e;
-    float s = 0.f;
-#pragma unroll 16
-    for (int j = 0; j < members; ++j) s += __ldcg(part + j * TN);
-    group_sums[g * TN + i0 + e] = s;
-  }
+  const bool vec = Nd % 4 == 0 && aligned16(ws);
+  sum_level(vec, ws + int64_t{g} * G * TN + i0, TN, members, n,
+            [&](int e, float s) { group_sums[g * TN + i0 + e] = s; });
   if (tid == 0) counter[g] = 0;
   if (!last_to_arrive(counter + groups, groups, flag)) return;
   T* out = static_cast<T*>(p.out);
-  for (int e = tid; e < live * Nd; e += kThreads) {
-    float s = 0.f;
-#pragma unroll 8
-    for (int j = 0; j < groups; ++j) s += __ldcg(group_sums + j * TN + i0 + e);
-    out[(t0 + e / Nd) * p.out_stride + e % Nd] = from_float<T>(s);
-  }
+  sum_level(vec, group_sums + i0, TN, groups, n,
+            [&](int e, float s) { out[(t0 + e / Nd) * p.out_stride + e % Nd] = from_float<T>(s); });
   if (tid == 0) counter[groups] = 0;
 }
 
