@@ -14,7 +14,7 @@ import math
 import torch
 
 import gemma4_mtp_kernels as g
-from helpers import poisoned
+from helpers import DRAFTERS, poisoned
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 EPS = 1e-6
@@ -179,3 +179,26 @@ def check_glue(op, backend, device, T, H, N, dtype, kind, *, gen, D=None, per_po
             assert_matches(extra[name], exact_t, ref_extra[name], dtype, f"{what} {name}", max_mismatch=mismatch)
     return got
 
+
+def check_mlp_replays(backend: str) -> None:
+    """The one-launch MLP on the GPU (E2B's shape, one token): its tree counters are cached, never memset,
+    so each launch must leave them zero, or the next call or CUDA-graph replay would sum the wrong
+    partials; repeated calls and replays must give the first call's output exactly."""
+    d = DRAFTERS["E2B"]
+    x, kw = make_prologue(1, d["Hd"], torch.bfloat16, "layer", torch.Generator().manual_seed(5))
+    x, kw = x.cuda(), {k: v.cuda() for k, v in kw.items()}
+    wg, wu = (weight(d["inter"], d["Hd"], torch.bfloat16, torch.Generator().manual_seed(s)).cuda() for s in (6, 7))
+    wd = weight(d["Hd"], d["inter"], torch.bfloat16, torch.Generator().manual_seed(8)).cuda()
+
+    def call():
+        return g.rms_norm_gate_up(x, wg, wu, down_weight=wd, backend=backend, **kw)
+    want = call()
+    for _ in range(3):
+        assert torch.equal(call(), want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = call()
+    for _ in range(3):
+        got.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(got, want)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import gemma4_mtp_kernels as g
-from cases_fused_glue import DTYPES, PROLOGUES, check_glue, make_prologue, weight
+from cases_fused_glue import DTYPES, PROLOGUES, check_glue, check_mlp_replays, make_prologue, weight
 from gemma4_mtp_kernels import cuda as cuda_backend
 from helpers import DRAFTERS
 
@@ -106,23 +106,7 @@ def test_repeated_calls_and_graph_replays(op):
 
 
 def test_rms_norm_gate_up_one_launch_mlp_repeated_calls_and_graph_replays():
-    """The one-launch MLP's tree counters are cached, never memset: each launch must leave them zero, or the
-    next call or replay would sum the wrong partials (E2B's shape, one token: 128 tiles in 8 groups)."""
-    d = DRAFTERS["E2B"]
-    x, kw = make_prologue(1, d["Hd"], torch.bfloat16, "layer", GEN().manual_seed(5))
-    x, kw = x.to(DEV), {k: v.to(DEV) for k, v in kw.items()}
-    wg, wu = (weight(d["inter"], d["Hd"], torch.bfloat16, GEN().manual_seed(s)).to(DEV) for s in (6, 7))
-    wd = weight(d["Hd"], d["inter"], torch.bfloat16, GEN().manual_seed(8)).to(DEV)
-    want = g.rms_norm_gate_up(x, wg, wu, down_weight=wd, backend="cuda", **kw)
-    for _ in range(3):
-        assert torch.equal(g.rms_norm_gate_up(x, wg, wu, down_weight=wd, backend="cuda", **kw), want)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        got = g.rms_norm_gate_up(x, wg, wu, down_weight=wd, backend="cuda", **kw)
-    for _ in range(3):
-        got.fill_(float("nan"))
-        graph.replay()
-        assert torch.equal(got, want)
+    check_mlp_replays("cuda")  # E2B at T = 1: 128 tiles in 8 groups
 
 
 @pytest.mark.parametrize("bad", ["columns", "dtype", "out"])

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import gemma4_mtp_kernels as g
-from cases_fused_glue import DTYPES, PROLOGUES, check_glue, make_prologue, weight
+from cases_fused_glue import DTYPES, PROLOGUES, check_glue, check_mlp_replays, make_prologue, weight
 from gemma4_mtp_kernels.triton.rms_norm_linear import ROW_K_MAX, launch_config, row_tile
 from gemma4_mtp_kernels.triton.rms_norm_q_rope import launch_config as launch_config_q_rope
 from gemma4_mtp_kernels.triton._common import num_sms
@@ -252,24 +252,9 @@ def test_real_shapes_on_gpu(name, T):
 
 @pytest.mark.gpu
 def test_rms_norm_gate_up_one_launch_mlp_replays_in_a_cuda_graph():
-    """The one-launch MLP's two-level counters are cached, never memset: each launch must leave them zero,
-    or the next call or replay would sum the wrong partials (E2B's shape, one token)."""
     d = DRAFTERS["E2B"]
-    x, kw = make_prologue(1, d["Hd"], torch.bfloat16, "layer", GEN().manual_seed(5))
-    x, kw = x.cuda(), {k: v.cuda() for k, v in kw.items()}
-    wg, wu = (weight(d["inter"], d["Hd"], torch.bfloat16, GEN().manual_seed(s)).cuda() for s in (6, 7))
-    wd = weight(d["Hd"], d["inter"], torch.bfloat16, GEN().manual_seed(8)).cuda()
     assert gate_up_module.one_launch(1, d["Hd"], d["inter"], d["Hd"], 2)
-    want = g.rms_norm_gate_up(x, wg, wu, down_weight=wd, backend="triton", **kw)
-    for _ in range(3):
-        assert torch.equal(g.rms_norm_gate_up(x, wg, wu, down_weight=wd, backend="triton", **kw), want)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        got = g.rms_norm_gate_up(x, wg, wu, down_weight=wd, backend="triton", **kw)
-    for _ in range(3):
-        got.fill_(float("nan"))
-        graph.replay()
-        assert torch.equal(got, want)
+    check_mlp_replays("triton")
 
 
 @pytest.mark.gpu
