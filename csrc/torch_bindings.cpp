@@ -627,9 +627,9 @@ void rms_norm_linear(const at::Tensor& x, const at::Tensor& weight, const OptTen
 // With down_weight [N, I], the whole MLP into out [T, N]: one launch where glue_mlp_one_launch() says
 // (the kernel's tree over the tiles' down partials), otherwise gate_up into m, then rms_norm_linear.
 void rms_norm_gate_up(const at::Tensor& x, const at::Tensor& gate_weight, const at::Tensor& up_weight,
-                      const OptTensor& down_weight, const OptTensor& norm_weight, double eps, const OptTensor& residual,
-                      const OptTensor& residual_norm_weight, const OptTensor& layer_scalar, at::Tensor& out,
-                      const OptTensor& residual_out) {
+                      const OptTensor& down_weight, const OptTensor& norm_weight, double eps,
+                      const OptTensor& residual, const OptTensor& residual_norm_weight, const OptTensor& layer_scalar,
+                      at::Tensor& out, const OptTensor& residual_out) {
   gemma4_mtp::GlueParams p{};
   const DType dt = glue_prologue(p, gemma4_mtp::GlueKind::kGateUp, x, norm_weight, eps, residual,
                                  residual_norm_weight, layer_scalar, residual_out, std::nullopt);
@@ -954,9 +954,9 @@ TORCH_LIBRARY(gemma4_mtp, m) {
   m.def("rms_norm_linear(Tensor x, Tensor weight, Tensor? norm_weight, float eps, Tensor? residual, "
         "Tensor? residual_norm_weight, Tensor? layer_scalar, Tensor(a!) out, Tensor(b!)? residual_out, "
         "Tensor(c!)? normed_out) -> ()");
-  m.def("rms_norm_gate_up(Tensor x, Tensor gate_weight, Tensor up_weight, Tensor? down_weight, Tensor? norm_weight, "
-        "float eps, Tensor? residual, Tensor? residual_norm_weight, Tensor? layer_scalar, Tensor(a!) out, "
-        "Tensor(b!)? residual_out) -> ()");
+  m.def("rms_norm_gate_up(Tensor x, Tensor gate_weight, Tensor up_weight, Tensor? down_weight, "
+        "Tensor? norm_weight, float eps, Tensor? residual, Tensor? residual_norm_weight, Tensor? layer_scalar, "
+        "Tensor(a!) out, Tensor(b!)? residual_out) -> ()");
   m.def("rms_norm_q_rope(Tensor x, Tensor weight, Tensor q_norm_weight, Tensor positions, Tensor inv_freq, "
         "Tensor? norm_weight, float eps, Tensor? residual, Tensor? residual_norm_weight, Tensor? layer_scalar, "
         "Tensor(a!) out, Tensor(b!)? residual_out) -> ()");
