@@ -54,22 +54,6 @@ __device__ __forceinline__ void load_float(const T* __restrict__ p, float* out) 
 }
 
 template <int N, class T>
-__device__ __forceinline__ void load_float_cg(const T* __restrict__ p, float* out) {
-  // L2-only load, for data another CTA of this launch wrote (L1 is not coherent across SMs).
-  if constexpr (N == 1) {
-    out[0] = to_float(*p);
-  } else {
-    union {
-      uint4 raw;
-      T e[N];
-    } v;
-    v.raw = __ldcg(reinterpret_cast<const uint4*>(p));
-#pragma unroll
-    for (int i = 0; i < N; ++i) out[i] = to_float(v.e[i]);
-  }
-}
-
-template <int N, class T>
 __device__ __forceinline__ void load_packed(const T* __restrict__ p, Packed<N, T>& out) {
   if constexpr (N == 1) {
     out.e[0] = *p;
