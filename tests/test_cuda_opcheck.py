@@ -1,6 +1,8 @@
 """The compiled ops' registration, without a GPU: schemas, fake implementations (FakeTensorMode,
 meta tensors, torch.library.opcheck's schema and fake-tensor checks) and torch.compile tracing of
 the cuda backend. The full opcheck on real CUDA tensors is in tests/test_*_cuda.py (marked gpu)."""
+import inspect
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -29,6 +31,16 @@ OPS = {
 
 def ops():
     return cuda_backend._ops()
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_fake_takes_the_schema_arguments_in_order(name):
+    """Each fake's parameters are its schema's arguments, in order: opcheck on meta tensors does not check
+    the positions (it passed rms_norm_gate_up's old positions after the schema gained down_weight)."""
+    schema = getattr(ops(), name).default._schema
+    from gemma4_mtp_kernels.cuda import _fake  # registers on import: after ops() has loaded the extension
+    fake = getattr(_fake, f"_{name}")
+    assert list(inspect.signature(fake).parameters) == [a.name for a in schema.arguments]
 
 
 @pytest.mark.parametrize("name", list(OPS))
