@@ -533,11 +533,16 @@ void check_rows(const OptTensor& t, const char* name, const at::Tensor& x) {
   check_inner(*t, name);
 }
 
-void check_weight(const at::Tensor& w, const char* name, int64_t rows, const at::Tensor& x) {
+// A weight [rows (< 0: any), cols] of x's dtype and device, rows in 32 bits: cols is x's H unless given
+// (`cols_name` says what it is in the message).
+void check_weight(const at::Tensor& w, const char* name, int64_t rows, const at::Tensor& x, int64_t cols = -1,
+                  const char* cols_name = "H") {
+  if (cols < 0) cols = x.size(1);
   check_tensor(w, name, 2, x.device());
   check_dtype(w, name, x.scalar_type());
-  G4_CHECK(w.size(1) == x.size(1) && (rows < 0 || w.size(0) == rows), "gemma4_mtp: ", name, " must have ",
-           rows < 0 ? "" : std::to_string(rows) + " rows and ", "H = ", x.size(1), " columns, got shape ", w.sizes());
+  G4_CHECK(w.size(1) == cols && (rows < 0 || w.size(0) == rows), "gemma4_mtp: ", name, " must have ",
+           rows < 0 ? "" : std::to_string(rows) + " rows and ", cols_name, " = ", cols, " columns, got shape ",
+           w.sizes());
   check_inner(w, name);
   G4_CHECK(w.size(0) <= INT32_MAX, "gemma4_mtp: ", name, " rows must fit 32-bit indices, got ", w.sizes());
 }
@@ -639,13 +644,7 @@ void rms_norm_gate_up(const at::Tensor& x, const at::Tensor& gate_weight, const 
   at::Tensor m = out;
   bool one_launch = false;
   if (down_weight) {
-    check_tensor(*down_weight, "down_weight", 2, x.device());
-    check_dtype(*down_weight, "down_weight", x.scalar_type());
-    G4_CHECK(down_weight->size(1) == I, "gemma4_mtp: down_weight must have I = gate_weight.shape[0] = ", I,
-             " columns, got shape ", down_weight->sizes());
-    check_inner(*down_weight, "down_weight");
-    G4_CHECK(down_weight->size(0) <= INT32_MAX, "gemma4_mtp: down_weight rows must fit 32-bit indices, got ",
-             down_weight->sizes());
+    check_weight(*down_weight, "down_weight", -1, x, I, "I = gate_weight.shape[0]");
     check_dense(out, "out", {T, down_weight->size(0)}, x.device(), x.scalar_type());
     if (I == 0) {  // an empty sum
       out.zero_();
