@@ -9,12 +9,13 @@
 # Every stage is time-boxed so that one hang cannot eat the device budget (a device command may run
 # 10 minutes, 600 s; with every box spent, kill grace included, the script ends by ~580 s): build 60 s,
 # GPU suite 200 s (eight files at a time, each at most 120 s; 160 s measured at four on 2026-12-04), main
-# command 110 s, the benchmarks what is left before 360 s (benchmarks/checklist.py's cases first: the open
-# predictions; skipped under 30 s; + 20 s grace), the launch-configuration sweep what is left before 440 s
-# (at most 70 s, skipped under 30 s), step profile 40 s, decode profile 40 s, memcheck what is left before
-# 560 s (at most 60 s, skipped under 20 s), the summary table, the plot 20 s if it can start by 560 s. On
+# command 110 s, the benchmarks what is left before 350 s (benchmarks/checklist.py's cases first: the open
+# predictions; skipped under 30 s; + 20 s grace), the launch-configuration sweep what is left before 425 s
+# (at most 70 s, skipped under 30 s), step profile 40 s, decode profile 40 s, the hardware counters of a
+# step's kernels (ncu) what is left before 535 s (at most 60 s, skipped under 25 s), memcheck what is left
+# before 560 s (at most 60 s, skipped under 20 s), the summary table, the plot 20 s if it can start by 560 s. On
 # 2026-12-04 the benchmarks got 94 s, which timed two drafter steps and none of the rounds; with the suite
-# eight files at a time they should get ~130-150 s and the sweep its 70. The stage-boundary benchmark
+# eight files at a time they should get ~120-140 s and the sweep its 70. The stage-boundary benchmark
 # (measured on 2026-12-04, its conclusion drawn: benchmarks/README.md, "Stage boundaries") and the Hugging
 # Face assisted-generation benchmark run by hand (python -m benchmarks.bench_stage_boundary,
 # python -m benchmarks.bench_hf_assisted), and the whole sweep (~150 s) in a second device call:
@@ -162,14 +163,14 @@ for backend in auto triton cuda; do
     done
 done
 
-# The benchmarks get what the stages above left before 360 s (none under 30 s); 16 processes first run every
+# The benchmarks get what the stages above left before 350 s (none under 30 s); 16 processes first run every
 # baseline of every case once, a baseline a task (at most 40% of that: compiles land in the on-disk caches;
 # run_all.precompile), the checklist's cases first. The vLLM anchor runs when
 # GEMMA4_MTP_VLLM_UNIFIED_ATTENTION names a copy of its kernel (benchmarks/vllm_anchor.py). run_all times
 # benchmarks/checklist.py's cases first, then stops starting new cases after its budget (its share per op:
 # half for the drafter step and rounds, run_all.WEIGHTS) and records the rest as "not run"; the JSON is
 # rewritten after every case, so even a kill leaves the finished cases.
-budget=$(( 360 - SECONDS ))
+budget=$(( 350 - SECONDS ))
 rc=0
 if [ $budget -ge 30 ]; then
     stage benchmarks $(( budget + 20 )) "$OUT/benchmarks.log" "$PY" -m benchmarks.run_all --out "$OUT/results.json" \
@@ -183,11 +184,11 @@ fi
 # fail: run_all then exits 3 naming the baseline in results.json, and the rest runs in a fresh process
 # without the baselines starting with that name (cuda also drops cuda_eager), while time is left.
 skip=""
-while [ $rc -eq 3 ] && [ $(( 360 - SECONDS )) -ge 30 ]; do
+while [ $rc -eq 3 ] && [ $(( 350 - SECONDS )) -ge 30 ]; do
     lost=$("$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))['context_lost']['baseline'])" \
         "$OUT/results.json")
     skip="${skip:+$skip,}$lost"
-    budget=$(( 360 - SECONDS ))
+    budget=$(( 350 - SECONDS ))
     say "benchmarks: the CUDA context was lost in baseline $lost; resuming without baselines starting with $skip"
     stage benchmarks-resume $(( budget + 20 )) "$OUT/benchmarks_resume.log" "$PY" -m benchmarks.run_all \
         --out "$OUT/results.json" --resume --skip-baselines "$skip" --time-budget $budget
@@ -197,9 +198,9 @@ done
 # The launch-configuration sweep (benchmarks/tune_launch_configs.py): the glue's, the pre-projection's and the
 # attention's heuristics against variants (deeper K blocks and pipelines, tiles, splits), the 31B B = 1 glue
 # first, whose GEMVs streamed 1.3-1.6 TB/s of 4.2 on 2026-12-04 (~190 us of the 31B step above its byte floor).
-# What is left before 440 s, at most 70 (skipped under 30): its 16 processes compile the variants first (40%),
+# What is left before 425 s, at most 70 (skipped under 30): its 16 processes compile the variants first (40%),
 # then ~0.3-0.5 s a variant times the 31B cases' ~60 variants. Its winners are for the next change to adopt.
-budget=$(( 440 - SECONDS )); [ $budget -gt 70 ] && budget=70
+budget=$(( 425 - SECONDS )); [ $budget -gt 70 ] && budget=70
 if [ $budget -ge 30 ]; then
     stage sweep $(( budget + 15 )) "$OUT/tune.log" "$PY" -m benchmarks.tune_launch_configs --out "$OUT/tune.json" \
         --time-budget $budget --jobs 16
@@ -215,6 +216,21 @@ stage step-profile 40 "$OUT/step_profile.log" "$PY" -m benchmarks.profile_step -
 # command's configurations: ~20 s; why a tree or a sampling round cost ~2x a greedy chain round on
 # 2026-12-04 (benchmarks/README.md, "Decode rounds, phase by phase").
 stage decode-profile 40 "$OUT/decode_profile.log" "$PY" -m benchmarks.profile_decode --out "$OUT/decode_profile.json"
+
+# Why each kernel of a step takes what it takes (benchmarks/ncu_step.py): Nsight Compute's counters for every
+# kernel of one eager triton step, 31B then E2B, each in its own ncu process with half of the box: duration
+# alone, DRAM bytes and share of the peak, L2 hits, occupancy, waves, warp stall reasons (benchmarks/README.md,
+# "Hardware counters per kernel"). What is left before 535 s, at most 60 (skipped under 25): ahead of memcheck,
+# whose window it shortens, because no run has yet said why a kernel is slow and every model since assumes.
+budget=$(( 535 - SECONDS )); [ $budget -gt 60 ] && budget=60
+if ! command -v ncu > /dev/null; then
+    say "ncu not found: hardware-counter stage skipped"
+elif [ $budget -lt 25 ]; then
+    say "hardware counters not taken: ${budget}s left of their time box"
+else
+    stage ncu $(( budget + 15 )) "$OUT/ncu.log" "$PY" -m benchmarks.ncu_step --out "$OUT/ncu_step.json" \
+        --time-budget $budget
+fi
 
 # The op tests once under compute-sanitizer memcheck (out-of-bounds and misaligned accesses, errors of
 # the kernels we launch); time-boxed, what finished is in the log.
@@ -249,6 +265,7 @@ say "done in ${SECONDS}s, status $status; files in $OUT"
 { echo "Checklist:"; cat "$OUT/checklist.md"; } >> "$OUT/summary.txt" 2>/dev/null
 { echo "Step profile:"; cat "$OUT/step_profile.log"; } >> "$OUT/summary.txt" 2>/dev/null
 { echo "Decode profile:"; cat "$OUT/decode_profile.log"; } >> "$OUT/summary.txt" 2>/dev/null
+{ echo "Hardware counters (ncu):"; cat "$OUT/ncu.log"; } >> "$OUT/summary.txt" 2>/dev/null
 { echo "Launch-configuration sweep (launcher's choice -> fastest variant):"; grep "µs ->" "$OUT/tune.log"; } \
     >> "$OUT/summary.txt" 2>/dev/null
 [ -f "$OUT/summary.txt" ] && cat "$OUT/summary.txt"
