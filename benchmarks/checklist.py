@@ -229,13 +229,34 @@ def _baseline(p: Prediction) -> str:
     return f"`{p.baseline}` - {other}"
 
 
+# Where the predictions' baseline was measured: every range above is for this device.
+PREDICTED_FOR = ("NVIDIA H200", 4.19e12)  # device name, measured copy bandwidth (bytes / s) on 2026-12-04
+
+
+def device_note(results: dict) -> str | None:
+    """A line saying so when `results` comes from another device than the predictions': the ranges are
+    the H200's, so a bandwidth-bound row reads against them scaled by the copy bandwidths' ratio (given)
+    and a latency-bound one (E2B's small kernels) about as it is; the verdicts are not rescaled."""
+    device = results.get("env", {}).get("device")
+    if device is None or device == PREDICTED_FOR[0]:
+        return None
+    copy = (results.get("device_peaks") or {}).get("copy_bytes_per_s")
+    ratio = f"; its copy bandwidth {copy / 1e12:.2f} TB/s, {PREDICTED_FOR[1] / copy:.2f}x slower" if copy else ""
+    return (f"Predicted for an {PREDICTED_FOR[0]} (copy {PREDICTED_FOR[1] / 1e12:.2f} TB/s); this run is on "
+            f"{device}{ratio}: read bandwidth-bound rows against their range times that ratio (the verdicts "
+            "below are not rescaled).")
+
+
 def table(results: dict | None = None) -> str:
-    """Markdown: one line per prediction; with `results`, its measurement and verdict."""
+    """Markdown: one line per prediction; with `results`, its measurement and verdict (after a line naming
+    the device when it is not the predictions')."""
     head = "| prediction | op: case | baseline | 2026-12-04 µs | predicted µs | section |"
     rule = "|---|---|---|---|---|---|"
     if results is not None:
         head, rule = head + " measured µs | verdict |", rule + "---|---|"
-    lines = [head, rule]
+    note = device_note(results) if results is not None else None
+    lines = [note, ""] if note else []
+    lines += [head, rule]
     for row in (verdicts(results) if results is not None else [dict(p._asdict()) for p in PREDICTIONS]):
         p = Prediction(*(row[f] for f in Prediction._fields))
         before = "-" if p.before is None else f"{p.before:g}"

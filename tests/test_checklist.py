@@ -51,6 +51,20 @@ def test_verdicts_of_a_hand_written_run():
     assert text.count("\n") == len(checklist.PREDICTIONS) + 1 and "| 150.0 | in range |" in text
 
 
+def test_a_run_on_another_device_is_named_before_the_verdicts():
+    cases = [_case("drafter_step", "E2B step B=1 ctx=8192", triton=171.0)]
+    h200 = checklist.table({"env": {"device": "NVIDIA H200"}, "cases": cases})
+    assert h200.startswith("| prediction |")
+    h100 = checklist.table({"env": {"device": "NVIDIA H100 80GB HBM3"}, "device_peaks": {"copy_bytes_per_s": 3.0e12},
+                            "cases": cases})
+    first, blank, head = h100.splitlines()[:3]
+    assert "this run is on NVIDIA H100 80GB HBM3; its copy bandwidth 3.00 TB/s, 1.40x slower" in first
+    assert (blank, head.startswith("| prediction |")) == ("", True)
+    assert "| 171.0 | above |" in h100  # not rescaled
+    unknown = checklist.table({"env": {"device": "NVIDIA A100-SXM4-80GB"}, "cases": cases}).splitlines()[0]
+    assert "this run is on NVIDIA A100-SXM4-80GB:" in unknown and "TB/s," not in unknown
+
+
 def test_the_command_prints_the_verdicts(tmp_path, capsys):
     path = tmp_path / "results.json"
     path.write_text(json.dumps({"cases": [_case("drafter_step", "E2B step B=1 ctx=8192", triton=171.0)]}))
