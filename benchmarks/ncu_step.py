@@ -18,7 +18,7 @@ writes its results when the program ends). The program (`python -m benchmarks.nc
 steps unprofiled (the first compiles, the second takes the checked-once fast path the decode loop takes),
 then the third between cudaProfilerStart / cudaProfilerStop, the only kernels ncu profiles
 (`--profile-from-start off`). ncu's raw page (CSV, every metric the sections collect) is kept beside the
-JSON as ncu_<drafter>.csv.
+JSON as ncu_<drafter>.csv, the program's own output as ncu_<drafter>.out.
 
 What the numbers are: ncu runs each kernel alone, replayed once per counter pass, with L2 flushed before
 each pass (its default cache control) and the GPU's own clocks (`--clock-control none`, as the guide of
@@ -219,10 +219,16 @@ def _profile(ncu: str, drafter: str, backend: str, csv_path: str, timeout: float
         proc.communicate()
         return {"error": f"timed out after {timeout:.0f} s (ncu writes its results when the program ends)"}
     seconds = round(time.monotonic() - t0, 1)
+    with open(csv_path[:-len(".csv")] + ".out", "w") as f:  # the program's output (and ncu's, if not in the log)
+        f.write(out)
     try:
         with open(csv_path) as f:
-            kernels = summarize(f.read())
-    except (OSError, ValueError) as e:
+            text = f.read()
+    except OSError:
+        text = ""
+    try:  # the CSV where --log-file put it, else wherever ncu printed it
+        kernels = summarize(text if '"ID"' in text else out)
+    except ValueError as e:
         tail = " | ".join(out.strip().splitlines()[-5:])
         return {"error": f"ncu exited {proc.returncode} after {seconds} s, no kernels read ({e}); output: {tail[-600:]}"}
     return {"seconds": seconds, "returncode": proc.returncode, "csv": os.path.basename(csv_path), "kernels": kernels}

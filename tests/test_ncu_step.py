@@ -105,3 +105,73 @@ def test_without_a_gpu_it_says_so(tmp_path, capsys):
     assert ncu_step.main(["--out", str(tmp_path / "n.json")]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err
     assert not (tmp_path / "n.json").exists()
+
+
+# An executable standing in for ncu (the tool is not on CPU machines): it does what the mode says with the
+# command line ncu_step gives it, so that the process handling around the real tool is what runs.
+FAKE_NCU = '''#!{python}
+import os, subprocess, sys, time
+args = sys.argv[1:]
+log = args[args.index("--log-file") + 1]
+mode = os.environ["FAKE_NCU_MODE"]
+if mode == "log":
+    open(log, "w").write(os.environ["FAKE_NCU_CSV"])
+    print("program output")
+elif mode == "stdout":
+    open(log, "w").write("==PROF== Disconnected\\n")
+    print(os.environ["FAKE_NCU_CSV"])
+elif mode == "fail":
+    print("==ERROR== unknown section WarpStateStatz")
+    sys.exit(1)
+else:  # hang, with a child of its own, as ncu and the program it runs
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    open(log + ".pid", "w").write(str(child.pid))
+    time.sleep(60)
+'''
+
+
+@pytest.fixture
+def fake_ncu(tmp_path, monkeypatch):
+    import stat
+    import sys
+    path = tmp_path / "ncu"
+    path.write_text(FAKE_NCU.format(python=sys.executable))
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("FAKE_NCU_CSV", RAW)
+    return str(path)
+
+
+@pytest.mark.parametrize("mode", ["log", "stdout"])
+def test_profile_reads_the_csv_where_ncu_wrote_it(fake_ncu, tmp_path, monkeypatch, mode):
+    monkeypatch.setenv("FAKE_NCU_MODE", mode)
+    csv_path = str(tmp_path / "ncu_E2B.csv")
+    (tmp_path / "ncu_E2B.csv").write_text(DETAILS)  # a previous run's: never read
+    r = ncu_step._profile(fake_ncu, "E2B", "triton", csv_path, timeout=60)
+    assert r["returncode"] == 0 and [k["name"] for k in r["kernels"]] == ["_q_rope_kernel",
+                                                                         "gemma4_mtp::attention::tc::kernel"]
+    assert (tmp_path / "ncu_E2B.out").exists()
+
+
+def test_profile_reports_a_failing_ncu(fake_ncu, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_NCU_MODE", "fail")
+    r = ncu_step._profile(fake_ncu, "31B", "triton", str(tmp_path / "ncu_31B.csv"), timeout=60)
+    assert r["error"].startswith("ncu exited 1") and "unknown section WarpStateStatz" in r["error"]
+
+
+def test_profile_time_box_kills_ncu_and_its_program(fake_ncu, tmp_path, monkeypatch):
+    import os
+    import time
+    monkeypatch.setenv("FAKE_NCU_MODE", "hang")
+    csv_path = str(tmp_path / "ncu_31B.csv")
+    t0 = time.monotonic()
+    r = ncu_step._profile(fake_ncu, "31B", "triton", csv_path, timeout=3)
+    assert time.monotonic() - t0 < 20 and r["error"].startswith("timed out after 3 s")
+    child = int(open(csv_path + ".pid").read())
+    for _ in range(50):  # the kill reaches the grandchild through the process group
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the program ncu ran outlived the time box")
