@@ -11,8 +11,8 @@
 # GPU suite 200 s (eight files at a time, each at most 120 s; 160 s measured at four on 2026-12-04), main
 # command 110 s, the benchmarks what is left before 350 s (benchmarks/checklist.py's cases first: the open
 # predictions; skipped under 30 s; + 20 s grace), the launch-configuration sweep what is left before 425 s
-# (at most 70 s, skipped under 30 s), step profile 40 s, decode profile 40 s, the hardware counters of a
-# step's kernels (ncu) what is left before 535 s (at most 60 s, skipped under 25 s), memcheck what is left
+# (at most 70 s, skipped under 30 s), the hardware counters of a step's kernels (ncu) what is left before
+# 490 s (at most 60 s, skipped under 25 s), step profile 40 s, decode profile 40 s, memcheck what is left
 # before 560 s (at most 60 s, skipped under 20 s), the summary table, the plot 20 s if it can start by 560 s. On
 # 2026-12-04 the benchmarks got 94 s, which timed two drafter steps and none of the rounds; with the suite
 # eight files at a time they should get ~120-140 s and the sweep its 70. The stage-boundary benchmark
@@ -208,21 +208,12 @@ else
     say "launch-configuration sweep not run: ${budget}s left of its time box"
 fi
 
-# Where a graph-replayed step's time goes, kernel by kernel (E2B and 31B, triton with and without PDL,
-# cuda): ~30 s, issue 11's next question (benchmarks/README.md, "Kernel by kernel").
-stage step-profile 40 "$OUT/step_profile.log" "$PY" -m benchmarks.profile_step --out "$OUT/step_profile.json"
-
-# Where a decode round's wall clock goes (host time per phase, GPU kernel time per round) for the main
-# command's configurations: ~20 s; why a tree or a sampling round cost ~2x a greedy chain round on
-# 2026-12-04 (benchmarks/README.md, "Decode rounds, phase by phase").
-stage decode-profile 40 "$OUT/decode_profile.log" "$PY" -m benchmarks.profile_decode --out "$OUT/decode_profile.json"
-
 # Why each kernel of a step takes what it takes (benchmarks/ncu_step.py): Nsight Compute's counters for every
 # kernel of one eager triton step, 31B then E2B, each in its own ncu process with half of the box: duration
 # alone, DRAM bytes and share of the peak, L2 hits, occupancy, waves, warp stall reasons (benchmarks/README.md,
-# "Hardware counters per kernel"). What is left before 535 s, at most 60 (skipped under 25): ahead of memcheck,
-# whose window it shortens, because no run has yet said why a kernel is slow and every model since assumes.
-budget=$(( 535 - SECONDS )); [ $budget -gt 60 ] && budget=60
+# "Hardware counters per kernel"). What is left before 490 s, at most 60 (skipped under 25): ahead of the
+# profiles and of memcheck, whose window it shortens: no run has yet said why a kernel is slow.
+budget=$(( 490 - SECONDS )); [ $budget -gt 60 ] && budget=60
 if ! command -v ncu > /dev/null; then
     say "ncu not found: hardware-counter stage skipped"
 elif [ $budget -lt 25 ]; then
@@ -231,6 +222,15 @@ else
     stage ncu $(( budget + 15 )) "$OUT/ncu.log" "$PY" -m benchmarks.ncu_step --out "$OUT/ncu_step.json" \
         --time-budget $budget
 fi
+
+# Where a graph-replayed step's time goes, kernel by kernel (E2B and 31B, triton with and without PDL,
+# cuda): ~30 s, issue 11's next question (benchmarks/README.md, "Kernel by kernel").
+stage step-profile 40 "$OUT/step_profile.log" "$PY" -m benchmarks.profile_step --out "$OUT/step_profile.json"
+
+# Where a decode round's wall clock goes (host time per phase, GPU kernel time per round) for the main
+# command's configurations: ~20 s; why a tree or a sampling round cost ~2x a greedy chain round on
+# 2026-12-04 (benchmarks/README.md, "Decode rounds, phase by phase").
+stage decode-profile 40 "$OUT/decode_profile.log" "$PY" -m benchmarks.profile_decode --out "$OUT/decode_profile.json"
 
 # The op tests once under compute-sanitizer memcheck (out-of-bounds and misaligned accesses, errors of
 # the kernels we launch); time-boxed, what finished is in the log.

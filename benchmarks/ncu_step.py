@@ -230,7 +230,8 @@ def _profile(ncu: str, drafter: str, backend: str, csv_path: str, timeout: float
         kernels = summarize(text if '"ID"' in text else out)
     except ValueError as e:
         tail = " | ".join(out.strip().splitlines()[-5:])
-        return {"error": f"ncu exited {proc.returncode} after {seconds} s, no kernels read ({e}); output: {tail[-600:]}"}
+        return {"error": f"ncu exited {proc.returncode} after {seconds} s, no kernels read ({e}); "
+                         f"output: {tail[-600:]}"}
     return {"seconds": seconds, "returncode": proc.returncode, "csv": os.path.basename(csv_path), "kernels": kernels}
 
 
