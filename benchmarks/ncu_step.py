@@ -235,6 +235,26 @@ def _profile(ncu: str, drafter: str, backend: str, csv_path: str, timeout: float
     return {"seconds": seconds, "returncode": proc.returncode, "csv": os.path.basename(csv_path), "kernels": kernels}
 
 
+def profile_all(results: dict, ncu: str, names: list[str], out: str, budget: float) -> int:
+    """Each drafter under ncu in turn, each with an equal share of the budget left when it starts, into
+    results["drafters"] (the JSON at `out` rewritten after each, the CSVs beside it); 1 if any failed."""
+    from .run_all import write_json
+
+    deadline = time.monotonic() + budget
+    status = 0
+    for i, name in enumerate(names):
+        left = (deadline - time.monotonic()) / (len(names) - i)
+        if left < MIN_BOX_S:
+            r = {"error": f"not run: a share of {left:.0f} s of the time budget"}
+        else:
+            r = _profile(ncu, name, results["backend"], os.path.join(os.path.dirname(os.path.abspath(out)),
+                                                                     f"ncu_{name}.csv"), left)
+        results["drafters"][name] = r
+        status |= "error" in r or r.get("returncode", 0) != 0
+        write_json(results, out)
+    return int(status)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("command", nargs="?", choices=("run",), help="(internal) the program ncu profiles")
@@ -268,23 +288,11 @@ def main(argv=None) -> int:
         return 2
     if not args.out:
         ap.error("--out is required")
-    from .run_all import environment, write_json
+    from .run_all import environment
 
     results = {"B": B, "ctx": CTX, "backend": args.backend, "sections": list(SECTIONS), "metrics": list(METRICS),
-               "env": environment(torch), "drafters": {}}
-    results["env"]["device"] = torch.cuda.get_device_name()
-    deadline = time.monotonic() + args.time_budget
-    status = 0
-    names = args.drafters.split(",")
-    for i, name in enumerate(names):
-        left = (deadline - time.monotonic()) / (len(names) - i)  # an equal share of what is left
-        if left < MIN_BOX_S:
-            results["drafters"][name] = {"error": f"not run: a share of {left:.0f} s of the time budget"}
-        else:
-            csv_path = os.path.join(os.path.dirname(os.path.abspath(args.out)), f"ncu_{name}.csv")
-            results["drafters"][name] = _profile(ncu, name, args.backend, csv_path, left)
-        status |= "error" in results["drafters"][name] or results["drafters"][name].get("returncode", 0) != 0
-        write_json(results, args.out)
+               "env": {**environment(torch), "device": torch.cuda.get_device_name()}, "drafters": {}}
+    status = profile_all(results, ncu, args.drafters.split(","), args.out, args.time_budget)
     print(table(results))
     return status
 

@@ -114,7 +114,7 @@ import os, subprocess, sys, time
 args = sys.argv[1:]
 log = args[args.index("--log-file") + 1]
 mode = os.environ["FAKE_NCU_MODE"]
-if mode == "log":
+if mode == "log" or (mode == "hang-31B" and "31B" not in args):
     open(log, "w").write(os.environ["FAKE_NCU_CSV"])
     print("program output")
 elif mode == "stdout":
@@ -175,3 +175,25 @@ def test_profile_time_box_kills_ncu_and_its_program(fake_ncu, tmp_path, monkeypa
         time.sleep(0.1)
     else:
         pytest.fail("the program ncu ran outlived the time box")
+
+
+def test_each_drafter_gets_its_share_and_the_json_follows(fake_ncu, tmp_path, monkeypatch):
+    import json
+    import time
+    out = tmp_path / "ncu_step.json"
+    results = {"backend": "triton", "drafters": {}}
+    monkeypatch.setenv("FAKE_NCU_MODE", "hang-31B")  # 31B hangs and takes its share; E2B and E4B write the log
+    monkeypatch.setattr(ncu_step, "MIN_BOX_S", 2)
+    t0 = time.monotonic()
+    assert ncu_step.profile_all(results, fake_ncu, ["31B", "E2B", "E4B"], str(out), budget=9) == 1
+    assert time.monotonic() - t0 < 30
+    saved = json.loads(out.read_text())["drafters"]
+    assert saved == results["drafters"] and list(saved) == ["31B", "E2B", "E4B"]
+    assert saved["31B"]["error"].startswith("timed out after 3 s")  # a third of the budget
+    for name in ("E2B", "E4B"):
+        assert saved[name]["returncode"] == 0 and (tmp_path / f"ncu_{name}.csv").exists()
+        assert [k["name"] for k in saved[name]["kernels"]] == ["_q_rope_kernel", "gemma4_mtp::attention::tc::kernel"]
+    # too little left for a share: not run, said so
+    results = {"backend": "triton", "drafters": {}}
+    assert ncu_step.profile_all(results, fake_ncu, ["E2B", "E4B"], str(out), budget=3) == 1
+    assert results["drafters"]["E2B"]["error"].startswith("not run: a share of 1 s")  # 1.5 s, less the time passed
