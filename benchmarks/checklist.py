@@ -44,6 +44,7 @@ CUDA_TAILS = "CUDA serial loads: q_rope's tail, attention's zero fill and merges
 SHORT_SPLITS = "E2B's split-K GEMVs in two-block programs"
 ONE_LAUNCH_MLP = "The MLP in one launch"
 CUDA_MLP = "The CUDA MLP in one launch"
+CUDA_STAGE_ROWS = "The CUDA glue's stage sized by its live tokens"
 PREDICTIONS = (
     Prediction("E2B step", "drafter_step", STEP_E2B, "triton", 124, 152, 171.3,
                f"{ALL_FOUR}; {ATTN_PIPELINE}; {SHORT_SPLITS}; {ONE_LAUNCH_MLP}"),
@@ -114,10 +115,10 @@ PREDICTIONS = (
                "cuda_token_major", 55, 85, None, CUDA_CLUSTER_MAJOR, minus=("E2B argmax T=64", "cuda")),
     Prediction("E2B argmax T=1 CUDA cluster-major (forced), less token-major", "centroid_logits", "E2B argmax T=1",
                "cuda_cluster_major", 2, 7, None, CUDA_CLUSTER_MAJOR, minus=("E2B argmax T=1", "cuda")),
-    Prediction("31B o_proj T=8, CUDA", "rms_norm_linear", "31B o_proj full T=8", "cuda", 17, 25, 76.9,
-               CUDA_GLUE_PROLOGUE),
-    Prediction("31B o_proj T=1, CUDA", "rms_norm_linear", "31B o_proj full T=1", "cuda", 19, 23, 23.5,
-               CUDA_GLUE_PROLOGUE),
+    Prediction("31B o_proj T=8, CUDA", "rms_norm_linear", "31B o_proj full T=8", "cuda", 15, 23, 76.9,
+               f"{CUDA_GLUE_PROLOGUE}; {CUDA_STAGE_ROWS}"),
+    Prediction("31B o_proj T=1, CUDA", "rms_norm_linear", "31B o_proj full T=1", "cuda", 17, 21, 23.5,
+               f"{CUDA_GLUE_PROLOGUE}; {CUDA_STAGE_ROWS}"),
     Prediction("31B down_proj T=8, CUDA", "rms_norm_linear", "31B down_proj T=8", "cuda", 10, 14, 25.5,
                CUDA_GLUE_PROLOGUE),
     Prediction("31B down_proj T=1, CUDA", "rms_norm_linear", "31B down_proj T=1", "cuda", 9.5, 11.5, 11.5,

@@ -38,9 +38,10 @@ REWRITTEN = {
                                                   "phase 2 the 2026-12-04 run did not have"),
     ("centroid_logits", "cuda"): ("2026-12-05", "argmax / topk with T * top_k above the SMs take a cluster-major "
                                                 "phase 2 the 2026-12-04 run did not have"),
-    ("rms_norm_linear", "cuda"): ("2026-12-05", "without a residual or a norm (o_proj, down_proj) the CTA stages its k "
+    ("rms_norm_linear", "cuda"): ("2026-12-06", "without a residual or a norm (o_proj, down_proj) the CTA stages its k "
                                                 "range alone: not the prologue the 2026-12-04 run timed (76.9 us at "
-                                                "31B o_proj T=8)"),
+                                                "31B o_proj T=8); since 2026-12-06 a stage holds the live tokens "
+                                                "only, and 31B's full o_proj at T <= 15 splits 8 ways, not 9"),
     ("rms_norm_gate_up", "cuda"): ("2026-12-06", "with a down_weight, E2B / E4B at T <= 4 run the whole MLP in the "
                                                  "gate_up kernel (its tree over the tiles' down partials), and since "
                                                  "2026-12-05 the prologue takes as many token rows a pass as keep "

@@ -190,9 +190,9 @@ def test_warps_out_of_step(binary, tmp_path, schedule):
 def test_each_kernel_opts_in_to_its_shared_memory(binary, tmp_path):
     """Two kernels of one signature in one process, the second needing less than 64 KiB but more than
     48: each must opt in for itself (a record per kernel type would skip the second: launch error)."""
-    got = glue(binary, tmp_path, "rms_norm_linear", 1, 4096, 8, torch.bfloat16, "layer",
+    got = glue(binary, tmp_path, "rms_norm_linear", 16, 4096, 8, torch.bfloat16, "layer",
                emu=dict(sms=1, again_T=17))
-    assert got["m16"] == "1" and int(got["smem"]) == 64512  # then the T = 17 launch: 63488 bytes
+    assert got["m16"] == "1" and int(got["smem"]) == 64512  # then the T = 17 launch: 17 rows, 64192 bytes
 
 
 def test_a100_launches_without_programmatic_dependent_launch(binary, tmp_path):
@@ -212,6 +212,9 @@ def test_drafter_layer_shapes(binary, tmp_path, name):
          proportional=True, emu=emu)
     glue(binary, tmp_path, "rms_norm_q_rope", 1, Hd, heads * d["D_swa"], torch.bfloat16, "norm", D=d["D_swa"], emu=emu)
     glue(binary, tmp_path, "rms_norm_linear", 1, Hq * d["D_swa"], Hd, torch.bfloat16, "none", emu=emu)  # o_proj
+    if name == "31B":  # the full layer's o_proj: 64 steps of 32 a split in a one-row stage (8 splits, one wave)
+        got = glue(binary, tmp_path, "rms_norm_linear", 1, Hq * d["D_full"], Hd, torch.bfloat16, "none", emu=emu)
+        assert (got["grid"], int(got["smem"])) == ("32x1x8", 2080 * 2)
     glue(binary, tmp_path, "rms_norm_gate_up", 1, Hd, d["inter"] if name == "E2B" else 256, torch.bfloat16,
          "residual", emu=emu)
     glue(binary, tmp_path, "rms_norm_linear", 1, d["inter"], Hd, torch.bfloat16, "none", emu=emu)  # down_proj

@@ -1,5 +1,6 @@
 // Window, split and block-column arithmetic of the attention kernels, their launch shapes and split
 // plans, and the work plans of the other kernels.
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -221,15 +222,29 @@ static void test_glue_plans() {
     CHECK(int64_t{p.token_tiles} * 16 * p.token_tiles_m16 >= T);
     CHECK(p.token_tiles_m16 == 1 || p.token_tiles_m16 == 2 || p.token_tiles_m16 == 4);
     CHECK(int64_t{p.row_tiles} * glue_cols_per_tile(kind) >= N);
-    if (staged) CHECK(glue_stage_bytes(p) <= 66 * 1024);
+    CHECK_EQ(p.stage_rows, static_cast<int>(std::min<int64_t>(T, 16 * p.token_tiles_m16)));
+    if (staged) CHECK(glue_stage_bytes(p) <= kGlueStageBytes);
+    // a step more would not fit the stage (the bound is the largest that does), unless k ran out first
+    if (staged && p.splits > 1 && p.steps_per_split == glue_max_stage_steps(p.stage_rows)) {
+      GluePlan wider = p;
+      wider.steps_per_split += 1;
+      CHECK(glue_stage_bytes(wider) > kGlueStageBytes);
+    }
     CHECK(glue_stage_stride(p.steps_per_split) % 64 == 32);  // 64 bytes past a multiple of 128
     CHECK(glue_stage_stride(p.steps_per_split) >= p.steps_per_split * kMmaStepK);
   }
-  // one token on an H200 (132 SMs, two CTAs each): 31B's o_proj (16384 -> 1024) splits into ~264 CTAs,
-  // its gate / up (1024 -> 2 x 8192) and q_proj (1024 -> 8192) fill the GPU unsplit
+  // one token on an H200 (132 SMs, two CTAs each): 31B's o_proj (16384 -> 1024) splits 8 ways, one wave
+  // of 256 CTAs (a stage sized for 16 rows held 62 steps: 9 splits, 288 CTAs); 16 tokens fill the stage
+  // (9 splits); its gate / up (1024 -> 2 x 8192) and q_proj (1024 -> 8192) fill the GPU unsplit
   GluePlan p = plan_glue(GlueKind::kLinear, 1, 16384, 1024, 132, true);
   CHECK_EQ(p.row_tiles, 32);
-  CHECK(p.splits >= 8 && p.row_tiles * p.splits <= 2 * 132 + 32);
+  CHECK_EQ(p.splits, 8);
+  CHECK_EQ(glue_stage_bytes(p), int64_t{2080} * 2);
+  p = plan_glue(GlueKind::kLinear, 8, 16384, 1024, 132, true);
+  CHECK_EQ(p.splits, 8);
+  p = plan_glue(GlueKind::kLinear, 16, 16384, 1024, 132, true);
+  CHECK_EQ(p.splits, 9);
+  CHECK_EQ(p.steps_per_split, 62);
   p = plan_glue(GlueKind::kGateUp, 1, 1024, 8192, 132, true);
   CHECK_EQ(p.row_tiles, 512);
   CHECK_EQ(p.splits, 1);

@@ -34,6 +34,7 @@ struct GluePlan {
   int row_tiles;        // CTAs along the output columns
   int splits;           // CTAs along k; > 1: fp32 partials and a last-CTA reduction per tile
   int steps_per_split;  // 32-wide k steps per split
+  int stage_rows;       // token rows a CTA stages n for (the tensor-core path): glue_stage_rows()
 };
 
 // m16 token tiles per CTA for T tokens: a token tile's prologue is recomputed by every CTA of the tile
@@ -44,10 +45,19 @@ G4_HD int glue_token_tiles_m16(int64_t T) { return T <= 16 ? 1 : T <= 32 ? 2 : 4
 // SM, which doubles the weight loads in flight; wider token tiles take one.
 G4_HD int glue_ctas_per_sm(int token_tiles_m16) { return token_tiles_m16 == 1 ? 2 : 1; }
 
-// The tensor-core path stages n (the projection's input) for its token tile and k range in shared
-// memory: at most this many 32-wide k steps per split (16 * MT rows of ~2048 / MT elements, <= 64 KiB
-// of bf16 / fp16).
-G4_HD int glue_max_stage_steps(int token_tiles_m16) { return 64 / token_tiles_m16 - 2; }
+// The tensor-core path stages n (the projection's input) for its live tokens and k range in shared
+// memory, at most this many bytes (bf16 / fp16): two CTAs of the one-m16-tile kernel an SM, an A100's too.
+constexpr int kGlueStageBytes = 64 * 1024;
+
+// Token rows a CTA stages: its live tokens, at most its tile's (a one-token call stages one row, not 16).
+G4_HD int glue_stage_rows(int64_t T, int token_tiles_m16) {
+  return static_cast<int>(min64(max64(T, 1), int64_t{16} * token_tiles_m16));
+}
+
+// At most this many 32-wide k steps per split fit a stage of `rows` rows: the largest s with rows x
+// glue_stage_stride(s) x 2 bytes <= kGlueStageBytes (62 at 16 rows, 30 at 32, 14 at 64; 1022 at one row,
+// where the 16-row bound split 31B's o_proj (16384 wide) 9 ways: 288 CTAs for an H200's 264 slots).
+G4_HD int glue_max_stage_steps(int rows) { return 2 * ((kGlueStageBytes / (2 * rows) - 32) / 64); }
 
 // Elements per staged row: the k range padded so that a row starts 64 bytes (32 elements) past a
 // multiple of 128 bytes; the 16-byte fragment loads of two consecutive rows then use different banks.
@@ -57,7 +67,7 @@ G4_HD int glue_stage_stride(int steps_per_split) {
 
 // Dynamic shared memory of a tensor-core launch (16-bit elements).
 G4_HD int64_t glue_stage_bytes(const GluePlan& p) {
-  return int64_t{16} * p.token_tiles_m16 * glue_stage_stride(p.steps_per_split) * 2;
+  return int64_t{p.stage_rows} * glue_stage_stride(p.steps_per_split) * 2;
 }
 
 // The grid: tiles of 32 weight rows and up to 64 tokens; k split until the grid fills the GPU's CTA
@@ -72,7 +82,8 @@ inline GluePlan plan_glue(GlueKind kind, int64_t T, int64_t H, int64_t N, int nu
   const int64_t tiles = static_cast<int64_t>(p.row_tiles) * p.token_tiles;
   const int64_t slots = int64_t{glue_ctas_per_sm(p.token_tiles_m16)} * num_sms;
   int64_t per_split = ceil_div(steps, max64(1, min64(slots / tiles, steps / kMmaWarps)));
-  if (staged) per_split = min64(per_split, glue_max_stage_steps(p.token_tiles_m16));
+  p.stage_rows = glue_stage_rows(T, p.token_tiles_m16);
+  if (staged) per_split = min64(per_split, glue_max_stage_steps(p.stage_rows));
   p.steps_per_split = static_cast<int>(per_split);
   p.splits = static_cast<int>(ceil_div(steps, per_split));
   return p;
