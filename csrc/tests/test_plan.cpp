@@ -222,13 +222,14 @@ static void test_glue_plans() {
     CHECK(int64_t{p.token_tiles} * 16 * p.token_tiles_m16 >= T);
     CHECK(p.token_tiles_m16 == 1 || p.token_tiles_m16 == 2 || p.token_tiles_m16 == 4);
     CHECK(int64_t{p.row_tiles} * glue_cols_per_tile(kind) >= N);
-    CHECK_EQ(p.stage_rows, static_cast<int>(std::min<int64_t>(T, 16 * p.token_tiles_m16)));
-    if (staged) CHECK(glue_stage_bytes(p) <= kGlueStageBytes);
+    const int rows = glue_stage_rows(T, p.token_tiles_m16);
+    CHECK_EQ(rows, static_cast<int>(std::min<int64_t>(T, 16 * p.token_tiles_m16)));
+    if (staged) CHECK(glue_stage_bytes(p, T) <= kGlueStageBytes);
     // a step more would not fit the stage (the bound is the largest that does), unless k ran out first
-    if (staged && p.splits > 1 && p.steps_per_split == glue_max_stage_steps(p.stage_rows)) {
+    if (staged && p.splits > 1 && p.steps_per_split == glue_max_stage_steps(rows)) {
       GluePlan wider = p;
       wider.steps_per_split += 1;
-      CHECK(glue_stage_bytes(wider) > kGlueStageBytes);
+      CHECK(glue_stage_bytes(wider, T) > kGlueStageBytes);
     }
     CHECK(glue_stage_stride(p.steps_per_split) % 64 == 32);  // 64 bytes past a multiple of 128
     CHECK(glue_stage_stride(p.steps_per_split) >= p.steps_per_split * kMmaStepK);
@@ -239,7 +240,7 @@ static void test_glue_plans() {
   GluePlan p = plan_glue(GlueKind::kLinear, 1, 16384, 1024, 132, true);
   CHECK_EQ(p.row_tiles, 32);
   CHECK_EQ(p.splits, 8);
-  CHECK_EQ(glue_stage_bytes(p), int64_t{2080} * 2);
+  CHECK_EQ(glue_stage_bytes(p, 1), int64_t{2080} * 2);
   p = plan_glue(GlueKind::kLinear, 8, 16384, 1024, 132, true);
   CHECK_EQ(p.splits, 8);
   p = plan_glue(GlueKind::kLinear, 16, 16384, 1024, 132, true);

@@ -34,7 +34,6 @@ struct GluePlan {
   int row_tiles;        // CTAs along the output columns
   int splits;           // CTAs along k; > 1: fp32 partials and a last-CTA reduction per tile
   int steps_per_split;  // 32-wide k steps per split
-  int stage_rows;       // token rows a CTA stages n for (the tensor-core path): glue_stage_rows()
 };
 
 // m16 token tiles per CTA for T tokens: a token tile's prologue is recomputed by every CTA of the tile
@@ -65,9 +64,9 @@ G4_HD int glue_stage_stride(int steps_per_split) {
   return static_cast<int>(round_up(int64_t{steps_per_split} * kMmaStepK, 64)) + 32;
 }
 
-// Dynamic shared memory of a tensor-core launch (16-bit elements).
-G4_HD int64_t glue_stage_bytes(const GluePlan& p) {
-  return int64_t{p.stage_rows} * glue_stage_stride(p.steps_per_split) * 2;
+// Dynamic shared memory of a tensor-core launch of plan p for T tokens (16-bit elements).
+G4_HD int64_t glue_stage_bytes(const GluePlan& p, int64_t T) {
+  return int64_t{glue_stage_rows(T, p.token_tiles_m16)} * glue_stage_stride(p.steps_per_split) * 2;
 }
 
 // The grid: tiles of 32 weight rows and up to 64 tokens; k split until the grid fills the GPU's CTA
@@ -82,8 +81,7 @@ inline GluePlan plan_glue(GlueKind kind, int64_t T, int64_t H, int64_t N, int nu
   const int64_t tiles = static_cast<int64_t>(p.row_tiles) * p.token_tiles;
   const int64_t slots = int64_t{glue_ctas_per_sm(p.token_tiles_m16)} * num_sms;
   int64_t per_split = ceil_div(steps, max64(1, min64(slots / tiles, steps / kMmaWarps)));
-  p.stage_rows = glue_stage_rows(T, p.token_tiles_m16);
-  if (staged) per_split = min64(per_split, glue_max_stage_steps(p.stage_rows));
+  if (staged) per_split = min64(per_split, glue_max_stage_steps(glue_stage_rows(T, p.token_tiles_m16)));
   p.steps_per_split = static_cast<int>(per_split);
   p.splits = static_cast<int>(ceil_div(steps, per_split));
   return p;

@@ -715,7 +715,7 @@ cudaError_t launch_kind(const GlueParams& p, cudaStream_t stream) {
                   static_cast<unsigned>(p.plan.splits));
   if (uses_mma<T>(p)) {
     if constexpr (sizeof(T) == 2) {
-      const size_t smem = static_cast<size_t>(glue_stage_bytes(p.plan));
+      const size_t smem = static_cast<size_t>(glue_stage_bytes(p.plan, p.T));
       auto run = [&](auto mt) {
         constexpr auto kernel = mma_kernel<T, KIND, decltype(mt)::value>;
         cudaError_t e = opt_in_smem<kernel>(static_cast<int>(smem));
@@ -736,7 +736,6 @@ cudaError_t launch_kind(const GlueParams& p, cudaStream_t stream) {
 inline bool params_ok(const GlueParams& p, GlueKind kind) {
   if (p.kind != kind || p.H < 0 || p.plan.splits < 1 || p.plan.steps_per_split < 1 || p.plan.row_tiles < 1 ||
       p.plan.token_tiles < 1 || (p.plan.splits > 1 && (p.partials == nullptr || p.counters == nullptr)) ||
-      p.plan.stage_rows < glue_stage_rows(p.T, p.plan.token_tiles_m16) ||  // a stage too small for its rows
       p.x == nullptr || p.weight == nullptr || p.out == nullptr ||
       (p.residual != nullptr && p.residual_norm_weight == nullptr))
     return false;
