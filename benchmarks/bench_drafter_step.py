@@ -30,6 +30,11 @@ A step is `Gemma4MTPDrafter.step` + `top_tokens(last, 1)`; a round is `gemma4_mt
 - `triton_two_launch_mlp` (E2B / E4B steps at B = 1): `triton` with each layer's MLP as two launches, gate_up then
   down_proj (`rms_norm_gate_up.MLP_MAX_T` = 0, the step before 2026-12-06), graph-replayed: what the
   one-launch MLP saves (benchmarks/README.md, "The MLP in one launch");
+- `triton_tuned` (steps at B = 1, when GEMMA4_MTP_BENCH_TUNED_CONFIGS names a tuned-configuration file with
+  entries): `triton` with that file's launch configurations in force (`gemma4_mtp_kernels.triton.tuned`),
+  graph-replayed: gpu_check.sh writes the file from its launch-configuration sweep just before, so one run
+  says what the sweep's winners are worth to a step (benchmarks/README.md, "The sweep's winners in the same
+  run");
 - `triton_eager`, `cuda_eager`: the same calls eagerly, timed with events around them: on a GPU this
   is the host time per call (Python, validation, launches), the GPU waiting on it (`cuda_eager`: a
   step is one call into C++, csrc/ops/drafter_step.cu);
@@ -46,12 +51,14 @@ from __future__ import annotations
 
 import copy
 import importlib
+import json
+import os
 from unittest import mock
 
 import torch
 
 import gemma4_mtp_kernels as gk
-from gemma4_mtp_kernels.triton import _common, q_only_attention
+from gemma4_mtp_kernels.triton import _common, q_only_attention, tuned
 
 from . import roofline
 from .common import Case, external
@@ -63,8 +70,23 @@ rms_norm_gate_up = importlib.import_module("gemma4_mtp_kernels.triton.rms_norm_g
 # Our own drafter with a switch off, timed eagerly, or on the reference backend: what our choices are
 # worth, never an anchor to beat (benchmarks.readme_tables).
 OUR_VARIANTS = frozenset({"triton_no_pdl", "triton_merge_kernel", "triton_pdl_at_exit", "triton_no_prefetch",
-                          "triton_long_splits", "triton_two_launch_mlp", "triton_eager", "cuda_eager",
-                          "cuda_eager_ops", "torch_eager"})
+                          "triton_long_splits", "triton_two_launch_mlp", "triton_tuned", "triton_eager",
+                          "cuda_eager", "cuda_eager_ops", "torch_eager"})
+# A tuned-configuration file (tune_launch_configs --tuned-out): the `triton_tuned` baseline's
+TUNED_ENV = "GEMMA4_MTP_BENCH_TUNED_CONFIGS"
+
+
+def tuned_configs() -> str | None:
+    """The file TUNED_ENV names when it has entries to apply (one without any would time `triton` again); a
+    file that is not JSON is returned too: its baseline then fails with tuned.load's message."""
+    path = os.environ.get(TUNED_ENV)
+    if not path or not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            return path if json.load(f).get("entries") else None
+    except (OSError, ValueError, AttributeError):
+        return path
 
 # "sampled": the chain round of a sampling request (graphs.DraftSampling, temperature 0.8), its verify with
 # the drafts' probabilities
@@ -254,6 +276,8 @@ def cases(dry: bool) -> list[Case]:
             baselines["triton_long_splits"] = ours_with(kind, rms_norm_linear, "MIN_KB_PER_SPLIT", 8)
             if rms_norm_gate_up.one_launch(B, shape["Hd"], shape["inter"], shape["Hd"], 2):
                 baselines["triton_two_launch_mlp"] = ours_with(kind, rms_norm_gate_up, "MLP_MAX_T", 0)
+            if tuned_configs():
+                baselines["triton_tuned"] = ours_with(kind, tuned, "PATH", tuned_configs())
         if not dry:  # the same calls as "triton" / "cuda", timed eagerly: nothing more to exercise on a CPU
             baselines["triton_eager"] = ours("triton", kind)
             baselines["cuda_eager"] = ours("cuda", kind)

@@ -28,15 +28,18 @@ TINY = dict(Hb=96, Hd=64, inter=128, Hq=2, D_swa=64, D_full=128)
 
 def projections(d: dict) -> list[tuple[str, str, int, int, int | None, str]]:
     """(label, op, H, N, head dim or down_proj rows, prologue) of one layer's calls: the full layer's q and
-    o_proj, the MLP's two halves, the whole MLP (gate_up with its down_weight: what a step runs) and the
-    post-projection (the final norm in front)."""
-    Hd, Hq, D = d["Hd"], d["Hq"], d["D_full"]
+    o_proj, the MLP's two halves, the whole MLP (gate_up with its down_weight: what a step runs), the
+    post-projection (the final norm in front), and the sliding layers' q and o_proj (most of a step's layers:
+    the launch-configuration sweep times every shape a step launches)."""
+    Hd, Hq, D, Ds = d["Hd"], d["Hq"], d["D_full"], d["D_swa"]
     return [("q_proj full", "rms_norm_q_rope", Hd, Hq * D, D, "layer"),
             ("o_proj full", "rms_norm_linear", Hq * D, Hd, None, "none"),
             ("gate_up", "rms_norm_gate_up", Hd, d["inter"], None, "layer"),
             ("down_proj", "rms_norm_linear", d["inter"], Hd, None, "none"),
             ("mlp", "rms_norm_gate_up", Hd, d["inter"], Hd, "layer"),
-            ("post_projection", "rms_norm_linear", Hd, d["Hb"], None, "layer")]
+            ("post_projection", "rms_norm_linear", Hd, d["Hb"], None, "layer"),
+            ("q_proj sliding", "rms_norm_q_rope", Hd, Hq * Ds, Ds, "layer"),
+            ("o_proj sliding", "rms_norm_linear", Hq * Ds, Hd, None, "none")]
 
 
 def _inputs(op, H, N, D, T, prologue):

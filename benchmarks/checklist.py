@@ -38,6 +38,7 @@ ONE_CALL = "A drafter step in one host call"
 TOPK_SECTION = "The centroid head's top-k in its own launch"
 CLUSTER_MAJOR = "The centroid head at large T: cluster-major phase 2"
 ATTN_PIPELINE = "Attention's K/V tiles pipelined past the block table"
+TUNED_SECTION = "The sweep's winners in the same run"
 CUDA_CLUSTER_MAJOR = "The CUDA centroid head's cluster-major phase 2"
 CUDA_GLUE_PROLOGUE = "The CUDA glue's prologue at several tokens"
 CUDA_TAILS = "CUDA serial loads: q_rope's tail, attention's zero fill and merges, softmax_sample"
@@ -61,6 +62,10 @@ PREDICTIONS = (
                "triton_pdl_at_exit", -23, -13, None, "Kernel by kernel", minus=(STEP_31B, "triton")),
     Prediction("E2B step, PDL triggered at each kernel's exit, less at its wait", "drafter_step", STEP_E2B,
                "triton_pdl_at_exit", 1, 7, None, "Kernel by kernel", minus=(STEP_E2B, "triton")),
+    Prediction("31B step with the sweep's winners of the same run, less without", "drafter_step", STEP_31B,
+               "triton_tuned", -110, -55, None, TUNED_SECTION, minus=(STEP_31B, "triton")),
+    Prediction("E2B step with the sweep's winners of the same run, less without", "drafter_step", STEP_E2B,
+               "triton_tuned", -8, 1, None, TUNED_SECTION, minus=(STEP_E2B, "triton")),
     Prediction("E2B sampled chain round less the greedy chain round", "draft_round",
                "E2B sampled chain round k=4 T=0.8 B=1 ctx=8192", "triton", 30, 50, None,
                "Sampled draft tokens in two launches", minus=("E2B chain round k=4 B=1 ctx=8192", "triton")),

@@ -9,17 +9,19 @@
 # Every stage is time-boxed so that one hang cannot eat the device budget (a device command may run
 # 10 minutes, 600 s; with every box spent, kill grace included, the script ends by ~580 s): build 60 s,
 # GPU suite 200 s (eight files at a time, each at most 120 s; 160 s measured at four on 2026-12-04), main
-# command 110 s, the benchmarks what is left before 350 s (benchmarks/checklist.py's cases first: the open
-# predictions; skipped under 30 s; + 20 s grace), the launch-configuration sweep what is left before 425 s
-# (at most 70 s, skipped under 30 s), the hardware counters of a step's kernels (ncu) what is left before
-# 490 s (at most 60 s, skipped under 25 s), step profile 40 s, decode profile 40 s, memcheck what is left
-# before 560 s (at most 60 s, skipped under 20 s), the summary table, the plot 20 s if it can start by 560 s. On
-# 2026-12-04 the benchmarks got 94 s, which timed two drafter steps and none of the rounds; with the suite
-# eight files at a time they should get ~120-140 s and the sweep its 70. The stage-boundary benchmark
+# command 110 s, the launch-configuration sweep at most 70 s while 120 s are left for the benchmarks after it
+# (skipped under 30 s), the benchmarks what is left before 425 s (benchmarks/checklist.py's cases first: the
+# open predictions, the step with the sweep's winners among them; skipped under 30 s; + 20 s grace), the
+# hardware counters of a step's kernels (ncu) what is left before 490 s (at most 60 s, skipped under 25 s),
+# step profile 40 s, decode profile 40 s, memcheck what is left before 560 s (at most 60 s, skipped under
+# 20 s), the summary table, the plot 20 s if it can start by 560 s. On 2026-12-04 the benchmarks got 94 s,
+# which timed two drafter steps and none of the rounds; with the suite eight files at a time the sweep should
+# get its 70 s and the benchmarks ~120-140. The stage-boundary benchmark
 # (measured on 2026-12-04, its conclusion drawn: benchmarks/README.md, "Stage boundaries") and the Hugging
 # Face assisted-generation benchmark run by hand (python -m benchmarks.bench_stage_boundary,
 # python -m benchmarks.bench_hf_assisted), and the whole sweep (~150 s) in a second device call:
-#   PYTHONPATH=$PWD python -m benchmarks.tune_launch_configs --out $OUT/tune.json --time-budget 150 --jobs 16
+#   PYTHONPATH=$PWD python -m benchmarks.tune_launch_configs --out $OUT/tune.json --tuned-out $OUT/tuned.json \
+#       --time-budget 150 --jobs 16
 # Exit status: 2 = no GPU; otherwise 0 only if every stage passed.
 set -u
 cd "$(dirname "$0")/.."
@@ -163,14 +165,31 @@ for backend in auto triton cuda; do
     done
 done
 
-# The benchmarks get what the stages above left before 350 s (none under 30 s); 16 processes first run every
+# The launch-configuration sweep (benchmarks/tune_launch_configs.py): the glue's, the pre-projection's and the
+# attention's heuristics against variants (deeper K blocks and pipelines, tiles, splits), the 31B B = 1 glue
+# first, whose GEMVs streamed 1.3-1.6 TB/s of 4.2 on 2026-12-04 (~190 us of the 31B step above its byte floor).
+# Before the benchmarks, so that they time the step with its winners too: the variants >= 1.05x faster than
+# the launcher's choice go into tuned.json (gemma4_mtp_kernels/triton/tuned.py), which bench_drafter_step's
+# `triton_tuned` applies (GEMMA4_MTP_BENCH_TUNED_CONFIGS). At most 70 s, and only while 120 s are left for the
+# benchmarks after it (skipped under 30): its 16 processes compile the variants first (40%), then ~0.3-0.5 s a
+# variant times the 31B cases' ~60 variants.
+budget=$(( 425 - 120 - SECONDS )); [ $budget -gt 70 ] && budget=70
+if [ $budget -ge 30 ]; then
+    stage sweep $(( budget + 15 )) "$OUT/tune.log" "$PY" -m benchmarks.tune_launch_configs --out "$OUT/tune.json" \
+        --tuned-out "$OUT/tuned.json" --time-budget $budget --jobs 16
+else
+    say "launch-configuration sweep not run: ${budget}s left of its time box"
+fi
+export GEMMA4_MTP_BENCH_TUNED_CONFIGS="$OUT/tuned.json"
+
+# The benchmarks get what the stages above left before 425 s (none under 30 s); 16 processes first run every
 # baseline of every case once, a baseline a task (at most 40% of that: compiles land in the on-disk caches;
 # run_all.precompile), the checklist's cases first. The vLLM anchor runs when
 # GEMMA4_MTP_VLLM_UNIFIED_ATTENTION names a copy of its kernel (benchmarks/vllm_anchor.py). run_all times
 # benchmarks/checklist.py's cases first, then stops starting new cases after its budget (its share per op:
 # half for the drafter step and rounds, run_all.WEIGHTS) and records the rest as "not run"; the JSON is
 # rewritten after every case, so even a kill leaves the finished cases.
-budget=$(( 350 - SECONDS ))
+budget=$(( 425 - SECONDS ))
 rc=0
 if [ $budget -ge 30 ]; then
     stage benchmarks $(( budget + 20 )) "$OUT/benchmarks.log" "$PY" -m benchmarks.run_all --out "$OUT/results.json" \
@@ -184,29 +203,16 @@ fi
 # fail: run_all then exits 3 naming the baseline in results.json, and the rest runs in a fresh process
 # without the baselines starting with that name (cuda also drops cuda_eager), while time is left.
 skip=""
-while [ $rc -eq 3 ] && [ $(( 350 - SECONDS )) -ge 30 ]; do
+while [ $rc -eq 3 ] && [ $(( 425 - SECONDS )) -ge 30 ]; do
     lost=$("$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))['context_lost']['baseline'])" \
         "$OUT/results.json")
     skip="${skip:+$skip,}$lost"
-    budget=$(( 350 - SECONDS ))
+    budget=$(( 425 - SECONDS ))
     say "benchmarks: the CUDA context was lost in baseline $lost; resuming without baselines starting with $skip"
     stage benchmarks-resume $(( budget + 20 )) "$OUT/benchmarks_resume.log" "$PY" -m benchmarks.run_all \
         --out "$OUT/results.json" --resume --skip-baselines "$skip" --time-budget $budget
     rc=$?
 done
-
-# The launch-configuration sweep (benchmarks/tune_launch_configs.py): the glue's, the pre-projection's and the
-# attention's heuristics against variants (deeper K blocks and pipelines, tiles, splits), the 31B B = 1 glue
-# first, whose GEMVs streamed 1.3-1.6 TB/s of 4.2 on 2026-12-04 (~190 us of the 31B step above its byte floor).
-# What is left before 425 s, at most 70 (skipped under 30): its 16 processes compile the variants first (40%),
-# then ~0.3-0.5 s a variant times the 31B cases' ~60 variants. Its winners are for the next change to adopt.
-budget=$(( 425 - SECONDS )); [ $budget -gt 70 ] && budget=70
-if [ $budget -ge 30 ]; then
-    stage sweep $(( budget + 15 )) "$OUT/tune.log" "$PY" -m benchmarks.tune_launch_configs --out "$OUT/tune.json" \
-        --time-budget $budget --jobs 16
-else
-    say "launch-configuration sweep not run: ${budget}s left of its time box"
-fi
 
 # Why each kernel of a step takes what it takes (benchmarks/ncu_step.py): Nsight Compute's counters for every
 # kernel of one eager triton step, 31B then E2B, each in its own ncu process with half of the box: duration
@@ -266,7 +272,7 @@ say "done in ${SECONDS}s, status $status; files in $OUT"
 { echo "Step profile:"; cat "$OUT/step_profile.log"; } >> "$OUT/summary.txt" 2>/dev/null
 { echo "Decode profile:"; cat "$OUT/decode_profile.log"; } >> "$OUT/summary.txt" 2>/dev/null
 { echo "Hardware counters (ncu):"; cat "$OUT/ncu.log"; } >> "$OUT/summary.txt" 2>/dev/null
-{ echo "Launch-configuration sweep (launcher's choice -> fastest variant):"; grep "µs ->" "$OUT/tune.log"; } \
-    >> "$OUT/summary.txt" 2>/dev/null
+{ echo "Launch-configuration sweep (launcher's choice -> fastest variant):"
+  grep "µs ->\|^tuned configurations" "$OUT/tune.log"; } >> "$OUT/summary.txt" 2>/dev/null
 [ -f "$OUT/summary.txt" ] && cat "$OUT/summary.txt"
 exit $status

@@ -13,7 +13,7 @@ from test_bench_dry import ROOT, _env
 
 # keyword of a launcher's config function -> the key of the configuration it sets
 KEYS = {"block_n": "BLOCK_N", "block_k": "BLOCK_K", "split_k": "split_k", "num_warps": "num_warps",
-        "num_stages": "num_stages"}
+        "num_stages": "num_stages", "min_tiles": "MIN_TILES"}
 
 
 @pytest.fixture(scope="module")
@@ -31,30 +31,31 @@ def test_every_variant_computes_the_op_with_the_configuration_it_names(dry):
         names = [r["baseline"] for r in c["results"]]
         assert names[0] == "triton" and len(names) == len(set(names)) and len(names) >= 8, (c["case"], names)
         default = c["results"][0]["provenance"]["launch_config"]
+        shape = c["results"][0]["provenance"]["shape"]
         for r in c["results"]:
             assert r["status"] == "ok" and r["check"]["ok"], (c["case"], r)
             got = r["provenance"]["launch_config"]
-            named = dict(kv.split("=") for kv in r["baseline"].split()[1:])
+            named = {k: int(v) for k, v in (kv.split("=") for kv in r["baseline"].split()[1:])}
+            assert r["provenance"]["keywords"] == named
             for k, v in named.items():
-                if k in KEYS:
-                    assert got[KEYS[k]] == int(v) != default[KEYS[k]], (c["case"], r["baseline"], got)
-                else:  # a module constant
-                    assert r["provenance"]["constants"] == {k: int(v)}
+                assert got[KEYS[k]] == v != default[KEYS[k]], (c["case"], r["baseline"], got)
+            # the key a tuned file's entry for this variant takes: the same for every variant of a case
+            assert r["provenance"]["shape"] == shape and shape, (c["case"], r["provenance"])
 
 
 def test_the_real_shapes_get_deeper_pipelines_valid_tiles_and_split_choices():
     # 31B o_proj at T = 1 on an H200: the launcher splits K 16 ways (tests/test_fused_glue_triton.py)
     v = tune.variants("rms_norm_linear", dict(T=1, H=16384, N=1024), 132, 2)
-    assert {kw.get("split_k") for kw, _ in v} >= {1, 8, 32}
-    assert dict(block_k=128, num_stages=4) in [kw for kw, _ in v]
+    assert {kw.get("split_k") for kw in v} >= {1, 8, 32}
+    assert dict(block_k=128, num_stages=4) in v
     # q_rope slices must divide the head: E2B's sliding heads (D 256) take 16..256 (a whole head), its
     # default 32 excluded
     v = tune.variants("rms_norm_q_rope", dict(T=1, H=256, N=1024, D=256), 132, 2)
-    assert sorted(kw["block_n"] for kw, _ in v if "block_n" in kw) == [16, 64, 128, 256]
+    assert sorted(kw["block_n"] for kw in v if "block_n" in kw) == [16, 64, 128, 256]
     # attention: fewer, longer key splits and the tiles / pipeline depths around the D 512 default
     v = tune.variants("q_only_paged_attention", dict(D=512, Q=1, Hq=4, Hkv=1), 132, 2)
-    assert [c for _, c in v if c] == [dict(MIN_TILES_PER_SPLIT=m) for m in (1, 4, 8)]
-    assert dict(block_n=64) in [kw for kw, _ in v] and dict(block_n=32) not in [kw for kw, _ in v]
+    assert [kw for kw in v if "min_tiles" in kw] == [dict(min_tiles=m) for m in (1, 4, 8)]
+    assert dict(block_n=64) in v and dict(block_n=32) not in v
 
 
 def test_best_is_the_fastest_checked_variant():

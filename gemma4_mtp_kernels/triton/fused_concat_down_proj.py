@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from .._counters import zeroed_counters
+from . import tuned
 from ._common import (cast, cdiv, dot_precision, interpreting, last_to_arrive, mma, num_sms, pdl_args, pow2_at_least,
                       prefetch_weight_rows, split_epilogue, sum_splits, wait_for_inputs)
 
@@ -123,7 +124,8 @@ def fused_concat_down_proj(token_ids, embed_table, hidden, weight, *, embed_scal
     if T == 0 or Hd == 0:
         return out
     scale = float(torch.tensor(embed_scale, dtype=embed_table.dtype).float())
-    cfg = launch_config(T, Hb, Hd, num_sms(hidden.device))
+    cfg = launch_config(T, Hb, Hd, num_sms(hidden.device),
+                        **tuned.overrides("fused_concat_down_proj", hidden.device, T=T, N=Hd, K=weight.shape[1]))
     split = cfg["split_k"]
     grid = (cdiv(Hd, cfg["BLOCK_N"]), cdiv(T, cfg["BLOCK_T"]), split)
     part = cnt = None

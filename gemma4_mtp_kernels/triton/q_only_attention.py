@@ -62,6 +62,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import tuned
 from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, last_to_arrive, mma, num_sms, pdl_args,
                       pow2_at_least, wait_for_inputs)
 from .._counters import zeroed_counters
@@ -273,13 +274,14 @@ def segment_keys(block_size: int, block_n: int) -> int:
 
 
 def kernel_config(D: int, rows: int, elem_bytes: int = 2, *, block_n: int | None = None, num_warps: int | None = None,
-                  num_stages: int | None = None) -> dict:
+                  num_stages: int | None = None, min_tiles: int | None = None) -> dict:
     """Tiles and warps for one head dim and element size (also used by the AOT compile check). Chosen
     from the sm_80 / sm_90 compiles: the largest row tile whose fp32 accumulator [BLOCK_M, D] fits
     without spills (D 512 caps BLOCK_M at 32: 64 rows spill even with 16 warps). fp32 caches (tests)
     take 16-key tiles and fewer stages: with the bf16 tiles a D 512 fp32 launch needs ~200 KB of
     shared memory, more than an A100 block may have, and fails to launch. The keywords replace one
-    choice each (`benchmarks/tune_launch_configs.py` times them)."""
+    choice each (`benchmarks/tune_launch_configs.py` times them); min_tiles is the key tiles a split has at
+    least (MIN_TILES, MIN_TILES_PER_SPLIT by default: num_splits)."""
     block_m = min(32 if D == 512 else 64, pow2_at_least(rows, 16))
     warps = 4 if block_m * D <= 16 * 256 else 8
     if elem_bytes == 4:
@@ -296,6 +298,7 @@ def kernel_config(D: int, rows: int, elem_bytes: int = 2, *, block_n: int | None
     # Without a cap ptxas held some pipelined launches (one split, 64 rows) to 128 registers and kept 6-8
     # values on the stack across the key loop; 255 still fits the programs an SM holds (programs_per_sm).
     cfg["maxnreg"] = 255
+    cfg["MIN_TILES"] = min_tiles or MIN_TILES_PER_SPLIT
     return cfg
 
 
@@ -354,13 +357,14 @@ def programs_per_sm(cfg: dict) -> int:
     return max(1, 8 // cfg["num_warps"])
 
 
-def num_splits(B: int, Hkv: int, row_tiles: int, max_len: int, block_n: int, sms: int, per_sm: int = 1) -> int:
+def num_splits(B: int, Hkv: int, row_tiles: int, max_len: int, block_n: int, sms: int, per_sm: int = 1,
+               min_tiles: int = MIN_TILES_PER_SPLIT) -> int:
     """Key-range splits per (request, KV head) for an attended length of at most max_len: as many as
-    keep the grid within one wave of sms * per_sm programs, each at least MIN_TILES_PER_SPLIT tiles.
+    keep the grid within one wave of sms * per_sm programs, each at least min_tiles tiles.
     Each program then cuts its own request's actual range into that many chunks on the device."""
     tiles = max(1, cdiv(max_len, block_n))
     programs = B * Hkv * row_tiles
-    return max(1, min((sms * per_sm) // programs, cdiv(tiles, MIN_TILES_PER_SPLIT)))
+    return max(1, min((sms * per_sm) // programs, cdiv(tiles, min_tiles)))
 
 
 def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=1.0, window=None, softcap=None,
@@ -375,16 +379,18 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
     lse = torch.empty(B, Qn, Hq, dtype=torch.float32, device=q.device) if return_lse else None
     if B == 0 or Qn == 0:
         return (out, lse) if return_lse else out
-    cfg = kernel_config(D, rows, q.element_size())
-    row_tiles = cdiv(rows, cfg["BLOCK_M"])
     max_len = block_table.shape[1] * block_size
     if window is not None:
         max_len = min(max_len, window)
+    cfg = kernel_config(D, rows, q.element_size(), **tuned.overrides(
+        "q_only_paged_attention", q.device, B=B, Q=Qn, Hq=Hq, Hkv=Hkv, D=D, keys=max_len, bytes=q.element_size()))
+    row_tiles = cdiv(rows, cfg["BLOCK_M"])
     if splits is None:
-        splits = num_splits(B, Hkv, row_tiles, max_len, cfg["BLOCK_N"], num_sms(q.device), programs_per_sm(cfg))
+        splits = num_splits(B, Hkv, row_tiles, max_len, cfg["BLOCK_N"], num_sms(q.device), programs_per_sm(cfg),
+                            cfg["MIN_TILES"])
     interp = interpreting(q.device)
     common = dict(D=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                  MIN_CHUNK=MIN_TILES_PER_SPLIT * cfg["BLOCK_N"], PAGES=table_pages(cfg["BLOCK_N"]),
+                  MIN_CHUNK=cfg["MIN_TILES"] * cfg["BLOCK_N"], PAGES=table_pages(cfg["BLOCK_N"]),
                   HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, PREC=dot_precision(q.dtype),
                   INTERP=interp,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"],

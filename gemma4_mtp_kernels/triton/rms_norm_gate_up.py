@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from . import tuned
 from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, last_to_arrive, mma, pdl_args,
                       prefetch_weight_rows, split_epilogue, sum_splits, wait_for_inputs)
 from .._counters import zeroed_counters
@@ -250,7 +251,7 @@ def rms_norm_gate_up(x, gate_weight, up_weight, *, down_weight=None, norm_weight
             return _mlp(x, gate_weight, up_weight, down_weight, out, **prologue)
         m = rms_norm_gate_up(x, gate_weight, up_weight, **prologue)
         return _linear(m, down_weight, out=out)
-    cfg = launch_config(T, I)
+    cfg = launch_config(T, I, **tuned.overrides("rms_norm_gate_up", x.device, T=T, N=I, K=H))
     ptrs, flags, strides = prologue_args(x, norm_weight, residual, residual_norm_weight, layer_scalar, residual_out)
     hout = residual_out if residual_out is not None else out
     grid = (cdiv(I, cfg["BLOCK_N"]), cdiv(T, cfg["BLOCK_T"]))

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import tuned
 from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, last_to_arrive, mma, num_sms, pdl_args,
                       pow2_at_least, prefetch_weight_rows, split_epilogue, sum_splits, wait_for_inputs)
 from .._counters import zeroed_counters
@@ -300,7 +301,7 @@ def rms_norm_linear(x, weight, *, norm_weight=None, eps=1e-6, residual=None, res
         out = torch.empty(T, N, dtype=x.dtype, device=x.device)
     if T == 0:
         return out
-    cfg = launch_config(T, H, N, num_sms(x.device))
+    cfg = launch_config(T, H, N, num_sms(x.device), **tuned.overrides("rms_norm_linear", x.device, T=T, N=N, K=H))
     split = cfg["split_k"]
     part = cnt = out
     if split > 1:

@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import tuned
 from ._common import (cast, cdiv, device_helper, dot_precision, interpreting, last_to_arrive, mma, pdl_args,
                       prefetch_weight_rows, wait_for_inputs)
 from .rms_norm_linear import (BLOCK_K, normed_tile, prologue_args, prologue_stats, prologue_unroll, row_tile,
@@ -154,7 +155,7 @@ def rms_norm_q_rope(x, weight, q_norm_weight, positions, inv_freq, *, norm_weigh
         out = torch.empty(T, Hq, D, dtype=x.dtype, device=x.device)
     if T == 0:
         return out
-    cfg = launch_config(T, N, D)
+    cfg = launch_config(T, N, D, **tuned.overrides("rms_norm_q_rope", x.device, T=T, N=N, K=H, D=D))
     t_tiles = cdiv(T, cfg["BLOCK_T"])
     ws = torch.empty(T, N, dtype=x.dtype, device=x.device)
     cnt = zeroed_counters(x.device, t_tiles * Hq, COUNTER_OWNER)
