@@ -43,14 +43,17 @@ def compiler_flags() -> list[str]:
 
 def build(request, main: str, name: str, defines: tuple[str, ...] = ()) -> Path:
     """The driver `main` built with `defines` (-D...), cached in pytest's cache by a hash of its sources
-    and flags."""
+    and flags. Built under a name of its own and renamed into place: pytest-xdist's workers (the README's
+    test command) may build the same driver at once, and none may run another's half-written binary."""
     flags = [*compiler_flags(), *defines]
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources(main)) + " ".join(flags).encode()).hexdigest()[:16]
     exe = Path(request.config.cache.mkdir("cuda_emulator")) / f"{name}_{digest}"
     if not exe.exists():
-        cmd = [*flags, f"-I{EMU}", f"-I{ROOT / 'csrc' / 'include'}", f"-I{BENCH_CUDA}", str(EMU / main), "-o", str(exe)]
+        part = exe.with_name(f"{exe.name}.{os.getpid()}.part")
+        cmd = [*flags, f"-I{EMU}", f"-I{ROOT / 'csrc' / 'include'}", f"-I{BENCH_CUDA}", str(EMU / main), "-o", str(part)]
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
         assert run.returncode == 0, run.stderr[-4000:]
+        os.replace(part, exe)
     return exe
 
 
