@@ -89,22 +89,17 @@ def test_a_file_of_another_device_is_ignored_with_a_warning(tmp_path, in_force, 
     assert tuned.overrides("rms_norm_gate_up", torch.device("cuda", 1), **shape) == {}
 
 
-def _dry_cases():
-    """The sweep's first dry case of each op and a variant of it (tiny shapes, CPU, fp32)."""
-    out = {}
-    for c in tune.cases(True):
-        if c.op not in out:
-            out[c.op] = (c, tune.variants(c.op, c.params, _common.INTERPRETER_SMS, 4)[0])
-    assert set(out) == set(tune.OPS)
-    return list(out.values())
+def _dry_case(op):
+    """The sweep's first dry case of `op` (tiny shapes)."""
+    return next(c for c in tune.cases(True) if c.op == op)
 
 
-@pytest.mark.parametrize("case, kw", _dry_cases(), ids=lambda x: getattr(x, "label", None) or str(x))
-def test_an_entry_reaches_its_launch_at_its_shape_and_computes_the_op(tmp_path, in_force, case, kw):
-    """A launch through the public op (the sweep's case, interpreted) with a file whose entry names its shape
-    gets the entry's keywords, and computes what the reference computes; the same file with the entry at
-    another shape leaves the launcher's choice."""
-    inputs = case.make_inputs(torch.device("cpu"), torch.float32, 0)
+def check_entry_reaches_its_launch(tmp_path, in_force, op, device, dtype, device_name):
+    """A launch through the public op (the sweep's dry case) with a file whose entry names its shape gets the
+    entry's keywords (the case's first variant), and computes what the reference computes; the same file
+    with the entry at another shape, or measured on another device, leaves the launcher's choice."""
+    case = _dry_case(op)
+    inputs = case.make_inputs(device, dtype, 0)
     expected = case.reference(inputs)
     spy = case.baselines["triton"]  # the sweep's factory of the launcher's own choice: it records what it got
     in_force(None)
@@ -112,8 +107,9 @@ def test_an_entry_reaches_its_launch_at_its_shape_and_computes_the_op(tmp_path, 
     plain()
     default, shape = plain.provenance["launch_config"], plain.provenance["shape"]
     assert shape, case.label
+    kw = tune.variants(op, case.params, _common.num_sms(device), dtype.itemsize)[0]
 
-    in_force(_write(tmp_path, [{"op": case.op, "shape": shape, "config": kw}]))
+    in_force(_write(tmp_path, [{"op": op, "shape": shape, "config": kw}], device=device_name))
     run = spy(inputs)
     got = run()
     cfg = run.provenance["launch_config"]
@@ -122,11 +118,30 @@ def test_an_entry_reaches_its_launch_at_its_shape_and_computes_the_op(tmp_path, 
         assert cfg[key] == v != default[key], (case.label, k, cfg)
     assert case.default_compare(got, expected)["ok"], case.label
 
-    in_force(_write(tmp_path, [{"op": case.op, "shape": {**shape, "T" if "T" in shape else "B": 99}, "config": kw}],
-                    name="elsewhere.json"))
-    other = spy(inputs)
-    other()
-    assert other.provenance["launch_config"] == default
+    elsewhere = {**shape, "T" if "T" in shape else "B": 99}
+    others = [({"shape": elsewhere}, device_name)]
+    if device.type == "cuda":  # the interpreter has no device name: a file applies there whatever it names
+        others.append(({}, "another GPU"))
+    for i, (where, name) in enumerate(others):
+        in_force(_write(tmp_path, [{"op": op, "shape": shape, "config": kw, **where}], device=name,
+                        name=f"other{i}.json"))
+        other = spy(inputs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the other device's warning: tested above)
+            other()
+        assert other.provenance["launch_config"] == default, (case.label, where, name)
+
+
+@pytest.mark.parametrize("op", tune.OPS)
+def test_an_entry_reaches_its_launch_at_its_shape_and_computes_the_op(tmp_path, in_force, op):
+    check_entry_reaches_its_launch(tmp_path, in_force, op, torch.device("cpu"), torch.float32, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", tune.OPS)
+def test_an_entry_reaches_its_compiled_launch_on_a_gpu(tmp_path, in_force, op):
+    check_entry_reaches_its_launch(tmp_path, in_force, op, torch.device("cuda"), torch.bfloat16,
+                                   torch.cuda.get_device_name())
 
 
 def _result(name, us, shape, kw, ok=True):
