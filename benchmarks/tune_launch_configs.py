@@ -1,6 +1,6 @@
 """Launch configurations of the Triton kernels whose tiles and splits are heuristics, timed against those
 heuristics at the real drafter shapes (GPU): the fused glue (rms_norm_q_rope, rms_norm_linear,
-rms_norm_gate_up), the pre-projection (fused_concat_down_proj) and the attention (q_only_paged_attention).
+rms_norm_gate_up, and the MLP where it is one launch), the pre-projection (fused_concat_down_proj) and the attention (q_only_paged_attention).
 
 Each case is an op benchmark's case (bench_fused_glue, bench_fused_concat_down_proj,
 bench_q_only_attention) whose baselines are the Triton launch with the launcher's own choice
@@ -46,22 +46,31 @@ MIN_TILES = (1, 4, 8)  # attention: key tiles per split at least (fewer, longer 
 MIN_GAIN = 1.05
 
 
-def _modules() -> dict:
-    """op -> its Triton module (the package re-exports each op's function under the module's name)."""
+MLP = "rms_norm_gate_up/mlp"  # the one-launch MLP's configuration (mlp_config): a tuned file's op of its own
+
+
+def config_key(op: str, params: dict) -> str:
+    """What a case's variants configure, as a tuned file names it: its op's configuration, or the one-launch
+    MLP's (a gate_up case with down_proj rows)."""
+    return MLP if op == "rms_norm_gate_up" and "down" in params else op
+
+
+def config_function(key: str):
+    """(module, name) of the configuration function a tuned file's op `key` sets keywords of."""
     import importlib
-    files = {op: op for op in OPS}
-    files["q_only_paged_attention"] = "q_only_attention"
-    return {op: importlib.import_module(f"gemma4_mtp_kernels.triton.{f}") for op, f in files.items()}
 
-
-def _config_fn(op: str) -> str:
-    return "kernel_config" if op == "q_only_paged_attention" else "launch_config"
+    from gemma4_mtp_kernels.triton import tuned
+    module, name = tuned.CONFIG_FUNCTIONS[key]
+    return importlib.import_module(f"gemma4_mtp_kernels.triton.{module}"), name
 
 
 def default_config(op: str, params: dict, sms: int, elem_bytes: int) -> dict:
     """The launcher's own configuration for a case (what its variants change)."""
-    module = _modules()[op]
+    key = config_key(op, params)
+    module, _ = config_function(key)
     p = params
+    if key == MLP:
+        return module.mlp_config(p["T"], p["N"])
     if op == "rms_norm_linear":
         return module.launch_config(p["T"], p["H"], p["N"], sms)
     if op == "rms_norm_gate_up":
@@ -77,6 +86,10 @@ def variants(op: str, params: dict, sms: int, elem_bytes: int) -> list[dict]:
     """The config function's keywords of every variant of a case: each differs from the launcher's own
     choice (default_config) in what it names."""
     cfg = default_config(op, params, sms, elem_bytes)
+    if config_key(op, params) == MLP:  # programs of 16 / 64 rows, down_proj's rows in two tiles, warps, stages
+        return ([dict(block_i=b) for b in (16, 64) if b != cfg["BLOCK_I"]]
+                + [dict(block_n=128)] * (cfg["BLOCK_N"] != 128)
+                + [dict(num_warps=8), dict(block_i=64, num_warps=8), dict(num_stages=2), dict(num_stages=4)])
     if op == "q_only_paged_attention":
         return ([dict(block_n=n) for n in (16, 32, 64) if n != cfg["BLOCK_N"]]
                 + [dict(num_stages=s) for s in (2, 3, 4) if s != cfg["num_stages"]]
@@ -98,21 +111,21 @@ def variant_name(kw: dict) -> str:
     return " ".join(["triton"] + [f"{k}={v}" for k, v in kw.items()])
 
 
-def configured(factory, op: str, kw: dict):
-    """A baseline factory: the bench's own Triton baseline run with the config function's keywords `kw`
-    in place for every launch (warm-up and capture included; they replace what a tuned file in force
-    would set). The callable's provenance records the keywords, the configuration the first launch got
-    and the shape its launcher looked up (the key of a tuned file's entry, `tuned.overrides`)."""
+def configured(factory, key: str, kw: dict):
+    """A baseline factory: the bench's own Triton baseline run with the keywords `kw` of the configuration
+    function of `key` (config_key) in place for every launch (warm-up and capture included; they replace
+    what a tuned file in force would set). The callable's provenance records the key, the keywords, the
+    configuration the first launch got and the shape its launcher looked up (with the key, a tuned file's
+    entry: `tuned.overrides`)."""
     from gemma4_mtp_kernels.triton import tuned
-    module = _modules()[op]
-    name = _config_fn(op)
+    module, name = config_function(key)
     original = getattr(module, name)
     original_overrides = tuned.overrides
 
     def make(inp):
         run = factory(inp)
         # what the launch got (run_all keeps a provenance that is truthy before the first call)
-        seen: dict = {"keywords": dict(kw), "launch_config": None, "shape": None}
+        seen: dict = {"op": key, "keywords": dict(kw), "launch_config": None, "shape": None}
 
         @functools.wraps(original)  # its signature is the original's (tuned.keywords reads it)
         def chosen(*args, **kwargs):
@@ -122,7 +135,7 @@ def configured(factory, op: str, kw: dict):
             return cfg
 
         def looked_up(o, device, **shape):
-            if o == op and seen["shape"] is None:
+            if o == key and seen["shape"] is None:
                 seen["shape"] = dict(shape)
             return original_overrides(o, device, **shape)
 
@@ -145,8 +158,11 @@ def cases(dry: bool) -> list:
     from .run_all import device_and_dtype
     device, dtype = device_and_dtype(dry)
     sms, elem_bytes = num_sms(device), dtype.itemsize
-    # not the whole-MLP cases: the one launch is configured by mlp_config, which no variant here changes
-    picked = [c for c in bench_fused_glue.cases(dry) if "down" not in c.params]
+    # the whole-MLP cases where they are one launch (mlp_config's; above the one-launch rule they are gate_up
+    # and down_proj, cases of their own)
+    gate_up, _ = config_function(MLP)
+    picked = [c for c in bench_fused_glue.cases(dry) if "down" not in c.params
+              or gate_up.one_launch(c.params["T"], c.params["H"], c.params["N"], c.params["down"], elem_bytes)]
     picked += [c for c in bench_fused_concat_down_proj.cases(dry) if c.params["T"] <= 8]
     picked += bench_q_only_attention.cases(dry)
     if not dry:
@@ -163,9 +179,10 @@ def cases(dry: bool) -> list:
             continue
         shapes.add(shape)
         base = c.baselines["triton"]
-        baselines = {"triton": configured(base, c.op, {})}
+        key = config_key(c.op, c.params)
+        baselines = {"triton": configured(base, key, {})}
         for kw in variants(c.op, c.params, sms, elem_bytes):
-            baselines[variant_name(kw)] = configured(base, c.op, kw)
+            baselines[variant_name(kw)] = configured(base, key, kw)
         compare = {name: c.compare["triton"] for name in baselines} if "triton" in c.compare else {}
         out.append(dataclasses.replace(c, baselines=baselines, compare=compare))
     return out
@@ -200,9 +217,9 @@ def tuned_file(results: dict, device: str, min_gain: float = MIN_GAIN) -> dict:
         prov = next(r["provenance"] for r in by_case[row["case"]]["results"] if r["baseline"] == row["best"])
         if not prov.get("shape"):
             continue  # the launcher never looked up a shape (a launch that failed before it)
-        key = (row["op"], tuple(sorted(prov["shape"].items())))
+        key = (prov["op"], tuple(sorted(prov["shape"].items())))
         if key not in entries or entries[key]["gain"] < row["gain"]:
-            entries[key] = {"op": row["op"], "shape": prov["shape"], "config": prov["keywords"], "case": row["case"],
+            entries[key] = {"op": prov["op"], "shape": prov["shape"], "config": prov["keywords"], "case": row["case"],
                             "default_us": round(row["default_us"], 2), "tuned_us": round(row["best_us"], 2),
                             "gain": round(row["gain"], 3)}
     return {"schema": 1, "device": device, "min_gain": min_gain, "env": results.get("env"),

@@ -9,11 +9,12 @@ import sys
 import pytest
 
 from benchmarks import tune_launch_configs as tune
+from gemma4_mtp_kernels.triton import tuned
 from test_bench_dry import ROOT, _env
 
 # keyword of a launcher's config function -> the key of the configuration it sets
 KEYS = {"block_n": "BLOCK_N", "block_k": "BLOCK_K", "split_k": "split_k", "num_warps": "num_warps",
-        "num_stages": "num_stages", "min_tiles": "MIN_TILES"}
+        "num_stages": "num_stages", "min_tiles": "MIN_TILES", "block_i": "BLOCK_I"}
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +28,8 @@ def dry(tmp_path_factory):
 
 def test_every_variant_computes_the_op_with_the_configuration_it_names(dry):
     assert {c["op"] for c in dry["cases"]} == set(tune.OPS)
+    # every configuration a tuned file may set is swept (the one-launch MLP's among them)
+    assert {c["results"][0]["provenance"]["op"] for c in dry["cases"]} == set(tuned.CONFIG_FUNCTIONS)
     for c in dry["cases"]:
         names = [r["baseline"] for r in c["results"]]
         assert names[0] == "triton" and len(names) == len(set(names)) and len(names) >= 8, (c["case"], names)

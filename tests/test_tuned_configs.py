@@ -89,16 +89,16 @@ def test_a_file_of_another_device_is_ignored_with_a_warning(tmp_path, in_force, 
     assert tuned.overrides("rms_norm_gate_up", torch.device("cuda", 1), **shape) == {}
 
 
-def _dry_case(op):
-    """The sweep's first dry case of `op` (tiny shapes)."""
-    return next(c for c in tune.cases(True) if c.op == op)
+def _dry_case(key):
+    """The sweep's first dry case of a tuned file's op `key` (tiny shapes)."""
+    return next(c for c in tune.cases(True) if tune.config_key(c.op, c.params) == key)
 
 
-def check_entry_reaches_its_launch(tmp_path, in_force, op, device, dtype, device_name):
+def check_entry_reaches_its_launch(tmp_path, in_force, key, device, dtype, device_name):
     """A launch through the public op (the sweep's dry case) with a file whose entry names its shape gets the
     entry's keywords (the case's first variant), and computes what the reference computes; the same file
     with the entry at another shape, or measured on another device, leaves the launcher's choice."""
-    case = _dry_case(op)
+    case = _dry_case(key)
     inputs = case.make_inputs(device, dtype, 0)
     expected = case.reference(inputs)
     spy = case.baselines["triton"]  # the sweep's factory of the launcher's own choice: it records what it got
@@ -107,15 +107,15 @@ def check_entry_reaches_its_launch(tmp_path, in_force, op, device, dtype, device
     plain()
     default, shape = plain.provenance["launch_config"], plain.provenance["shape"]
     assert shape, case.label
-    kw = tune.variants(op, case.params, _common.num_sms(device), dtype.itemsize)[0]
+    kw = tune.variants(case.op, case.params, _common.num_sms(device), dtype.itemsize)[0]
 
-    in_force(_write(tmp_path, [{"op": op, "shape": shape, "config": kw}], device=device_name))
+    in_force(_write(tmp_path, [{"op": key, "shape": shape, "config": kw}], device=device_name))
     run = spy(inputs)
     got = run()
     cfg = run.provenance["launch_config"]
     for k, v in kw.items():
-        key = {"block_k": "BLOCK_K", "block_n": "BLOCK_N", "min_tiles": "MIN_TILES"}.get(k, k)
-        assert cfg[key] == v != default[key], (case.label, k, cfg)
+        name = {"block_k": "BLOCK_K", "block_n": "BLOCK_N", "block_i": "BLOCK_I", "min_tiles": "MIN_TILES"}.get(k, k)
+        assert cfg[name] == v != default[name], (case.label, k, cfg)
     assert case.default_compare(got, expected)["ok"], case.label
 
     elsewhere = {**shape, "T" if "T" in shape else "B": 99}
@@ -123,7 +123,7 @@ def check_entry_reaches_its_launch(tmp_path, in_force, op, device, dtype, device
     if device.type == "cuda":  # the interpreter has no device name: a file applies there whatever it names
         others.append(({}, "another GPU"))
     for i, (where, name) in enumerate(others):
-        in_force(_write(tmp_path, [{"op": op, "shape": shape, "config": kw, **where}], device=name,
+        in_force(_write(tmp_path, [{"op": key, "shape": shape, "config": kw, **where}], device=name,
                         name=f"other{i}.json"))
         other = spy(inputs)
         with warnings.catch_warnings():
@@ -132,15 +132,15 @@ def check_entry_reaches_its_launch(tmp_path, in_force, op, device, dtype, device
         assert other.provenance["launch_config"] == default, (case.label, where, name)
 
 
-@pytest.mark.parametrize("op", tune.OPS)
-def test_an_entry_reaches_its_launch_at_its_shape_and_computes_the_op(tmp_path, in_force, op):
-    check_entry_reaches_its_launch(tmp_path, in_force, op, torch.device("cpu"), torch.float32, "cpu")
+@pytest.mark.parametrize("key", tuned.CONFIG_FUNCTIONS)
+def test_an_entry_reaches_its_launch_at_its_shape_and_computes_the_op(tmp_path, in_force, key):
+    check_entry_reaches_its_launch(tmp_path, in_force, key, torch.device("cpu"), torch.float32, "cpu")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", tune.OPS)
-def test_an_entry_reaches_its_compiled_launch_on_a_gpu(tmp_path, in_force, op):
-    check_entry_reaches_its_launch(tmp_path, in_force, op, torch.device("cuda"), torch.bfloat16,
+@pytest.mark.parametrize("key", tuned.CONFIG_FUNCTIONS)
+def test_an_entry_reaches_its_compiled_launch_on_a_gpu(tmp_path, in_force, key):
+    check_entry_reaches_its_launch(tmp_path, in_force, key, torch.device("cuda"), torch.bfloat16,
                                    torch.cuda.get_device_name())
 
 
@@ -166,6 +166,9 @@ def test_the_sweep_writes_its_clear_winners_as_a_file_the_launchers_read(tmp_pat
         {"op": "rms_norm_gate_up", "case": "the launcher's choice wins", "floor_s": None, "results": [
             _result("triton", 10.0, o_proj, {}), _result("triton num_stages=4", 11.0, o_proj, {"num_stages": 4})]},
     ]}
+    for c in results["cases"]:  # the key of each case's configuration (none here is the one-launch MLP)
+        for r in c["results"]:
+            r["provenance"]["op"] = c["op"]
     got = tune.tuned_file(results, "NVIDIA H200")
     assert got["device"] == "NVIDIA H200" and got["env"] == {"commit": "abc"}
     assert [(e["op"], e["config"], e["gain"]) for e in got["entries"]] == [
@@ -217,6 +220,8 @@ def test_the_sweep_times_every_launch_shape_of_a_b1_step():
             return c.op, dict(B=q["B"], Q=q["Q"], Hq=q["Hq"], Hkv=q["Hkv"], D=q["D"], keys=keys, bytes=2)
         if c.op == "fused_concat_down_proj":
             return c.op, dict(T=q["T"], N=q["Hd"], K=2 * q["Hb"])
+        if "down" in q:  # the one-launch MLP: down_proj's rows, gate_up's
+            return tune.MLP, dict(T=q["T"], N=q["down"], K=q["H"], I=q["N"])
         return c.op, dict(T=q["T"], N=q["N"], K=q["H"], **({"D": q["D"]} if c.op == "rms_norm_q_rope" else {}))
 
     with mock.patch.object(_common, "num_sms", lambda device: 132):

@@ -219,7 +219,7 @@ def _mlp(x, gate_weight, up_weight, down_weight, out, *, norm_weight, eps, resid
          layer_scalar, residual_out):
     T, H = x.shape
     I, N = gate_weight.shape[0], down_weight.shape[0]
-    cfg = mlp_config(T, I)
+    cfg = mlp_config(T, I, **tuned.overrides("rms_norm_gate_up/mlp", x.device, T=T, N=N, K=H, I=I))
     part = torch.empty(cfg["programs"], T, N, dtype=torch.float32, device=x.device)
     gpart = torch.empty(cfg["groups"], T, N, dtype=torch.float32, device=x.device)
     cnt = zeroed_counters(x.device, cfg["groups"] + 1, COUNTER_OWNER)

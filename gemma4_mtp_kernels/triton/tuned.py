@@ -33,6 +33,7 @@ PATH = os.environ.get(ENV) or None
 CONFIG_FUNCTIONS = {"rms_norm_linear": ("rms_norm_linear", "launch_config"),
                     "rms_norm_q_rope": ("rms_norm_q_rope", "launch_config"),
                     "rms_norm_gate_up": ("rms_norm_gate_up", "launch_config"),
+                    "rms_norm_gate_up/mlp": ("rms_norm_gate_up", "mlp_config"),  # with down_weight, one launch
                     "fused_concat_down_proj": ("fused_concat_down_proj", "launch_config"),
                     "q_only_paged_attention": ("q_only_attention", "kernel_config")}
 
