@@ -43,6 +43,8 @@ LINEAR = {"op": "rms_norm_linear", "shape": {"T": 1, "N": 1024, "K": 16384}, "co
     ([{**LINEAR, "config": {"block_m": 64}}], "entries[0].config sets ['block_m'], which rms_norm_linear's"),
     ([LINEAR, {**LINEAR, "config": {"num_stages": 0}}], "entries[1].config values must be positive integers"),
     ([{**LINEAR, "config": {"num_stages": "4"}}], "entries[0].config values must be positive integers"),
+    ([{**LINEAR, "config": {"block_k": 96, "num_warps": 6, "num_stages": 3}}],
+     "entries[0].config ['block_k', 'num_warps'] must be powers of two"),
     ([{**LINEAR, "config": {}}], "entries[0].config must be a non-empty object"),
     ([{**LINEAR, "shape": {"T": 1.0}}], "entries[0].shape must map names to integers"),
     ([{**LINEAR, "shape": []}], "entries[0].shape must map names to integers"),

@@ -80,6 +80,10 @@ def load(path: str) -> tuple[str, dict]:
                              f"does not take (it takes {sorted(keywords(op))})")
         if not all(type(v) is int and v > 0 for v in config.values()):
             raise ValueError(f"{where}: entries[{i}].config values must be positive integers, got {config!r}")
+        # Triton's tiles and warp counts are powers of two (anything else fails in its compiler, far from here)
+        odd = sorted(k for k, v in config.items() if (k.startswith("block_") or k == "num_warps") and v & (v - 1))
+        if odd:
+            raise ValueError(f"{where}: entries[{i}].config {odd} must be powers of two, got {config!r}")
         table[_key(op, shape)] = dict(config)
     return data["device"], table
 
