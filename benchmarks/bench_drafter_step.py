@@ -30,11 +30,11 @@ A step is `Gemma4MTPDrafter.step` + `top_tokens(last, 1)`; a round is `gemma4_mt
 - `triton_two_launch_mlp` (E2B / E4B steps at B = 1): `triton` with each layer's MLP as two launches, gate_up then
   down_proj (`rms_norm_gate_up.MLP_MAX_T` = 0, the step before 2026-12-06), graph-replayed: what the
   one-launch MLP saves (benchmarks/README.md, "The MLP in one launch");
-- `triton_tuned` (steps at B = 1, when GEMMA4_MTP_BENCH_TUNED_CONFIGS names a tuned-configuration file with
-  entries): `triton` with that file's launch configurations in force (`gemma4_mtp_kernels.triton.tuned`),
-  graph-replayed: gpu_check.sh writes the file from its launch-configuration sweep just before, so one run
-  says what the sweep's winners are worth to a step (benchmarks/README.md, "The sweep's winners in the same
-  run");
+- `triton_tuned` (steps and chain rounds at B = 1, when GEMMA4_MTP_BENCH_TUNED_CONFIGS names a
+  tuned-configuration file with entries): `triton` with that file's launch configurations in force
+  (`gemma4_mtp_kernels.triton.tuned`), graph-replayed: gpu_check.sh writes the file from its
+  launch-configuration sweep just before, so one run says what the sweep's winners are worth to a step and
+  a round (benchmarks/README.md, "The sweep's winners in the same run");
 - `triton_eager`, `cuda_eager`: the same calls eagerly, timed with events around them: on a GPU this
   is the host time per call (Python, validation, launches), the GPU waiting on it (`cuda_eager`: a
   step is one call into C++, csrc/ops/drafter_step.cu);
@@ -276,8 +276,8 @@ def cases(dry: bool) -> list[Case]:
             baselines["triton_long_splits"] = ours_with(kind, rms_norm_linear, "MIN_KB_PER_SPLIT", 8)
             if rms_norm_gate_up.one_launch(B, shape["Hd"], shape["inter"], shape["Hd"], 2):
                 baselines["triton_two_launch_mlp"] = ours_with(kind, rms_norm_gate_up, "MLP_MAX_T", 0)
-            if tuned_configs():
-                baselines["triton_tuned"] = ours_with(kind, tuned, "PATH", tuned_configs())
+        if B == 1 and kind in ("step", "chain") and tuned_configs():
+            baselines["triton_tuned"] = ours_with(kind, tuned, "PATH", tuned_configs())
         if not dry:  # the same calls as "triton" / "cuda", timed eagerly: nothing more to exercise on a CPU
             baselines["triton_eager"] = ours("triton", kind)
             baselines["cuda_eager"] = ours("cuda", kind)
