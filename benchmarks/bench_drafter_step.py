@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import copy
 import importlib
-import json
 import os
 from unittest import mock
 
@@ -78,14 +77,13 @@ TUNED_ENV = "GEMMA4_MTP_BENCH_TUNED_CONFIGS"
 
 def tuned_configs() -> str | None:
     """The file TUNED_ENV names when it has entries to apply (one without any would time `triton` again); a
-    file that is not JSON is returned too: its baseline then fails with tuned.load's message."""
+    file tuned.load refuses is returned too: its baseline then fails with that message."""
     path = os.environ.get(TUNED_ENV)
     if not path or not os.path.exists(path):
         return None
     try:
-        with open(path) as f:
-            return path if json.load(f).get("entries") else None
-    except (OSError, ValueError, AttributeError):
+        return path if tuned.load(path)[1] else None
+    except ValueError:
         return path
 
 # "sampled": the chain round of a sampling request (graphs.DraftSampling, temperature 0.8), its verify with
@@ -259,6 +257,7 @@ def cases(dry: bool) -> list[Case]:
         # the issue's targets first (E2B and 31B, B = 1, 8K; steps, then rounds): later cases may not fit the budget
         grid.sort(key=lambda c: (c[2] != 1 or c[3] != 8192, c[0] not in ("E2B", "31B"), c[2], c[3],
                                  list(SHAPES).index(c[4]), c[0]))
+    tuned_path = tuned_configs()
     out = []
     for name, shape, B, ctx, kind in grid:
         with mock.patch.dict(roofline.DRAFTERS, {name: shape}):  # the dry run's toy shapes, for this cost only
@@ -276,8 +275,8 @@ def cases(dry: bool) -> list[Case]:
             baselines["triton_long_splits"] = ours_with(kind, rms_norm_linear, "MIN_KB_PER_SPLIT", 8)
             if rms_norm_gate_up.one_launch(B, shape["Hd"], shape["inter"], shape["Hd"], 2):
                 baselines["triton_two_launch_mlp"] = ours_with(kind, rms_norm_gate_up, "MLP_MAX_T", 0)
-        if B == 1 and kind in ("step", "chain") and tuned_configs():
-            baselines["triton_tuned"] = ours_with(kind, tuned, "PATH", tuned_configs())
+        if B == 1 and kind in ("step", "chain") and tuned_path:
+            baselines["triton_tuned"] = ours_with(kind, tuned, "PATH", tuned_path)
         if not dry:  # the same calls as "triton" / "cuda", timed eagerly: nothing more to exercise on a CPU
             baselines["triton_eager"] = ours("triton", kind)
             baselines["cuda_eager"] = ours("cuda", kind)

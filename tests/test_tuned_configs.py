@@ -184,23 +184,18 @@ def test_the_sweep_writes_its_clear_winners_as_a_file_the_launchers_read(tmp_pat
     assert tuned.overrides("rms_norm_q_rope", torch.device("cpu"), **q_proj) == {}
 
 
-# A B = 1, 8K step of each drafter recorded on meta tensors (as launch_count does: the real @triton.jit
-# kernels, no interpreter), printing the shape each launcher looked up.
+# A B = 1, 8K step of each drafter as launch_count records it (meta tensors, the real @triton.jit kernels, no
+# interpreter), printing the shape each launcher looked up.
 STEP_LOOKUPS = """
-import json, sys, torch
-from gemma4_mtp.drafter import random_drafter, synthetic_context
+import json, sys
+from benchmarks.launch_count import count_step
 from gemma4_mtp_kernels.triton import tuned
-from gemma4_mtp_kernels.triton.record import recording
 seen, original = [], tuned.overrides
 tuned.overrides = lambda op, device, **shape: seen.append([op, shape]) or original(op, device, **shape)
 out = {}
 for name in sys.argv[1:]:
-    d = random_drafter(name, device="meta", backend="triton")
-    ctx = synthetic_context(d, 1, 8192, device="meta")
-    hidden = torch.empty(1, 1, d.config.backbone_hidden_size, dtype=torch.bfloat16, device="meta")
     seen.clear()
-    with recording(132):
-        d.top_tokens(d.step(ctx, torch.empty(1, 1, dtype=torch.int64, device="meta"), hidden)[0], 1)
+    count_step(name)
     out[name] = list(seen)
 print(json.dumps(out))
 """
