@@ -24,7 +24,7 @@ def sources(main: str) -> list[Path]:
     """What an emulator build of `main` compiles (the key of its cached binary): the emulation, the
     driver, every kernel header, the host-side launchers (csrc/ops) and the benchmarks' device headers,
     so that no edit of an included file reuses a stale binary."""
-    return [EMU / "emu.h", EMU / "io.h", EMU / "gemma4_mtp" / "common.cuh", EMU / "cuda" / "atomic", EMU / main,
+    return [EMU / "emu.h", EMU / "io.h", *sorted((EMU / "gemma4_mtp").iterdir()), EMU / "cuda" / "atomic", EMU / main,
             *sorted(EMU.glob("cuda_*.h")), *sorted((ROOT / "csrc" / "include" / "gemma4_mtp").iterdir()),
             *sorted((ROOT / "csrc" / "ops").iterdir()), *sorted(BENCH_CUDA.glob("*.cuh"))]
 
@@ -57,13 +57,14 @@ def build(request, main: str, name: str, defines: tuple[str, ...] = ()) -> Path:
     return exe
 
 
-def run(binary: Path, args: str) -> dict:
-    """Runs the driver; asserts that it printed OK and returns the key=value pairs of that line."""
+def run(binary: Path, args: str, ok_prefix: str = "OK") -> dict:
+    """Runs the driver; asserts that it printed OK (or the driver's other success word, ok_prefix) and
+    returns the key=value pairs of that line."""
     env = dict(os.environ, ASAN_OPTIONS="detect_stack_use_after_return=0:detect_leaks=0")
     done = subprocess.run([str(binary), *args.split()], capture_output=True, text=True, env=env, timeout=1200)
     lines = done.stdout.strip().splitlines()
     last = lines[-1] if lines else ""
-    assert done.returncode == 0 and last.startswith("OK"), f"{binary.name} {args}\n{last}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0 and last.startswith(ok_prefix), f"{binary.name} {args}\n{last}\n{done.stderr[-3000:]}"
     return dict(kv.split("=", 1) for kv in last.split()[1:] if "=" in kv)
 
 

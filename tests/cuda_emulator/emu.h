@@ -86,11 +86,18 @@ enum cudaDeviceAttr {
   cudaDevAttrComputeCapabilityMajor,
   cudaDevAttrMultiProcessorCount
 };
-enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
-enum cudaLaunchAttributeID { cudaLaunchAttributeProgrammaticStreamSerialization, cudaLaunchAttributeCooperative };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize, cudaFuncAttributeNonPortableClusterSizeAllowed };
+enum cudaLaunchAttributeID {
+  cudaLaunchAttributeProgrammaticStreamSerialization,
+  cudaLaunchAttributeCooperative,
+  cudaLaunchAttributeClusterDimension
+};
 struct cudaLaunchAttributeValue {
   int programmaticStreamSerializationAllowed;
   int cooperative;
+  struct {
+    unsigned x, y, z;
+  } clusterDim;
 };
 struct cudaLaunchAttribute {
   cudaLaunchAttributeID id;
@@ -239,6 +246,11 @@ struct Block {
   const void* scheduler_stack = nullptr;  // AddressSanitizer's view of the scheduler's stack
   size_t scheduler_stack_size = 0;
   size_t stack0 = 0;  // thread t runs on fiber_stack(stack0 + t)
+  // A cluster launch's: the blocks of this block's cluster (run at once), its rank among them, and the
+  // cluster barrier every thread of them meets at (gemma4_mtp/cluster.cuh's emulation)
+  std::vector<Block>* cluster = nullptr;
+  unsigned cluster_rank = 0;
+  Barrier* cluster_barrier = nullptr;
 };
 
 inline Block*& block() {
@@ -541,11 +553,21 @@ inline std::map<std::pair<const void*, int>, int>& smem_opt_ins() {
   static std::map<std::pair<const void*, int>, int> m;
   return m;
 }
+// Kernels allowed clusters of more than 8 blocks, per device.
+inline std::map<std::pair<const void*, int>, bool>& non_portable_clusters() {
+  static std::map<std::pair<const void*, int>, bool> m;
+  return m;
+}
 }  // namespace emu
 template <class F>
-cudaError_t cudaFuncSetAttribute(F* kernel, cudaFuncAttribute, int bytes) {
-  if (bytes > emu::devices().at(emu::current_device()).smem_optin) return cudaErrorInvalidValue;
-  emu::smem_opt_ins()[{reinterpret_cast<const void*>(kernel), emu::current_device()}] = bytes;
+cudaError_t cudaFuncSetAttribute(F* kernel, cudaFuncAttribute attr, int value) {
+  const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), emu::current_device()};
+  if (attr == cudaFuncAttributeNonPortableClusterSizeAllowed) {
+    emu::non_portable_clusters()[key] = value != 0;
+    return cudaSuccess;
+  }
+  if (value > emu::devices().at(emu::current_device()).smem_optin) return cudaErrorInvalidValue;
+  emu::smem_opt_ins()[key] = value;
   return cudaSuccess;
 }
 
@@ -560,12 +582,25 @@ cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* cfg, void (*kernel)(P..
       return cudaErrorInvalidValue;  // a real launch fails the same way
   }
   bool pdl = false, cooperative = false;
+  unsigned cluster = 0;  // blocks per cluster along x (0: no cluster attribute)
   for (unsigned i = 0; i < cfg->numAttrs; ++i) {
     pdl |= cfg->attrs[i].id == cudaLaunchAttributeProgrammaticStreamSerialization &&
            cfg->attrs[i].val.programmaticStreamSerializationAllowed;
     cooperative |= cfg->attrs[i].id == cudaLaunchAttributeCooperative && cfg->attrs[i].val.cooperative;
+    if (cfg->attrs[i].id == cudaLaunchAttributeClusterDimension) {
+      const auto& d = cfg->attrs[i].val.clusterDim;
+      if (d.y != 1 || d.z != 1) return cudaErrorInvalidValue;  // clusters along x only here
+      cluster = d.x;
+    }
   }
   if (pdl && dev.major < 9) return cudaErrorInvalidValue;
+  if (cluster != 0) {  // as the driver: sm_90, a divisor of the grid, at most 8 (16 once allowed) blocks
+    const auto allowed = emu::non_portable_clusters().find({reinterpret_cast<const void*>(kernel),
+                                                             emu::current_device()});
+    const unsigned most = allowed != emu::non_portable_clusters().end() && allowed->second ? 16u : 8u;
+    if (dev.major < 9 || cooperative || cluster > most || cfg->gridDim.x % cluster != 0)
+      return cudaErrorInvalidValue;
+  }
   emu::launch_log().push_back({cfg->gridDim, cfg->blockDim, cfg->dynamicSmemBytes, pdl});
   const std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
   const std::function<void()> body = [&] { std::apply(kernel, params); };
@@ -584,6 +619,29 @@ cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* cfg, void (*kernel)(P..
   };
   // kWarpBehind: blocks from the highest index down (emu::Schedule)
   auto order = [&](size_t i) { return emu::schedule() == emu::Schedule::kWarpBehind ? n - 1 - i : i; };
+  if (cluster > 1) {  // each cluster's blocks resident at once, clusters one after another
+    const size_t clusters = n / cluster;
+    for (size_t k = 0; k < clusters; ++k) {
+      const size_t first = (emu::schedule() == emu::Schedule::kWarpBehind ? clusters - 1 - k : k) * cluster;
+      std::vector<std::unique_ptr<unsigned char[]>> smem(cluster);
+      std::vector<emu::Block> blocks(cluster);
+      emu::Barrier barrier;
+      barrier.expected = static_cast<int>(cluster) * threads;
+      for (unsigned r = 0; r < cluster; ++r) {
+        // kWarpBehind: the cluster's highest rank first (emu::run_blocks runs them in vector order)
+        const unsigned slot = emu::schedule() == emu::Schedule::kWarpBehind ? cluster - 1 - r : r;
+        smem[slot] = shared_memory();
+        emu::init_block(blocks[slot], index(first + r), threads, smem[slot].get(), cfg->dynamicSmemBytes, body,
+                        static_cast<size_t>(slot) * threads);
+        blocks[slot].cluster = &blocks;
+        blocks[slot].cluster_rank = r;
+        blocks[slot].cluster_barrier = &barrier;
+      }
+      emu::run_blocks(blocks);
+    }
+    emu::check_published_reads();
+    return cudaSuccess;
+  }
   if (cooperative) {  // every block resident at once (a spinning thread lets the others run)
     if (n > static_cast<size_t>(dev.sms)) return cudaErrorCooperativeLaunchTooLarge;  // one block per SM here
     std::vector<std::unique_ptr<unsigned char[]>> smem(n);

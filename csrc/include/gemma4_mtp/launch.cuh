@@ -100,4 +100,36 @@ cudaError_t launch_cooperative(Kernel kernel, dim3 grid, int threads, size_t sme
   return detail::launch_with(attr, 1, kernel, grid, threads, smem, stream, args...);
 }
 
+// The most programs a cluster may have here: 8 anywhere (portable), 16 on H100 / H200 once the kernel
+// allows non-portable sizes (which launch_cluster asks for).
+constexpr int kPortableCluster = 8;
+constexpr int kMaxCluster = 16;
+
+// Launches `kernel` on `stream` in clusters of `cluster` programs along x (sm_90+; grid.x a multiple of
+// it), which meet at cluster_sync() and read each other's shared memory (cluster.cuh). Sizes above 8 are
+// opted in per kernel (cudaFuncAttributeNonPortableClusterSizeAllowed) first; whether a size fits the
+// GPU (its programs' shared memory and registers on the SMs of one GPC) is
+// cudaOccupancyMaxActiveClusters's answer, or a launch error.
+template <auto kernel, class... Args>
+cudaError_t launch_cluster(dim3 grid, int cluster, int threads, size_t smem, cudaStream_t stream, Args... args) {
+  if (cluster < 1 || cluster > kMaxCluster || grid.x % static_cast<unsigned>(cluster) != 0)
+    return cudaErrorInvalidValue;
+  if (cluster > kPortableCluster) {  // once per device, as opt_in_smem
+    constexpr int kMaxDevices = 64;
+    static bool done[kMaxDevices] = {};
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err == cudaSuccess && !(dev < kMaxDevices && done[dev]))
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (err != cudaSuccess) return err;
+    if (dev < kMaxDevices) done[dev] = true;
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  return detail::launch_with(attr, 1, kernel, grid, threads, smem, stream, args...);
+}
+
 }  // namespace gemma4_mtp
