@@ -1,10 +1,14 @@
 """What one dependent stage boundary costs on this GPU: a kernel launch, a programmatic dependent launch,
-or a grid-wide barrier inside one persistent kernel (benchmarks/cuda/stage_boundary.cuh says how).
+a grid-wide barrier inside one persistent kernel, or a cluster barrier inside one thread block cluster
+(the vectors in global or in distributed shared memory) or stores pushed between its SMs; what a group of
+SMs streams from L2 and DRAM; and E2B layers' GEMVs run in one cluster (benchmarks/cuda/stage_boundary.cuh
+and cluster_gemv.cuh say how).
 
 A drafter step is 27 dependent stages (launch_count); at E2B's sizes its bytes take ~10 µs, so the
 cost of a boundary decides how close a step can get to issue 11's 20 µs, and whether a persistent
 per-step kernel (barriers instead of launches) is worth writing. Measured before anyone writes it;
-the prediction is in benchmarks/README.md ("Stage boundaries").
+the predictions are in benchmarks/README.md ("Stage boundaries", and for the cluster modes and the
+stream rates "A drafter step in one cluster").
 
     python -m benchmarks.bench_stage_boundary --out stage_boundary.json
 
@@ -57,15 +61,48 @@ def table(results: dict, *, markdown: bool = False) -> str:
         check = ("ok" if r["ok"] else "WRONG RESULT") + ("" if r["graph"] else " (stream launches: capture refused)")
         rows.append((r["mode"], str(r["programs"]), f"{r['us_per_stage']:.2f}", f"{r['us_one_stage']:.2f}",
                      f"{STEP_STAGES * r['us_per_stage']:.1f}", check))
+    stream = results.get("stream") or []  # runs before 2026-12-06 had none
+    s_title = "what `programs` SMs read (one program an SM): a slice each from L2 (re-read) or DRAM"
+    s_head = ("source", "programs", "KiB/program", "µs/pass", "GB/s/program", "TB/s", "check")
+    s_rows = []
+    for r in stream:
+        if "skipped" in r or "error" in r:
+            why = f"skipped: {r['skipped']}" if "skipped" in r else f"ERROR: {r['error']}"
+            s_rows.append((r["source"], str(r["programs"]), str(r["bytes_per_program"] // 1024), "-", "-", "-", why))
+            continue
+        s_rows.append((r["source"], str(r["programs"]), str(r["bytes_per_program"] // 1024), f"{r['us_per_pass']:.2f}",
+                       f"{r['gb_per_s_per_program']:.0f}", f"{r['tb_per_s']:.2f}", "ok" if r["ok"] else "WRONG RESULT"))
+    gemv = results.get("gemv") or []
+    g_title = ("E2B layers' GEMVs in one cluster (q_proj, o_proj, gate_up, down_proj: 5 MiB a layer, pushed "
+               "activations): one graph replay, and a layer (the slope from 1 to 4 layers)")
+    g_head = ("programs", "layers", "µs", "µs/layer", "check")
+    one = {r["programs"]: r["us"] for r in gemv if r.get("layers") == 1 and "us" in r}
+    g_rows = []
+    for r in gemv:
+        if "skipped" in r or "error" in r:
+            why = f"skipped: {r['skipped']}" if "skipped" in r else f"ERROR: {r['error']}"
+            g_rows.append((str(r["programs"]), str(r["layers"]), "-", "-", why))
+            continue
+        per = (f"{(r['us'] - one[r['programs']]) / (r['layers'] - 1):.2f}"
+               if r["layers"] > 1 and r["programs"] in one else "-")
+        check = "ok" if r["ok"] else "WRONG RESULT"
+        g_rows.append((str(r["programs"]), str(r["layers"]), f"{r['us']:.2f}", per, check))
     if markdown:
-        return "\n".join([title, "", "| " + " | ".join(head) + " |", "|---" * len(head) + "|",
-                          *("| " + " | ".join(row) + " |" for row in rows)])
-    widths = (13, 8, 9, 10, 9)
+        def md(t, h, rs):
+            return [t, "", "| " + " | ".join(h) + " |", "|---" * len(h) + "|",
+                    *("| " + " | ".join(r) + " |" for r in rs)]
+        return "\n".join(md(title, head, rows) + (["", *md(s_title, s_head, s_rows)] if s_rows else [])
+                         + (["", *md(g_title, g_head, g_rows)] if g_rows else []))
 
-    def line(row):
+    def line(row, widths):
         cells = (f"{c:{'<' if i == 0 else '>'}{w}}" for i, (c, w) in enumerate(zip(row, widths)))
         return " ".join(cells) + "  " + row[-1]
-    return "\n".join([title, line(head), *map(line, rows)])
+    out = [title, *(line(r, (14, 8, 9, 10, 9)) for r in (head, *rows))]
+    if s_rows:
+        out += ["", s_title, *(line(r, (6, 8, 11, 8, 12, 6)) for r in (s_head, *s_rows))]
+    if g_rows:
+        out += ["", g_title, *(line(r, (8, 6, 8, 8)) for r in (g_head, *g_rows))]
+    return "\n".join(out)
 
 
 def main(argv=None) -> int:

@@ -8,18 +8,17 @@
 #
 # Every stage is time-boxed so that one hang cannot eat the device budget (a device command may run
 # 10 minutes, 600 s; with every box spent, kill grace included, the script ends by ~580 s): build 60 s,
-# GPU suite 200 s (eight files at a time, each at most 120 s; 160 s measured at four on 2026-12-04), main
-# command 110 s, the launch-configuration sweep at most 70 s while 120 s are left for the benchmarks after it
+# stage boundaries 40 s (~15 s: benchmarks/bench_stage_boundary.py, with the cluster modes), GPU suite
+# 200 s (eight files at a time, each at most 120 s; 160 s measured at four on 2026-12-04), main command
+# 110 s, the launch-configuration sweep at most 70 s while 120 s are left for the benchmarks after it
 # (skipped under 30 s), the benchmarks what is left before 425 s (benchmarks/checklist.py's cases first: the
 # open predictions, the step with the sweep's winners among them; skipped under 30 s; + 20 s grace), the
 # hardware counters of a step's kernels (ncu) what is left before 490 s (at most 60 s, skipped under 25 s),
 # step profile 40 s, decode profile 40 s, memcheck what is left before 560 s (at most 60 s, skipped under
 # 20 s), the summary table, the plot 20 s if it can start by 560 s. On 2026-12-04 the benchmarks got 94 s,
 # which timed two drafter steps and none of the rounds; with the suite eight files at a time the sweep should
-# get its 70 s and the benchmarks ~120-140. The stage-boundary benchmark
-# (measured on 2026-12-04, its conclusion drawn: benchmarks/README.md, "Stage boundaries") and the Hugging
-# Face assisted-generation benchmark run by hand (python -m benchmarks.bench_stage_boundary,
-# python -m benchmarks.bench_hf_assisted), and the whole sweep (~150 s) in a second device call:
+# get its 70 s and the benchmarks ~105-125. The Hugging Face assisted-generation benchmark runs by hand
+# (python -m benchmarks.bench_hf_assisted), and the whole sweep (~150 s) in a second device call:
 #   PYTHONPATH=$PWD python -m benchmarks.tune_launch_configs --out $OUT/tune.json --tuned-out $OUT/tuned.json \
 #       --time-budget 150 --jobs 16
 # Exit status: 2 = no GPU; otherwise 0 only if every stage passed.
@@ -83,6 +82,15 @@ stage() {  # stage NAME SECONDS LOGFILE CMD...
 export MAX_JOBS="${MAX_JOBS:-16}" GEMMA4_MTP_CUDA_ARCHS="${GEMMA4_MTP_CUDA_ARCHS:-90a}"
 stage build 60 "$OUT/build.log" "$PY" setup.py build_ext --inplace
 "$PY" -c "import gemma4_mtp_kernels as g; [print(f'{k:7s} {v.available!s:5s} {v.detail}') for k, v in g.available_backends().items()]" 2>&1 | tee -a "$LOG"
+
+# Stage boundaries while the GPU is otherwise idle: a launch, PDL and a grid barrier again (8 and 132
+# programs, the same run's reference) against one cluster of 2-16 programs (a cluster barrier over global
+# or distributed shared memory, or stores pushed between its SMs), what 1-132 SMs stream from L2 and DRAM,
+# and E2B layers' GEMVs in one cluster: what decides whether a drafter step in one cluster is worth writing
+# (benchmarks/README.md, "A drafter step in one cluster"). ~15 s (its own nvcc build for 90a, ~40 chains
+# of a few ms, ~1 GiB of stream buffers filled on the host).
+stage stage-boundary 40 "$OUT/stage_boundary.log" "$PY" -m benchmarks.bench_stage_boundary \
+    --out "$OUT/stage_boundary.json" --args "programs=8,132 cluster_programs=2,4,8,16 stream_programs=1,8,16,132"
 
 # The GPU suite: every test file's GPU-marked tests, one pytest process per file. A fatal error (a
 # segmentation fault, an illegal address that poisons the context) ends only its own file. Eight files
@@ -270,6 +278,7 @@ fi
 say "done in ${SECONDS}s, status $status; files in $OUT"
 { echo "GPU suite (per file):"; cat "$OUT/gpu_suite.txt"; } >> "$OUT/summary.txt" 2>/dev/null
 { echo "Checklist:"; cat "$OUT/checklist.md"; } >> "$OUT/summary.txt" 2>/dev/null
+{ echo "Stage boundaries:"; cat "$OUT/stage_boundary.log"; } >> "$OUT/summary.txt" 2>/dev/null
 { echo "Step profile:"; cat "$OUT/step_profile.log"; } >> "$OUT/summary.txt" 2>/dev/null
 { echo "Decode profile:"; cat "$OUT/decode_profile.log"; } >> "$OUT/summary.txt" 2>/dev/null
 { echo "Hardware counters (ncu):"; cat "$OUT/ncu.log"; } >> "$OUT/summary.txt" 2>/dev/null

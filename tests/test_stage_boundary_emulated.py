@@ -4,7 +4,11 @@ barrier between stages, with either arrival) compute what they claim, on the CPU
 (tests/cuda_emulator/stage_boundary_main.cpp), against the chain computed here with numpy. A chain
 whose stages did not each wait for every program of the one before would sum a half-written vector,
 so these runs also check that the launcher orders the stages and that the grid barrier holds the
-programs of a cooperative launch (the emulation runs them at once). The benchmark itself checks each
+programs of a cooperative launch (the emulation runs them at once), and the cluster barrier the programs
+of one thread block cluster, with the vectors in global memory or in the programs' shared memory, read
+through distributed shared memory (the emulation runs a cluster's programs at once, each at the same
+offset of the others' shared memory). The stream kernel's sums are checked too, and a layer's GEMVs run in
+one cluster (cluster_gemv.cuh) against float64. The benchmark itself checks each
 graph's first replay on the GPU the same way; nvcc compiling it for every target is
 tests/test_cuda_build.py's."""
 from __future__ import annotations
@@ -61,3 +65,104 @@ def test_grid_barrier_needs_no_reset(binary, tmp_path, counter, stages, mode):
     np.testing.assert_array_equal(got, chain(start, stages))
     flips = stages - 1
     assert int(out["counter"]) == (counter if flips % 2 == 0 else counter ^ -2**31)
+
+
+@pytest.mark.parametrize("mode", ["cluster", "cluster_shared", "cluster_push"])
+@pytest.mark.parametrize("schedule", ["rr", "ahead", "behind"])
+@pytest.mark.parametrize("programs,n,stages", [(2, 8, 1), (3, 100, 4), (8, 64, 5), (5, 12, 3), (16, 2048, 3),
+                                               (16, 8, 2), (4, 64, 7)], ids=lambda v: str(v))
+def test_cluster_chain(binary, tmp_path, mode, schedule, programs, n, stages):
+    """One cluster of 2-16 programs (above 8 the launcher opts the kernel in to non-portable sizes, else
+    the launch is refused); (5, 12), (16, 8): programs whose slice is empty still sum and meet. Run ahead
+    or behind, a program that passed a stage without the cluster barrier would sum a vector (or, shared,
+    read slices) the others have not written; the shared chain's first barrier orders its loads of the
+    start before the others' reads, its last keeps each slice alive until the others have read it. The
+    push chain: a stage that does not wait for its vector's bytes, waits on the wrong phase parity, or
+    announces the wrong byte count, or pushes before the peers' mbarriers are initialised, fails (each
+    mutation was run)."""
+    start = (np.arange(n, dtype=np.uint64) * 2654435761 & 0xFFFFFFFF).astype(np.uint32)
+    emulated.write(tmp_path / "start.bin", torch.from_numpy(start.view(np.int32)))
+    out = emulated.run(binary, f"dir={tmp_path} mode={mode} programs={programs} n={n} stages={stages} sms=16 "
+                               f"schedule={schedule}")
+    assert int(out["launches"]) == 1
+    got = emulated.read(tmp_path / "result.bin", torch.int32, (n,)).numpy().view(np.uint32)
+    np.testing.assert_array_equal(got, chain(start, stages))
+
+
+@pytest.mark.parametrize("mode", ["cluster", "cluster_shared", "cluster_push"])
+@pytest.mark.parametrize("programs,major", [(17, 9), (4, 8)])
+def test_cluster_refused(binary, tmp_path, mode, programs, major):
+    """More than 16 programs, or a GPU before sm_90: the launch is refused (the benchmark skips those)."""
+    emulated.write(tmp_path / "start.bin", torch.zeros(64, dtype=torch.int32))
+    out = emulated.run(binary, f"dir={tmp_path} mode={mode} programs={programs} n=64 stages=2 sms=32 major={major}",
+                       ok_prefix="REFUSED")
+    assert int(out["launches"]) == 0
+
+
+@pytest.mark.parametrize("programs,words,passes", [(1, 1, 1), (3, 100, 2), (16, 4100, 3)], ids=lambda v: str(v))
+def test_stream_sums(binary, tmp_path, programs, words, passes):
+    """stream_kernel: program p's sum (uint32, wrapping) of its slice's words, `passes` times; (16, 4100):
+    a slice longer than one 8-deep round of 512 threads, with a partial round."""
+    data = np.random.default_rng(words).integers(0, 2**32, size=programs * words * 4, dtype=np.uint64)
+    emulated.write(tmp_path / "start.bin", torch.from_numpy(data.astype(np.uint32).view(np.int32)))
+    emulated.run(binary, f"dir={tmp_path} mode=stream programs={programs} words={words} passes={passes}")
+    got = emulated.read(tmp_path / "result.bin", torch.int32, (programs,)).numpy().view(np.uint32)
+    want = (data.reshape(programs, -1).sum(axis=1) * passes) & 0xFFFFFFFF
+    np.testing.assert_array_equal(got, want.astype(np.uint32))
+
+
+def gemv_chain(stages, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """cluster_gemv's chain in float64: per stage (n, k, norm, glu) the GLU fold gelu(a) * b of a 2k input,
+    the input's inverse RMS as scale, then scale * W x for the next stage's bf16 [n, k] weights in w."""
+    x, off = x.astype(np.float64), 0
+    for n, k, norm, glu in stages:
+        if glu:
+            a = x[:k]
+            x = 0.5 * a * (1 + np.tanh(0.7978845608 * (a + 0.044715 * a**3))) * x[k:2 * k]
+        scale = 1 / np.sqrt((x[:k] ** 2).mean() + 1e-6) if norm else 1.0
+        x = scale * (w[off:off + n * k].reshape(n, k).astype(np.float64) @ x[:k])
+        off += n * k
+    return x
+
+
+E2B_LAYER = [(2048, 256, 1, 0), (256, 2048, 0, 0), (4096, 256, 1, 0), (256, 2048, 0, 1)]
+
+
+@pytest.mark.parametrize("programs,stages,schedule", [
+    (4, [(64, 32, 1, 0), (32, 64, 0, 0), (128, 32, 1, 0), (32, 64, 0, 1)], "rr"),
+    (4, [(64, 32, 1, 0), (32, 64, 0, 0), (128, 32, 1, 0), (32, 64, 0, 1)], "ahead"),
+    (2, [(16, 8, 0, 0)], "behind"),
+    (3, [(96, 264, 1, 0), (24, 96, 0, 0)], "rr"),
+    (16, E2B_LAYER, "rr"),
+    (8, E2B_LAYER, "ahead"),
+], ids=lambda v: str(v) if not isinstance(v, list) else f"{len(v)}stages")
+def test_gemv_chain(binary, tmp_path, programs, stages, schedule):
+    """A layer's GEMVs in one cluster (cluster_gemv.cuh) against float64: the weight ring refilled across
+    stages (E2B's layer at 8 programs: its gate_up rows take two groups of the ring), the outputs pushed
+    into every program's copy of the next input, the norm and the GLU fold done by each program on its
+    copy; (3, k = 264): a partial 256-column unit. Without the wait for a group's bytes the run fails
+    (copies nobody waited for), without the barrier before the row sums it reads NaN-poisoned partials."""
+    rng = np.random.default_rng(programs)
+    w = torch.from_numpy(rng.uniform(-1, 1, sum(n * k for n, k, _, _ in stages)).astype(np.float32) / 8)
+    w = w.to(torch.bfloat16)
+    x = rng.standard_normal(stages[0][1] * (2 if stages[0][3] else 1)).astype(np.float32)
+    emulated.write(tmp_path / "x.bin", torch.from_numpy(x))
+    emulated.write(tmp_path / "w.bin", w)
+    chain_arg = ",".join(f"{n}:{k}:{norm}:{glu}" for n, k, norm, glu in stages)
+    emulated.run(binary, f"dir={tmp_path} mode=gemv programs={programs} chain={chain_arg} sms=16 schedule={schedule}")
+    got = emulated.read(tmp_path / "result.bin", torch.float32, (stages[-1][0],)).numpy()
+    want = gemv_chain(stages, w.float().numpy(), x)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("programs,chain_arg", [(3, "64:32:0:0"), (4, "64:12:0:0"), (17, "68:8:0:0"),
+                                                (2, "16:8:0:0,16:8:0:0,8:16:0:0")])
+def test_gemv_chain_refused(binary, tmp_path, programs, chain_arg):
+    """Rows that do not split into 16-byte pushes over the programs, k not a multiple of 8, more than 16
+    programs, a stage whose input is not the last one's output: the launcher refuses, nothing launches."""
+    emulated.write(tmp_path / "x.bin", torch.zeros(int(chain_arg.split(":")[1]), dtype=torch.float32))
+    n_w = sum(int(s.split(":")[0]) * int(s.split(":")[1]) for s in chain_arg.split(","))
+    emulated.write(tmp_path / "w.bin", torch.zeros(n_w, dtype=torch.bfloat16))
+    out = emulated.run(binary, f"dir={tmp_path} mode=gemv programs={programs} chain={chain_arg} sms=32",
+                       ok_prefix="REFUSED")
+    assert int(out["launches"]) == 0

@@ -1,7 +1,8 @@
 // The GPU side of benchmarks/bench_stage_boundary.py (which builds and runs it): times the chains of
 // stage_boundary.cuh in CUDA graphs and prints one JSON object.
 //
-//   stage_boundary [programs=1,8,32,66,132,264] [n=2048] [stages=32] [replays=40] [repeats=7]
+//   stage_boundary [programs=1,8,32,66,132,264] [cluster_programs=2,4,8,16] [n=2048] [stages=32] [replays=40]
+//                  [repeats=7] [stream_programs=1,8,16,132]
 //
 // For each mode and program count: the chain with 1 stage and with `stages` stages, each captured in a
 // graph and replayed `replays` times between two events, `repeats` times; us_per_stage is the slope
@@ -10,16 +11,22 @@
 // A mode that cannot run a program count (PDL before sm_90, a cooperative grid that is not resident at
 // once) is reported with "skipped" and the reason; a chain that stream capture refuses is timed as
 // stream launches ("graph": false); a CUDA error is reported for its configuration ("error"), and the
-// exit status is then 1, as for a wrong result.
+// exit status is then 1, as for a wrong result. The cluster modes run one cluster of each of
+// cluster_programs (sm_90; sizes above 8 opted in, skipped where cudaOccupancyMaxActiveClusters finds none).
+// Then "stream": for each of stream_programs, what that many programs (one an SM) read per second from L2
+// (a 256 KiB slice each, re-read) and from DRAM (8 MiB each at least, 128 MiB in all at least), the slope
+// between 1 and 9 passes (L2) or 1 and 3 (DRAM), each program's sums checked.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "cluster_gemv.cuh"
 #include "stage_boundary.cuh"
 
 namespace {
@@ -118,6 +125,200 @@ std::string time_chain(Mode mode, Chain c, int programs, int replays, int repeat
   return "";
 }
 
+// Why a cluster mode cannot run `programs` here, or nullptr.
+const char* cluster_skip(Mode mode, int programs, int n, int major) {
+  if (major < 9) return "thread block clusters need sm_90";
+  if (programs < 1 || programs > gemma4_mtp::kMaxCluster) return "a cluster has 1 to 16 programs";
+  using stage_boundary::cluster_chain_kernel, stage_boundary::cluster_push_chain_kernel,
+      stage_boundary::cluster_shared_chain_kernel;
+  const void* kernel = mode == Mode::kClusterShared ? reinterpret_cast<const void*>(cluster_shared_chain_kernel)
+                       : mode == Mode::kClusterPush ? reinterpret_cast<const void*>(cluster_push_chain_kernel)
+                                                    : reinterpret_cast<const void*>(cluster_chain_kernel);
+  const size_t smem = mode == Mode::kClusterShared ? stage_boundary::shared_smem(n, programs)
+                      : mode == Mode::kClusterPush ? stage_boundary::push_smem(n)
+                                                   : stage_boundary::kSmem;
+  const int smem_bytes = static_cast<int>(smem);
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "the kernel's cluster or shared memory attribute was refused";
+  }
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(programs);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.gridDim = dim3(static_cast<unsigned>(programs));
+  cfg.blockDim = dim3(stage_boundary::kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters < 1) {
+    (void)cudaGetLastError();
+    return "cudaOccupancyMaxActiveClusters: no cluster of this size fits";
+  }
+  return nullptr;
+}
+
+// One stream measurement: us per pass (the slope between `lo` and `hi` passes of `replays` launches,
+// median of `repeats`), and whether every program's sum matched the host's.
+std::string time_stream(const uint4* buf, const std::vector<uint32_t>& slice_sums, int per_vec, int programs, int lo,
+                        int hi, int replays, int repeats, uint32_t* sums, cudaStream_t stream, double* us_per_pass,
+                        bool* ok) {
+  double median[2] = {0, 0};
+  const int passes[2] = {lo, hi};
+  *ok = true;
+  for (int k = 0; k < 2; ++k) {
+    TRY(stage_boundary::stream(buf, per_vec, passes[k], sums, programs, stream));
+    TRY(cudaStreamSynchronize(stream));
+    std::vector<uint32_t> got(static_cast<size_t>(programs));
+    TRY(cudaMemcpy(got.data(), sums, got.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+    for (int p = 0; p < programs; ++p)
+      *ok = *ok && got[static_cast<size_t>(p)] == slice_sums[static_cast<size_t>(p)] * static_cast<uint32_t>(passes[k]);
+    cudaEvent_t a, b;
+    TRY(cudaEventCreate(&a));
+    TRY(cudaEventCreate(&b));
+    std::vector<double> us;
+    for (int r = 0; r < repeats; ++r) {
+      TRY(cudaEventRecord(a, stream));
+      for (int i = 0; i < replays; ++i) TRY(stage_boundary::stream(buf, per_vec, passes[k], sums, programs, stream));
+      TRY(cudaEventRecord(b, stream));
+      TRY(cudaEventSynchronize(b));
+      float ms = 0;
+      TRY(cudaEventElapsedTime(&ms, a, b));
+      us.push_back(1000.0 * ms / replays);
+    }
+    std::sort(us.begin(), us.end());
+    median[k] = us[us.size() / 2];
+    TRY(cudaEventDestroy(a));
+    TRY(cudaEventDestroy(b));
+  }
+  *us_per_pass = (median[1] - median[0]) / (hi - lo);
+  return "";
+}
+
+// A drafter layer's GEMVs at E2B's shapes, `layers` times: q_proj (256 -> 2048, its input normed),
+// o_proj (2048 -> 256), gate_up (256 -> 4096, normed), down_proj (the gate_up output folded by the GLU,
+// 2048 -> 256); 5 MiB of weights a layer.
+std::vector<cluster_gemv::Stage> e2b_layers(int layers) {
+  std::vector<cluster_gemv::Stage> st;
+  for (int l = 0; l < layers; ++l) {
+    st.push_back({nullptr, 2048, 256, 1, 0});
+    st.push_back({nullptr, 256, 2048, 0, 0});
+    st.push_back({nullptr, 4096, 256, 1, 0});
+    st.push_back({nullptr, 256, 2048, 0, 1});
+  }
+  return st;
+}
+
+// The chain on the host, in double, from the bf16 weights (as floats) `w` laid end to end.
+std::vector<double> gemv_reference(const std::vector<cluster_gemv::Stage>& st, const std::vector<float>& w,
+                                   const std::vector<float>& x0) {
+  std::vector<double> x(x0.begin(), x0.end());
+  size_t off = 0;
+  for (const auto& s : st) {
+    if (s.glu)
+      for (int i = 0; i < s.k; ++i) {
+        const double a = x[static_cast<size_t>(i)];
+        x[static_cast<size_t>(i)] = 0.5 * a * (1.0 + std::tanh(0.7978845608 * (a + 0.044715 * a * a * a))) *
+                                    x[static_cast<size_t>(s.k + i)];
+      }
+    double scale = 1.0;
+    if (s.norm) {
+      double sq = 0;
+      for (int i = 0; i < s.k; ++i) sq += x[static_cast<size_t>(i)] * x[static_cast<size_t>(i)];
+      scale = 1.0 / std::sqrt(sq / s.k + 1e-6);
+    }
+    std::vector<double> y(static_cast<size_t>(s.n));
+    for (int r = 0; r < s.n; ++r) {
+      double acc = 0;
+      for (int i = 0; i < s.k; ++i) acc += w[off + static_cast<size_t>(r) * s.k + i] * x[static_cast<size_t>(i)];
+      y[static_cast<size_t>(r)] = scale * acc;
+    }
+    off += static_cast<size_t>(s.n) * s.k;
+    x = y;
+  }
+  return x;
+}
+
+// One gemv chain of `layers` E2B layers on one cluster of `programs`: its graph replay's median time and
+// whether its output matches the host's (relative 1e-3 of the largest entry).
+std::string time_gemv(int layers, int programs, int replays, int repeats, cudaStream_t stream, double* us, bool* ok) {
+  std::vector<cluster_gemv::Stage> st = e2b_layers(layers);
+  size_t total = 0;
+  for (const auto& s : st) total += static_cast<size_t>(s.n) * s.k;
+  std::vector<__nv_bfloat16> wh(total);
+  std::vector<float> wf(total);
+  for (size_t i = 0; i < total; ++i) {  // entries ~ U(-1, 1) / 16, through bf16
+    const float v = (static_cast<float>((i * 2654435761u) >> 8 & 0xFFFF) / 32768.0f - 1.0f) / 16.0f;
+    wh[i] = __float2bfloat16(v);
+    wf[i] = __bfloat162float(wh[i]);
+  }
+  std::vector<float> x0(256);
+  for (int i = 0; i < 256; ++i) x0[static_cast<size_t>(i)] = std::sin(0.37f * static_cast<float>(i)) + 0.1f;
+  __nv_bfloat16* w = nullptr;
+  float *x = nullptr, *y = nullptr;
+  TRY(cudaMalloc(&w, total * sizeof(__nv_bfloat16)));
+  TRY(cudaMalloc(&x, x0.size() * sizeof(float)));
+  TRY(cudaMalloc(&y, 256 * sizeof(float)));
+  TRY(cudaMemcpy(w, wh.data(), total * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+  TRY(cudaMemcpy(x, x0.data(), x0.size() * sizeof(float), cudaMemcpyHostToDevice));
+  cluster_gemv::Chain c{};
+  size_t off = 0;
+  for (size_t i = 0; i < st.size(); ++i) {
+    c.stage[i] = st[i];
+    c.stage[i].w = w + off;
+    off += static_cast<size_t>(st[i].n) * st[i].k;
+  }
+  c.stages = static_cast<int>(st.size());
+  c.x = x;
+  c.y = y;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const cudaError_t launched = cluster_gemv::run(c, programs, stream);
+  TRY(cudaStreamEndCapture(stream, &graph));
+  TRY(launched);
+  TRY(cudaGraphInstantiate(&exec, graph, 0));
+  TRY(cudaGraphLaunch(exec, stream));
+  TRY(cudaStreamSynchronize(stream));
+  std::vector<float> got(256);
+  TRY(cudaMemcpy(got.data(), y, 256 * sizeof(float), cudaMemcpyDeviceToHost));
+  const std::vector<double> want = gemv_reference(st, wf, x0);
+  double top = 0, err = 0;
+  for (size_t i = 0; i < 256; ++i) {
+    top = std::max(top, std::fabs(want[i]));
+    err = std::max(err, std::fabs(want[i] - static_cast<double>(got[i])));
+  }
+  *ok = err <= 1e-3 * top;
+  for (int i = 0; i < 10; ++i) TRY(cudaGraphLaunch(exec, stream));
+  cudaEvent_t a, b;
+  TRY(cudaEventCreate(&a));
+  TRY(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int r = 0; r < repeats; ++r) {
+    TRY(cudaEventRecord(a, stream));
+    for (int i = 0; i < replays; ++i) TRY(cudaGraphLaunch(exec, stream));
+    TRY(cudaEventRecord(b, stream));
+    TRY(cudaEventSynchronize(b));
+    float ms = 0;
+    TRY(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(1000.0 * ms / replays);
+  }
+  std::sort(t.begin(), t.end());
+  *us = t[t.size() / 2];
+  TRY(cudaEventDestroy(a));
+  TRY(cudaEventDestroy(b));
+  TRY(cudaGraphExecDestroy(exec));
+  TRY(cudaGraphDestroy(graph));
+  TRY(cudaFree(w));
+  TRY(cudaFree(x));
+  TRY(cudaFree(y));
+  return "";
+}
+
 std::vector<int> parse_list(const std::string& s) {
   std::vector<int> out;
   size_t pos = 0;
@@ -132,13 +333,16 @@ std::vector<int> parse_list(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int> programs_list = {1, 8, 32, 66, 132, 264};
+  std::vector<int> programs_list = {1, 8, 32, 66, 132, 264}, cluster_list = {2, 4, 8, 16};
+  std::vector<int> stream_list = {1, 8, 16, 132};
   int n = 2048, stages = 32, replays = 40, repeats = 7;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const size_t eq = arg.find('=');
     const std::string key = arg.substr(0, eq), value = eq == std::string::npos ? "" : arg.substr(eq + 1);
     if (key == "programs") programs_list = parse_list(value);
+    else if (key == "cluster_programs") cluster_list = parse_list(value);
+    else if (key == "stream_programs") stream_list = parse_list(value);
     else if (key == "n") n = std::atoi(value.c_str());
     else if (key == "stages") stages = std::atoi(value.c_str());
     else if (key == "replays") replays = std::atoi(value.c_str());
@@ -182,14 +386,17 @@ int main(int argc, char** argv) {
     Mode mode;
     const char* name;
   } modes[] = {{Mode::kLaunch, "launch"}, {Mode::kPdl, "pdl"}, {Mode::kBarrier, "barrier"},
-               {Mode::kBarrierFence, "barrier_fence"}};
+               {Mode::kBarrierFence, "barrier_fence"}, {Mode::kCluster, "cluster"},
+               {Mode::kClusterShared, "cluster_shared"}, {Mode::kClusterPush, "cluster_push"}};
   bool first = true, all_ok = true;
   for (const auto& m : modes) {
-    for (int programs : programs_list) {
+    const bool cluster = m.mode == Mode::kCluster || m.mode == Mode::kClusterShared || m.mode == Mode::kClusterPush;
+    for (int programs : cluster ? cluster_list : programs_list) {
       std::printf("%s\n  {\"mode\": \"%s\", \"programs\": %d", first ? "" : ",", m.name, programs);
       first = false;
       const char* skip = nullptr;
       if (programs < 1) skip = "programs must be >= 1";
+      else if (cluster) skip = cluster_skip(m.mode, programs, n, major);
       else if (m.mode == Mode::kPdl && major < 9) skip = "programmatic dependent launch needs sm_90";
       else if ((m.mode == Mode::kBarrier || m.mode == Mode::kBarrierFence) && programs > resident * sms)
         skip = "not resident at once";
@@ -214,6 +421,91 @@ int main(int argc, char** argv) {
                   "\"us_per_stage\": %.3f}",
                   ok ? "true" : "false", one.graph && many.graph ? "true" : "false", one.median_us, many.median_us,
                   (many.median_us - one.median_us) / (stages - 1));
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\n], \"stream\": [");
+  first = true;
+  // per program: L2, 256 KiB (all of them L2-resident at once); DRAM, at least 8 MiB and 128 MiB in all (more
+  // than L2 holds: each pass misses)
+  const struct {
+    const char* source;
+    size_t min_bytes, min_total;
+    int lo, hi;
+  } sources[] = {{"l2", 256u << 10, 0, 1, 9}, {"dram", 8u << 20, 128u << 20, 1, 3}};
+  uint32_t* sums = nullptr;
+  CHECK(cudaMalloc(&sums, sizeof(uint32_t) * 1024));
+  for (const auto& src : sources) {
+    for (int programs : stream_list) {
+      const size_t share = programs < 1 ? 0 : src.min_total / static_cast<size_t>(programs);
+      const size_t bytes = programs < 1 ? 0 : std::max(src.min_bytes, share) / 16 * 16;
+      std::printf("%s\n  {\"source\": \"%s\", \"programs\": %d, \"bytes_per_program\": %zu", first ? "" : ",",
+                  src.source, programs, bytes);
+      first = false;
+      if (programs < 1 || programs > 1024) {
+        std::printf(", \"skipped\": \"programs must be 1 to 1024\"}");
+        continue;
+      }
+      const size_t words = bytes / sizeof(uint32_t);
+      std::vector<uint32_t> host(words * static_cast<size_t>(programs));
+      for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint32_t>(i * 2654435761u);
+      std::vector<uint32_t> slice_sums(static_cast<size_t>(programs), 0u);
+      for (size_t i = 0; i < host.size(); ++i) slice_sums[i / words] += host[i];
+      void* buf = nullptr;
+      CHECK(cudaMalloc(&buf, host.size() * sizeof(uint32_t)));
+      CHECK(cudaMemcpy(buf, host.data(), host.size() * sizeof(uint32_t), cudaMemcpyHostToDevice));
+      double us = 0;
+      bool ok = false;
+      std::string error = time_stream(static_cast<const uint4*>(buf), slice_sums, static_cast<int>(bytes / 16),
+                                      programs, src.lo, src.hi, std::max(2, replays / 4), repeats, sums, stream, &us,
+                                      &ok);
+      CHECK(cudaFree(buf));
+      if (!error.empty()) {
+        std::replace(error.begin(), error.end(), '"', '\'');
+        std::printf(", \"error\": \"%s\"}", error.c_str());
+        all_ok = false;
+        continue;
+      }
+      all_ok = all_ok && ok;
+      const double gbps = us > 0 ? static_cast<double>(bytes) / (us * 1e3) : 0.0;
+      std::printf(", \"ok\": %s, \"us_per_pass\": %.3f, \"gb_per_s_per_program\": %.1f, \"tb_per_s\": %.3f}",
+                  ok ? "true" : "false", us, gbps, gbps * programs / 1e3);
+      std::fflush(stdout);
+    }
+  }
+  CHECK(cudaFree(sums));
+  // E2B layers' GEMVs in one cluster: 1 and 4 layers (the slope is a layer without the launch)
+  std::printf("\n], \"gemv\": [");
+  first = true;
+  for (int programs : cluster_list) {
+    for (int layers : {1, 4}) {
+      std::printf("%s\n  {\"programs\": %d, \"layers\": %d", first ? "" : ",", programs, layers);
+      first = false;
+      const cluster_gemv::Chain shape = [&] {
+        cluster_gemv::Chain c{};
+        const auto st = e2b_layers(layers);
+        for (size_t i = 0; i < st.size(); ++i) c.stage[i] = st[i];
+        c.stages = static_cast<int>(st.size());
+        return c;
+      }();
+      const char* skip = major < 9 ? "thread block clusters need sm_90"
+                         : !cluster_gemv::valid(shape, programs) ? "E2B's shapes do not split over this many programs"
+                                                                  : nullptr;
+      if (skip != nullptr) {
+        std::printf(", \"skipped\": \"%s\"}", skip);
+        continue;
+      }
+      double us = 0;
+      bool ok = false;
+      std::string error = time_gemv(layers, programs, replays, repeats, stream, &us, &ok);
+      if (!error.empty()) {
+        std::replace(error.begin(), error.end(), '"', '\'');
+        std::printf(", \"error\": \"%s\"}", error.c_str());
+        all_ok = false;
+        continue;
+      }
+      all_ok = all_ok && ok;
+      std::printf(", \"ok\": %s, \"us\": %.3f}", ok ? "true" : "false", us);
       std::fflush(stdout);
     }
   }

@@ -3,16 +3,24 @@
 // vector the last stage wrote) to DIR/result.bin, the other vector poisoned. Prints one line "OK ..." or
 // "FAIL ..." (exit 1).
 //
-//   dir=PATH mode=launch|pdl|barrier|barrier_fence programs= n= stages= sms= major= counter= (the barrier's at launch)
-//   schedule=rr|ahead|behind (emu::Schedule: ahead / behind run each program as far as it goes)
+//   dir=PATH mode=launch|pdl|barrier|barrier_fence|cluster|cluster_shared|cluster_push programs= n= stages=
+//   sms= major= counter= (the barrier's at launch) schedule=rr|ahead|behind (emu::Schedule: ahead / behind run each
+//   program as far as it goes)
 // The launcher must make `stages` launches (launch, pdl: with programmatic dependent launch exactly for
-// pdl) or one cooperative launch (barrier, barrier_fence), all of them succeeding.
+// pdl) or one cooperative or cluster launch (barrier, barrier_fence, cluster*), all of them
+// succeeding; a cluster the launch refuses (too many programs, sm_80) prints "REFUSED" instead.
+//   dir=PATH mode=stream programs= words= passes=: stream_kernel over DIR/start.bin (programs x words
+//   16-byte words), each program's sum to DIR/result.bin.
+//   dir=PATH mode=gemv programs= chain=n:k:norm:glu,...: cluster_gemv's chain from DIR/x.bin (fp32) and
+//   DIR/w.bin (bf16, the stages' [n, k] weights end to end), its output to DIR/result.bin; a chain the
+//   launcher refuses prints "REFUSED".
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "emu.h"
 #include "io.h"
+#include "cluster_gemv.cuh"
 #include "stage_boundary.cuh"
 
 using namespace emu_io;
@@ -24,10 +32,58 @@ int main(int argc, char** argv) {
   const int stages = static_cast<int>(a.num("stages", 1));
   use_device(kH100SmemOptin, static_cast<int>(a.num("major", 9)), static_cast<int>(a.num("sms", 8)),
              a.str("schedule", "rr"));
-  const stage_boundary::Mode mode = mode_name == "pdl"             ? stage_boundary::Mode::kPdl
-                                    : mode_name == "barrier"       ? stage_boundary::Mode::kBarrier
-                                    : mode_name == "barrier_fence" ? stage_boundary::Mode::kBarrierFence
-                                                                   : stage_boundary::Mode::kLaunch;
+  if (mode_name == "stream") {
+    const int words = static_cast<int>(a.num("words", 1)), passes = static_cast<int>(a.num("passes", 1));
+    Buffer buf = load(dir, "start", 1, programs * words * 4, programs * words * 4, 4);
+    Buffer sums = strided(1, programs, programs, 4);
+    const cudaError_t err = stage_boundary::stream(static_cast<const uint4*>(buf.data()), words, passes,
+                                                   static_cast<uint32_t*>(sums.data()), programs, nullptr);
+    if (!launched_as_expected(err, 1, false, {})) return 1;
+    store(dir, "result", sums);
+    std::printf("OK launches=1\n");
+    return finish(a, 0);
+  }
+  if (mode_name == "gemv") {
+    cluster_gemv::Chain c{};
+    const std::string spec = a.str("chain");
+    size_t pos = 0, weights = 0;
+    while (pos < spec.size() && c.stages < cluster_gemv::kMaxStages) {
+      const size_t end = std::min(spec.find(',', pos), spec.size());
+      cluster_gemv::Stage& st = c.stage[c.stages++];
+      std::sscanf(spec.substr(pos, end - pos).c_str(), "%d:%d:%d:%d", &st.n, &st.k, &st.norm, &st.glu);
+      weights += static_cast<size_t>(st.n) * static_cast<size_t>(st.k);
+      pos = end + 1;
+    }
+    const int in = cluster_gemv::input_len(c.stage[0]), out = c.stage[c.stages - 1].n;
+    Buffer x = load(dir, "x", 1, in, in, 4);
+    Buffer w = load(dir, "w", 1, static_cast<int64_t>(weights), static_cast<int64_t>(weights), 2);
+    Buffer y = strided(1, out, out, 4);
+    size_t off = 0;
+    for (int i = 0; i < c.stages; ++i) {
+      c.stage[i].w = static_cast<const __nv_bfloat16*>(w.data()) + off;
+      off += static_cast<size_t>(c.stage[i].n) * static_cast<size_t>(c.stage[i].k);
+    }
+    c.x = static_cast<const float*>(x.data());
+    c.y = static_cast<float*>(y.data());
+    const cudaError_t err = cluster_gemv::run(c, programs, nullptr);
+    if (err == cudaErrorInvalidValue && emu::launch_log().empty()) {
+      std::printf("REFUSED launches=0\n");
+      return finish(a, 0);
+    }
+    if (!launched_as_expected(err, 1, false, {})) return 1;
+    store(dir, "result", y);
+    std::printf("OK launches=1\n");
+    return finish(a, 0);
+  }
+  const stage_boundary::Mode mode = mode_name == "pdl"              ? stage_boundary::Mode::kPdl
+                                    : mode_name == "barrier"        ? stage_boundary::Mode::kBarrier
+                                    : mode_name == "barrier_fence"  ? stage_boundary::Mode::kBarrierFence
+                                    : mode_name == "cluster"        ? stage_boundary::Mode::kCluster
+                                    : mode_name == "cluster_shared" ? stage_boundary::Mode::kClusterShared
+                                    : mode_name == "cluster_push"   ? stage_boundary::Mode::kClusterPush
+                                                                    : stage_boundary::Mode::kLaunch;
+  const bool cluster = mode == stage_boundary::Mode::kCluster || mode == stage_boundary::Mode::kClusterShared ||
+                       mode == stage_boundary::Mode::kClusterPush;
   Buffer vec[2] = {load(dir, "start", 1, n, n, 4), strided(1, n, n, 4)};
   std::vector<int32_t> counter = {static_cast<int32_t>(a.num("counter", 0))};  // grid_barrier: low 31 bits zero
   stage_boundary::Chain c{};
@@ -37,8 +93,12 @@ int main(int argc, char** argv) {
   c.stages = stages;
   c.counter = counter.data();
   const cudaError_t err = stage_boundary::run(mode, c, programs, nullptr);
-  const bool barrier = mode == stage_boundary::Mode::kBarrier || mode == stage_boundary::Mode::kBarrierFence;
-  if (!launched_as_expected(err, barrier ? 1 : static_cast<size_t>(stages), mode == stage_boundary::Mode::kPdl, {}))
+  if (cluster && err == cudaErrorInvalidValue && emu::launch_log().empty()) {
+    std::printf("REFUSED launches=0\n");
+    return finish(a, 0);
+  }
+  const bool one = cluster || mode == stage_boundary::Mode::kBarrier || mode == stage_boundary::Mode::kBarrierFence;
+  if (!launched_as_expected(err, one ? 1 : static_cast<size_t>(stages), mode == stage_boundary::Mode::kPdl, {}))
     return 1;
   if ((counter[0] & 0x7FFFFFFF) != 0) {  // what the next launch's barriers need
     std::printf("FAIL the barrier left its counter at %d\n", counter[0]);
