@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(Chain c) {
     float* next = (s & 1) ? xbuf[0] : xbuf[1];
     uint64_t* next_bar = (s & 1) ? &xbar[0] : &xbar[1];
     if (threadIdx.x == 0) mbarrier_arrive_expect_tx(next_bar, static_cast<unsigned>(st.n) * 4u);
-    if (s > 0) cluster_mbarrier_wait((s & 1) ? &xbar[1] : &xbar[0], static_cast<unsigned>((s - 1) >> 1) & 1u);
+    if (s > 0) mbarrier_wait<Scope::kCluster>((s & 1) ? &xbar[1] : &xbar[0], static_cast<unsigned>((s - 1) >> 1) & 1u);
     if (st.glu) {  // in place: entry i reads i and k + i, and only i is written
       for (int i = static_cast<int>(threadIdx.x); i < st.k; i += kThreads) x[i] = gelu(x[i]) * x[st.k + i];
       __syncthreads();
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(Chain c) {
     }
   }
   // the last output, complete in every program: each stores its rows
-  cluster_mbarrier_wait((c.stages & 1) ? &xbar[1] : &xbar[0], static_cast<unsigned>((c.stages - 1) >> 1) & 1u);
+  mbarrier_wait<Scope::kCluster>((c.stages & 1) ? &xbar[1] : &xbar[0], static_cast<unsigned>((c.stages - 1) >> 1) & 1u);
   const float* last = (c.stages & 1) ? xbuf[1] : xbuf[0];
   const int rows = c.stage[c.stages - 1].n / programs;
   for (int i = static_cast<int>(threadIdx.x); i < rows; i += kThreads) c.y[rank * rows + i] = last[rank * rows + i];

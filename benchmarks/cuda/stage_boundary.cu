@@ -73,6 +73,30 @@ struct Timing {
     if (e_ != cudaSuccess) return std::string(#call) + ": " + cudaGetErrorString(e_);                \
   } while (0)
 
+// The median over `repeats` runs of `replays` calls of `enqueue` (each enqueues work on `stream`)
+// between two events: µs per call, into *us.
+template <class Enqueue>
+std::string median_us(Enqueue&& enqueue, int replays, int repeats, cudaStream_t stream, double* us) {
+  cudaEvent_t a, b;
+  TRY(cudaEventCreate(&a));
+  TRY(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int r = 0; r < repeats; ++r) {
+    TRY(cudaEventRecord(a, stream));
+    for (int i = 0; i < replays; ++i) TRY(enqueue());
+    TRY(cudaEventRecord(b, stream));
+    TRY(cudaEventSynchronize(b));
+    float ms = 0;
+    TRY(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(1000.0 * ms / replays);
+  }
+  std::sort(t.begin(), t.end());
+  *us = t[t.size() / 2];
+  TRY(cudaEventDestroy(a));
+  TRY(cudaEventDestroy(b));
+  return "";
+}
+
 // One chain timed; returns "" or what failed (reported for this configuration only: the others run).
 std::string time_chain(Mode mode, Chain c, int programs, int replays, int repeats, cudaStream_t stream, Timing* t) {
   const size_t bytes = static_cast<size_t>(c.n) * sizeof(uint32_t);
@@ -103,23 +127,8 @@ std::string time_chain(Mode mode, Chain c, int programs, int replays, int repeat
   TRY(cudaMemcpy(got.data(), c.vec[c.stages & 1], bytes, cudaMemcpyDeviceToHost));
   t->ok = got == expected(c.n, c.stages);
   for (int i = 0; i < 10; ++i) TRY(replay());
-  cudaEvent_t a, b;
-  TRY(cudaEventCreate(&a));
-  TRY(cudaEventCreate(&b));
-  std::vector<double> us;
-  for (int r = 0; r < repeats; ++r) {
-    TRY(cudaEventRecord(a, stream));
-    for (int i = 0; i < replays; ++i) TRY(replay());
-    TRY(cudaEventRecord(b, stream));
-    TRY(cudaEventSynchronize(b));
-    float ms = 0;
-    TRY(cudaEventElapsedTime(&ms, a, b));
-    us.push_back(1000.0 * ms / replays);
-  }
-  std::sort(us.begin(), us.end());
-  t->median_us = us[us.size() / 2];
-  TRY(cudaEventDestroy(a));
-  TRY(cudaEventDestroy(b));
+  const std::string timed = median_us(replay, replays, repeats, stream, &t->median_us);
+  if (!timed.empty()) return timed;
   if (exec != nullptr) TRY(cudaGraphExecDestroy(exec));
   if (graph != nullptr) TRY(cudaGraphDestroy(graph));
   return "";
@@ -177,23 +186,10 @@ std::string time_stream(const uint4* buf, const std::vector<uint32_t>& slice_sum
     TRY(cudaMemcpy(got.data(), sums, got.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
     for (int p = 0; p < programs; ++p)
       *ok = *ok && got[static_cast<size_t>(p)] == slice_sums[static_cast<size_t>(p)] * static_cast<uint32_t>(passes[k]);
-    cudaEvent_t a, b;
-    TRY(cudaEventCreate(&a));
-    TRY(cudaEventCreate(&b));
-    std::vector<double> us;
-    for (int r = 0; r < repeats; ++r) {
-      TRY(cudaEventRecord(a, stream));
-      for (int i = 0; i < replays; ++i) TRY(stage_boundary::stream(buf, per_vec, passes[k], sums, programs, stream));
-      TRY(cudaEventRecord(b, stream));
-      TRY(cudaEventSynchronize(b));
-      float ms = 0;
-      TRY(cudaEventElapsedTime(&ms, a, b));
-      us.push_back(1000.0 * ms / replays);
-    }
-    std::sort(us.begin(), us.end());
-    median[k] = us[us.size() / 2];
-    TRY(cudaEventDestroy(a));
-    TRY(cudaEventDestroy(b));
+    const std::string timed = median_us(
+        [&] { return stage_boundary::stream(buf, per_vec, passes[k], sums, programs, stream); }, replays, repeats,
+        stream, &median[k]);
+    if (!timed.empty()) return timed;
   }
   *us_per_pass = (median[1] - median[0]) / (hi - lo);
   return "";
@@ -294,29 +290,22 @@ std::string time_gemv(int layers, int programs, int replays, int repeats, cudaSt
   }
   *ok = err <= 1e-3 * top;
   for (int i = 0; i < 10; ++i) TRY(cudaGraphLaunch(exec, stream));
-  cudaEvent_t a, b;
-  TRY(cudaEventCreate(&a));
-  TRY(cudaEventCreate(&b));
-  std::vector<double> t;
-  for (int r = 0; r < repeats; ++r) {
-    TRY(cudaEventRecord(a, stream));
-    for (int i = 0; i < replays; ++i) TRY(cudaGraphLaunch(exec, stream));
-    TRY(cudaEventRecord(b, stream));
-    TRY(cudaEventSynchronize(b));
-    float ms = 0;
-    TRY(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(1000.0 * ms / replays);
-  }
-  std::sort(t.begin(), t.end());
-  *us = t[t.size() / 2];
-  TRY(cudaEventDestroy(a));
-  TRY(cudaEventDestroy(b));
+  const std::string timed = median_us([&] { return cudaGraphLaunch(exec, stream); }, replays, repeats, stream, us);
+  if (!timed.empty()) return timed;
   TRY(cudaGraphExecDestroy(exec));
   TRY(cudaGraphDestroy(graph));
   TRY(cudaFree(w));
   TRY(cudaFree(x));
   TRY(cudaFree(y));
   return "";
+}
+
+// Closes a result row with what failed ("error", quotes made JSON-safe); false when nothing did.
+bool print_error(std::string error) {
+  if (error.empty()) return false;
+  std::replace(error.begin(), error.end(), '"', '\'');
+  std::printf(", \"error\": \"%s\"}", error.c_str());
+  return true;
 }
 
 std::vector<int> parse_list(const std::string& s) {
@@ -409,9 +398,7 @@ int main(int argc, char** argv) {
       std::string error = time_chain(m.mode, c, programs, replays, repeats, stream, &one);
       c.stages = stages;
       if (error.empty()) error = time_chain(m.mode, c, programs, replays, repeats, stream, &many);
-      if (!error.empty()) {
-        std::replace(error.begin(), error.end(), '"', '\'');
-        std::printf(", \"error\": \"%s\"}", error.c_str());
+      if (print_error(error)) {
         all_ok = false;
         continue;
       }
@@ -460,9 +447,7 @@ int main(int argc, char** argv) {
                                       programs, src.lo, src.hi, std::max(2, replays / 4), repeats, sums, stream, &us,
                                       &ok);
       CHECK(cudaFree(buf));
-      if (!error.empty()) {
-        std::replace(error.begin(), error.end(), '"', '\'');
-        std::printf(", \"error\": \"%s\"}", error.c_str());
+      if (print_error(error)) {
         all_ok = false;
         continue;
       }
@@ -498,9 +483,7 @@ int main(int argc, char** argv) {
       double us = 0;
       bool ok = false;
       std::string error = time_gemv(layers, programs, replays, repeats, stream, &us, &ok);
-      if (!error.empty()) {
-        std::replace(error.begin(), error.end(), '"', '\'');
-        std::printf(", \"error\": \"%s\"}", error.c_str());
+      if (print_error(error)) {
         all_ok = false;
         continue;
       }

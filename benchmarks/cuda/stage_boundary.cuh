@@ -48,6 +48,22 @@ struct Chain {
   int32_t* counter;  // the grid barrier's (kBarrier): its low 31 bits zero, as every barrier leaves them
 };
 
+// The block's sum of the threads' `sum`s, in every thread, through kBlockWarps words at `warp_sums` (the start
+// of the dynamic shared memory): rewritten by the next call only after a barrier every thread passes
+// (the next stage's grid or cluster barrier, or its wait for bytes that this block's threads push after
+// reading them).
+template <int kBlockWarps = kWarps>
+__device__ __forceinline__ uint32_t block_sum(uint32_t sum, uint32_t* warp_sums) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = sum;
+  __syncthreads();
+  sum = 0;
+#pragma unroll
+  for (int w = 0; w < kBlockWarps; ++w) sum += warp_sums[w];
+  return sum;
+}
+
 __device__ __forceinline__ void stage(const Chain& c, int s) {
   // selects, not c.vec[s & 1]: a dynamic index into a kernel parameter would copy it to local memory
   const uint32_t* prev = (s & 1) ? c.vec[1] : c.vec[0];
@@ -57,15 +73,7 @@ __device__ __forceinline__ void stage(const Chain& c, int s) {
     const uint4 v = *reinterpret_cast<const uint4*>(prev + i);
     sum += v.x + v.y + v.z + v.w;
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  // rewritten by the next stage of a kBarrier program only after grid_barrier's __syncthreads
-  uint32_t* warp_sums = reinterpret_cast<uint32_t*>(dynamic_smem());
-  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = sum;
-  __syncthreads();
-  sum = 0;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) sum += warp_sums[w];
+  sum = block_sum(sum, reinterpret_cast<uint32_t*>(dynamic_smem()));
   const int per = (c.n + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
   const int end = min(c.n, (static_cast<int>(blockIdx.x) + 1) * per);
   for (int i = static_cast<int>(blockIdx.x) * per + static_cast<int>(threadIdx.x); i < end; i += kThreads)
@@ -121,18 +129,13 @@ __global__ void __launch_bounds__(kThreads) cluster_shared_chain_kernel(Chain c)
       const uint4 v = *reinterpret_cast<const uint4*>(cluster_peer(prev + i % per, static_cast<unsigned>(i / per)));
       sum += v.x + v.y + v.z + v.w;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = sum;
-    __syncthreads();
-    sum = 0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += warp_sums[w];
+    sum = block_sum(sum, warp_sums);
     for (int i = static_cast<int>(threadIdx.x); i < mine; i += kThreads) next[i] = prev[i] + sum + 1u;
     cluster_sync();  // the slices of vector (s + 1) % 2 written, every read of vector s % 2 done
   }
   const uint32_t* last = (c.stages & 1) ? buf[1] : buf[0];
-  for (int i = static_cast<int>(threadIdx.x); i < mine; i += kThreads) c.vec[c.stages & 1][lo + i] = last[i];
+  uint32_t* out = (c.stages & 1) ? c.vec[1] : c.vec[0];  // a select: see stage()
+  for (int i = static_cast<int>(threadIdx.x); i < mine; i += kThreads) out[lo + i] = last[i];
 }
 
 // kClusterPush: every program holds both vectors whole (16-byte aligned after the warp sums and two
@@ -166,19 +169,13 @@ __global__ void __launch_bounds__(kThreads) cluster_push_chain_kernel(Chain c) {
     uint32_t* next = (s & 1) ? buf[0] : buf[1];
     uint64_t* next_bar = (s & 1) ? &bars[0] : &bars[1];
     if (threadIdx.x == 0) mbarrier_arrive_expect_tx(next_bar, static_cast<unsigned>(c.n) * 4u);
-    if (s > 0) cluster_mbarrier_wait((s & 1) ? &bars[1] : &bars[0], static_cast<unsigned>((s - 1) >> 1) & 1u);
+    if (s > 0) mbarrier_wait<Scope::kCluster>((s & 1) ? &bars[1] : &bars[0], static_cast<unsigned>((s - 1) >> 1) & 1u);
     uint32_t sum = 0;
     for (int i = 4 * static_cast<int>(threadIdx.x); i < c.n; i += 4 * kThreads) {
       const uint4 v = *reinterpret_cast<const uint4*>(prev + i);
       sum += v.x + v.y + v.z + v.w;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = sum;
-    __syncthreads();
-    sum = 0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += warp_sums[w];
+    sum = block_sum(sum, warp_sums);
     // each 16 bytes of this program's slice to each program: (vector, program) pairs over the threads
     for (int j = static_cast<int>(threadIdx.x); j < (mine / 4) * programs; j += kThreads) {
       const int i = lo + 4 * (j / programs);
@@ -187,10 +184,11 @@ __global__ void __launch_bounds__(kThreads) cluster_push_chain_kernel(Chain c) {
       st_async_peer(next + i, static_cast<unsigned>(j % programs), v, next_bar);
     }
   }
-  if (c.stages > 0) cluster_mbarrier_wait((c.stages & 1) ? &bars[1] : &bars[0],
+  if (c.stages > 0) mbarrier_wait<Scope::kCluster>((c.stages & 1) ? &bars[1] : &bars[0],
                                           static_cast<unsigned>((c.stages - 1) >> 1) & 1u);
   const uint32_t* last = (c.stages & 1) ? buf[1] : buf[0];
-  for (int i = static_cast<int>(threadIdx.x); i < mine; i += kThreads) c.vec[c.stages & 1][lo + i] = last[lo + i];
+  uint32_t* out = (c.stages & 1) ? c.vec[1] : c.vec[0];  // a select: see stage()
+  for (int i = static_cast<int>(threadIdx.x); i < mine; i += kThreads) out[lo + i] = last[lo + i];
 }
 
 // What `programs` SMs stream: program p sums the 16-byte words of its slice of `per_vec` words of buf,
@@ -216,16 +214,8 @@ __global__ void __launch_bounds__(kStreamThreads) stream_kernel(const uint4* buf
       for (int u = 0; u < kStreamUnroll; ++u) acc += v[u].x + v[u].y + v[u].z + v[u].w;
     }
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  uint32_t* warp_sums = reinterpret_cast<uint32_t*>(dynamic_smem());
-  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    uint32_t total = 0;
-    for (int w = 0; w < kStreamThreads / 32; ++w) total += warp_sums[w];
-    sums[blockIdx.x] = total;
-  }
+  acc = block_sum<kStreamThreads / 32>(acc, reinterpret_cast<uint32_t*>(dynamic_smem()));
+  if (threadIdx.x == 0) sums[blockIdx.x] = acc;
 }
 
 inline cudaError_t stream(const uint4* buf, int per_vec, int passes, uint32_t* sums, int programs, cudaStream_t st) {

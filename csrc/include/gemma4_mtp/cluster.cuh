@@ -55,8 +55,8 @@ __device__ __forceinline__ T* cluster_peer(T* p, unsigned rank) {
 // Stores 16 bytes at `local_dst` of the cluster's program `rank` (local_dst and local_bar: addresses in
 // this program's shared memory, mapped to that program's) and counts them as transaction bytes on its
 // mbarrier at `local_bar` (st.async: no fence, no barrier; the complete_tx releases the bytes at cluster
-// scope, cluster_mbarrier_wait acquires them). The receiving program announces the bytes of a phase with
-// mbarrier_arrive_expect_tx (common.cuh), before or after they arrive.
+// scope, mbarrier_wait<Scope::kCluster> acquires them). The receiving program announces the bytes of a
+// phase with mbarrier_arrive_expect_tx (common.cuh), before or after they arrive.
 __device__ __forceinline__ void st_async_peer(void* local_dst, unsigned rank, uint4 v, uint64_t* local_bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   unsigned dst, bar;
@@ -65,24 +65,6 @@ __device__ __forceinline__ void st_async_peer(void* local_dst, unsigned rank, ui
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n"
                ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
                : "memory");
-#else
-  __trap();
-#endif
-}
-
-// Blocks until the phase of this program's `bar` with the given parity has completed, acquiring at
-// cluster scope what the other programs' st_async_peer stores released into it.
-__device__ __forceinline__ void cluster_mbarrier_wait(uint64_t* bar, unsigned parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  unsigned done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
 #else
   __trap();
 #endif

@@ -250,17 +250,33 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, unsigne
 #endif
 }
 
+// What an mbarrier wait acquires: the CTA's own (bulk copies into its shared memory, its threads'
+// arrivals), or at cluster scope what other programs of its cluster stored into it (cluster.cuh's
+// st_async_peer).
+enum class Scope { kCta, kCluster };
+
 // Blocks until the phase of `bar` with the given parity has completed (acquire: the bytes the bulk
-// copies of that phase wrote are visible to this thread afterwards).
+// copies of that phase wrote, or at kCluster the stores other programs pushed, are visible to this
+// thread afterwards).
+template <Scope kScope = Scope::kCta>
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, unsigned parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   unsigned done = 0;
   do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
+    if constexpr (kScope == Scope::kCta) {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(smem_addr(bar)), "r"(parity)
+          : "memory");
+    } else {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+          " selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(smem_addr(bar)), "r"(parity)
+          : "memory");
+    }
   } while (!done);
 #endif
 }

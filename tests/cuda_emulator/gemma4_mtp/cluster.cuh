@@ -53,6 +53,4 @@ inline void st_async_peer(void* local_dst, unsigned rank, uint4 v, uint64_t* loc
   mbarrier_try_complete(it->second, false);
 }
 
-inline void cluster_mbarrier_wait(uint64_t* bar, unsigned parity) { mbarrier_wait(bar, parity); }
-
 }  // namespace gemma4_mtp

@@ -319,6 +319,9 @@ inline void mbarrier_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
   mbarrier_try_complete(m, false);
 }
 
+enum class Scope { kCta, kCluster };
+
+template <Scope = Scope::kCta>  // threads run one at a time here: every wait sees every completed store
 inline void mbarrier_wait(uint64_t* bar, unsigned parity) {
   for (;;) {
     emu::MBarrier& m = mbar(bar);
