@@ -48,10 +48,9 @@ struct Chain {
   int32_t* counter;  // the grid barrier's (kBarrier): its low 31 bits zero, as every barrier leaves them
 };
 
-// The block's sum of the threads' `sum`s, in every thread, through kBlockWarps words at `warp_sums` (the start
-// of the dynamic shared memory): rewritten by the next call only after a barrier every thread passes
-// (the next stage's grid or cluster barrier, or its wait for bytes that this block's threads push after
-// reading them).
+// The block's sum of the threads' `sum`s, in every thread, through kBlockWarps words at `warp_sums`. The
+// next call on the same words must come after a barrier that every thread passes after reading them (the
+// next stage's grid or cluster barrier); kClusterPush has none and alternates two sets of words.
 template <int kBlockWarps = kWarps>
 __device__ __forceinline__ uint32_t block_sum(uint32_t sum, uint32_t* warp_sums) {
 #pragma unroll
@@ -138,9 +137,9 @@ __global__ void __launch_bounds__(kThreads) cluster_shared_chain_kernel(Chain c)
   for (int i = static_cast<int>(threadIdx.x); i < mine; i += kThreads) out[lo + i] = last[i];
 }
 
-// kClusterPush: every program holds both vectors whole (16-byte aligned after the warp sums and two
+// kClusterPush: every program holds both vectors whole (16-byte aligned after two sets of warp sums and two
 // mbarriers).
-constexpr size_t kPushHeader = kSmem + 2 * sizeof(uint64_t);
+constexpr size_t kPushHeader = 2 * kSmem + 2 * sizeof(uint64_t);
 inline size_t push_smem(int n) { return kPushHeader + 2 * static_cast<size_t>(n) * sizeof(uint32_t); }
 
 // Vector v >= 1 arrives in buffer v % 2, counted by mbarrier v % 2, whose ((v - 1) / 2)-th phase it is;
@@ -153,8 +152,10 @@ __global__ void __launch_bounds__(kThreads) cluster_push_chain_kernel(Chain c) {
   const int programs = static_cast<int>(gridDim.x), per = shared_slice(c.n, programs);
   const int lo = static_cast<int>(cluster_rank()) * per, mine = max(0, min(c.n, lo + per) - lo);
   unsigned char* smem = dynamic_smem();
+  // the warp sums of even and odd stages: a warp may start stage s + 1 (its vector arrived) while a warp
+  // that pushes nothing still reads stage s's sums
   uint32_t* warp_sums = reinterpret_cast<uint32_t*>(smem);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kSmem);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + 2 * kSmem);
   uint32_t* buf[2] = {reinterpret_cast<uint32_t*>(smem + kPushHeader),
                       reinterpret_cast<uint32_t*>(smem + kPushHeader) + c.n};
   if (threadIdx.x == 0) {
@@ -175,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) cluster_push_chain_kernel(Chain c) {
       const uint4 v = *reinterpret_cast<const uint4*>(prev + i);
       sum += v.x + v.y + v.z + v.w;
     }
-    sum = block_sum(sum, warp_sums);
+    sum = block_sum(sum, warp_sums + (s & 1) * kWarps);
     // each 16 bytes of this program's slice to each program: (vector, program) pairs over the threads
     for (int j = static_cast<int>(threadIdx.x); j < (mine / 4) * programs; j += kThreads) {
       const int i = lo + 4 * (j / programs);
