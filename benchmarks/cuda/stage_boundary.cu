@@ -135,20 +135,14 @@ std::string time_chain(Mode mode, Chain c, int programs, int replays, int repeat
 }
 
 // Why a cluster mode cannot run `programs` here, or nullptr.
-const char* cluster_skip(Mode mode, int programs, int n, int major) {
+// Why one cluster of `programs` blocks of `threads` threads and `smem` bytes of `kernel` cannot run here
+// (nullptr: it can).
+const char* cluster_unfit(const void* kernel, int programs, int threads, size_t smem, int major) {
   if (major < 9) return "thread block clusters need sm_90";
   if (programs < 1 || programs > gemma4_mtp::kMaxCluster) return "a cluster has 1 to 16 programs";
-  using stage_boundary::cluster_chain_kernel, stage_boundary::cluster_push_chain_kernel,
-      stage_boundary::cluster_shared_chain_kernel;
-  const void* kernel = mode == Mode::kClusterShared ? reinterpret_cast<const void*>(cluster_shared_chain_kernel)
-                       : mode == Mode::kClusterPush ? reinterpret_cast<const void*>(cluster_push_chain_kernel)
-                                                    : reinterpret_cast<const void*>(cluster_chain_kernel);
-  const size_t smem = mode == Mode::kClusterShared ? stage_boundary::shared_smem(n, programs)
-                      : mode == Mode::kClusterPush ? stage_boundary::push_smem(n)
-                                                   : stage_boundary::kSmem;
-  const int smem_bytes = static_cast<int>(smem);
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) != cudaSuccess) {
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
+          cudaSuccess) {
     (void)cudaGetLastError();
     return "the kernel's cluster or shared memory attribute was refused";
   }
@@ -159,7 +153,7 @@ const char* cluster_skip(Mode mode, int programs, int n, int major) {
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.gridDim = dim3(static_cast<unsigned>(programs));
-  cfg.blockDim = dim3(stage_boundary::kThreads);
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = smem;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
@@ -169,6 +163,19 @@ const char* cluster_skip(Mode mode, int programs, int n, int major) {
     return "cudaOccupancyMaxActiveClusters: no cluster of this size fits";
   }
   return nullptr;
+}
+
+// The same for a cluster mode's chain kernel over n elements.
+const char* cluster_skip(Mode mode, int programs, int n, int major) {
+  using stage_boundary::cluster_chain_kernel, stage_boundary::cluster_push_chain_kernel,
+      stage_boundary::cluster_shared_chain_kernel;
+  const void* kernel = mode == Mode::kClusterShared ? reinterpret_cast<const void*>(cluster_shared_chain_kernel)
+                       : mode == Mode::kClusterPush ? reinterpret_cast<const void*>(cluster_push_chain_kernel)
+                                                    : reinterpret_cast<const void*>(cluster_chain_kernel);
+  const size_t smem = mode == Mode::kClusterShared ? stage_boundary::shared_smem(n, programs)
+                      : mode == Mode::kClusterPush ? stage_boundary::push_smem(n)
+                                                   : stage_boundary::kSmem;
+  return cluster_unfit(kernel, programs, stage_boundary::kThreads, smem, major);
 }
 
 // One stream measurement: us per pass (the slope between `lo` and `hi` passes of `replays` launches,
@@ -473,9 +480,11 @@ int main(int argc, char** argv) {
         c.stages = static_cast<int>(st.size());
         return c;
       }();
-      const char* skip = major < 9 ? "thread block clusters need sm_90"
-                         : !cluster_gemv::valid(shape, programs) ? "E2B's shapes do not split over this many programs"
-                                                                  : nullptr;
+      const char* skip =
+          !cluster_gemv::valid(shape, programs)
+              ? "E2B's shapes do not split over this many programs"
+              : cluster_unfit(reinterpret_cast<const void*>(cluster_gemv::chain_kernel), programs,
+                              cluster_gemv::kThreads, cluster_gemv::smem_bytes(shape, programs), major);
       if (skip != nullptr) {
         std::printf(", \"skipped\": \"%s\"}", skip);
         continue;
