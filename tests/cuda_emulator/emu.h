@@ -138,9 +138,11 @@ inline bool& late_copies() {  // complete copies as late as the waits allow (els
 // Scheduling: round robin (all warps advance in step; a launch's blocks in index order, a cooperative
 // launch's in turn), or one warp at a time as far as it can go before any other runs, lowest warp first
 // or highest first (a warp racing ahead of the others exposes shared memory it rewrites before they have
-// read it); then a cooperative launch's blocks, too, each run as far as it can before the next (a block
-// racing ahead exposes a missing grid barrier), and with kWarpBehind every launch's blocks run from the
-// highest index down (the last block to arrive at a counter is not the last one by index).
+// read it; under kWarpAhead the thread whose arrival releases a block or cluster barrier resumes only in
+// the next round, after the lower warps: see wait); then a cooperative or cluster launch's blocks, too,
+// each run as far as it can before the next (a block racing ahead exposes a missing grid barrier), and
+// with kWarpBehind every launch's blocks run from the highest index down (the last block to arrive at a
+// counter is not the last one by index).
 enum class Schedule { kRoundRobin, kWarpAhead, kWarpBehind };
 inline Schedule& schedule() {
   static Schedule s = Schedule::kRoundRobin;
@@ -213,6 +215,7 @@ struct Fiber {
   bool started = false;
   dim3 tid;
   bool done = false;
+  bool parked = false;  // released the last barrier it met: resumes only in the next round (kWarpAhead)
   unsigned collective = 0;               // warp collectives passed (selects the exchange buffer)
   std::deque<std::vector<Copy>> groups;  // committed cp.async groups, oldest first
   std::vector<Copy> open;                // cp.async since the last commit
@@ -283,12 +286,19 @@ inline void yield() {
   asan_enter(nullptr, nullptr);
 }
 
-inline void wait(Barrier& b) {
+// park_last (block and cluster barriers): under kWarpAhead the thread whose arrival releases the barrier
+// waits for the next scheduling round, so that the lowest warps run ahead of it from the barrier on (a warp
+// that rewrites shared memory before the last one has read it shows).
+inline void wait(Barrier& b, bool park_last = false) {
   const unsigned g = b.generation;
   ++progress();
   if (++b.count == b.expected) {
     b.count = 0;
     ++b.generation;
+    if (park_last && schedule() == Schedule::kWarpAhead) {
+      self().parked = true;
+      yield();
+    }
     return;
   }
   while (b.generation == g) yield();
@@ -367,12 +377,14 @@ inline bool run_round(Block& b) {
   block() = &b;
   const int threads = static_cast<int>(b.fibers.size()), nwarps = (threads + 31) / 32;
   // Resumes threads [lo, hi) once each; returns whether any is not finished.
+  for (Fiber& f : b.fibers) f.parked = false;  // a new round
   auto pass = [&](int lo, int hi) {
     bool any = false;
     for (int t = lo; t < hi; ++t) {
       Fiber& f = b.fibers[t];
       if (f.done) continue;
       any = true;
+      if (f.parked) continue;
       b.current = t;
       asan_leave(fiber_stack(b.stack0 + t), kStack, false);
       if (!_setjmp(b.scheduler_jb)) {
@@ -427,7 +439,7 @@ inline void run_blocks(std::vector<Block>& blocks) {
 #define threadIdx (::emu::self().tid)
 #define blockIdx (::emu::block()->idx)
 
-inline void __syncthreads() { emu::wait(emu::block()->cta); }
+inline void __syncthreads() { emu::wait(emu::block()->cta, true); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::wait(emu::block()->warp_bar[emu::warp()]); }
 
 // A warp shuffle: lane l reads the value of lane source(l, first lane of its width-lane segment); the

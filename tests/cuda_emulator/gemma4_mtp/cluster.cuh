@@ -12,7 +12,7 @@ namespace gemma4_mtp {
 
 inline void cluster_sync() {
   emu::Block* b = emu::block();
-  emu::wait(b->cluster_barrier != nullptr ? *b->cluster_barrier : b->cta);
+  emu::wait(b->cluster_barrier != nullptr ? *b->cluster_barrier : b->cta, true);
 }
 
 inline unsigned cluster_rank() { return emu::block()->cluster_rank; }
