@@ -9,8 +9,9 @@
 // between its GEMVs needs the whole vector, which every program has: `norm` (scale_s = the input's
 // inverse RMS) and `glu` (the pushed vector has 2 k_s entries, folded to gelu(a) * b before use) are
 // local work, no extra stage. The weights stream through a ring of kRing 16 KiB buffers filled by bulk
-// copies (cp.async.bulk, one mbarrier each) issued kRing - 1 chunks ahead of the one being used, across
-// stage boundaries: the next stage's weights arrive while this one waits for its input.
+// copies (cp.async.bulk, one mbarrier each): a group of up to kRing chunks is summed once all its bytes
+// are in, and its buffers are refilled at once with the chunks kRing further on, across stage boundaries,
+// so the next stage's weights arrive while this one pushes and the next waits for its input.
 #pragma once
 
 #include <cstdint>
