@@ -134,6 +134,7 @@ __device__ inline float block_sum(float v, float* red) {
 }
 
 __global__ void __launch_bounds__(kThreads) chain_kernel(Chain c) {
+  if constexpr (!kHasClusters) __trap();
   const int programs = static_cast<int>(gridDim.x), rank = static_cast<int>(cluster_rank());
   int vec = 0, max_rows = 0;
   for (int s = 0; s < c.stages; ++s) {

@@ -94,6 +94,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(Chain c) {
 }
 
 __global__ void __launch_bounds__(kThreads) cluster_chain_kernel(Chain c) {
+  if constexpr (!kHasClusters) __trap();
   for (int s = 0; s < c.stages; ++s) {
     if (s > 0) cluster_sync();
     stage(c, s);
@@ -114,6 +115,7 @@ inline size_t shared_smem(int n, int programs) {
 // vector (s + 1) % 2. One cluster_sync() after each stage, as kCluster has between stages (the last one
 // keeps every program's slice alive until the others have read it), and one after loading the start.
 __global__ void __launch_bounds__(kThreads) cluster_shared_chain_kernel(Chain c) {
+  if constexpr (!kHasClusters) __trap();
   const int programs = static_cast<int>(gridDim.x), per = shared_slice(c.n, programs);
   const int rank = static_cast<int>(cluster_rank()), lo = rank * per, mine = max(0, min(c.n, lo + per) - lo);
   uint32_t* warp_sums = reinterpret_cast<uint32_t*>(dynamic_smem());
@@ -149,6 +151,7 @@ inline size_t push_smem(int n) { return kPushHeader + 2 * static_cast<size_t>(n)
 // s % 2 only from programs that have vector s + 1, which needs this program's slice, pushed after it read
 // vector s. The program's slice of the last vector goes to global memory after it has arrived.
 __global__ void __launch_bounds__(kThreads) cluster_push_chain_kernel(Chain c) {
+  if constexpr (!kHasClusters) __trap();
   const int programs = static_cast<int>(gridDim.x), per = shared_slice(c.n, programs);
   const int lo = static_cast<int>(cluster_rank()) * per, mine = max(0, min(c.n, lo + per) - lo);
   unsigned char* smem = dynamic_smem();

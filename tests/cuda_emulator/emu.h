@@ -529,6 +529,7 @@ I atomicAdd(I* p, I v) {
   return old;
 }
 inline void __threadfence() {}
+[[noreturn]] inline void __trap() { emu::fail("a thread executed __trap()"); }
 inline unsigned atomicInc(unsigned* p, unsigned limit) {
   const unsigned old = *p;
   *p = old >= limit ? 0u : old + 1u;

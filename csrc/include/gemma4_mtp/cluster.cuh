@@ -13,6 +13,15 @@
 
 namespace gemma4_mtp {
 
+// Whether this compile has clusters (sm_90+; also the host pass). A kernel built on them begins with
+// `if constexpr (!kHasClusters) __trap();`: below sm_90 it is never launched (launch_cluster needs sm_90)
+// and compiles to nothing else, rather than to code around the primitives' traps.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr bool kHasClusters = false;
+#else
+constexpr bool kHasClusters = true;
+#endif
+
 // Every thread of every program of the cluster arrives, then waits for all the others: the shared and
 // global memory writes before it (release) are visible to every program of the cluster after it
 // (acquire). Also what a program must pass before it exits while others may still read its shared

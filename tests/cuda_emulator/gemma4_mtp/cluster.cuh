@@ -10,6 +10,8 @@
 
 namespace gemma4_mtp {
 
+constexpr bool kHasClusters = true;
+
 inline void cluster_sync() {
   emu::Block* b = emu::block();
   emu::wait(b->cluster_barrier != nullptr ? *b->cluster_barrier : b->cta, true);
