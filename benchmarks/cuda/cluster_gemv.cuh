@@ -19,6 +19,7 @@
 #include "gemma4_mtp/cluster.cuh"
 #include "gemma4_mtp/common.cuh"
 #include "gemma4_mtp/launch.cuh"
+#include "gemma4_mtp/rms_norm_linear.cuh"  // glue::gelu_tanh, the drafter MLP's GELU
 
 namespace cluster_gemv {
 
@@ -75,16 +76,25 @@ inline bool valid(const Chain& c, int programs) {
   return true;
 }
 
+// The longest vector a stage receives or produces, and the most rows a program computes at one stage.
+struct Extent {
+  int vec = 0, rows = 0;
+};
+__host__ __device__ inline Extent extent(const Chain& c, int programs) {
+  Extent e;
+  for (int s = 0; s < c.stages; ++s) {
+    e.vec = max(e.vec, max(input_len(c.stage[s]), c.stage[s].n));
+    e.rows = max(e.rows, c.stage[s].n / programs);
+  }
+  return e;
+}
+
 // Shared memory: the weight ring, two input vectors, the program's rows of an output, the chunk's
 // partial sums, the warp sums of a norm, the ring's and the inputs' mbarriers.
 inline size_t smem_bytes(const Chain& c, int programs) {
-  int vec = 0, rows = 0;
-  for (int s = 0; s < c.stages; ++s) {
-    vec = max(vec, max(input_len(c.stage[s]), c.stage[s].n));
-    rows = max(rows, c.stage[s].n / programs);
-  }
-  return static_cast<size_t>(kRing) * kChunkBytes + 2 * static_cast<size_t>(vec) * 4 + static_cast<size_t>(rows) * 4 +
-         (kRing * kMaxUnits + kWarps) * 4 + (kRing + 2) * 8;
+  const Extent e = extent(c, programs);
+  return static_cast<size_t>(kRing) * kChunkBytes + 2 * static_cast<size_t>(e.vec) * 4 +
+         static_cast<size_t>(e.rows) * 4 + (kRing * kMaxUnits + kWarps) * 4 + (kRing + 2) * 8;
 }
 
 // Chunk j of the program's whole weight stream (stages in order, each its rows in chunk_rows runs):
@@ -116,10 +126,6 @@ __device__ inline void issue_chunk(const Chain& c, int programs, int rank, int j
                 bytes, bar);
 }
 
-__device__ __forceinline__ float gelu(float x) {
-  return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
-}
-
 // Sum over the block (every thread calls it; `red` holds kWarps floats).
 __device__ inline float block_sum(float v, float* red) {
 #pragma unroll
@@ -136,17 +142,14 @@ __device__ inline float block_sum(float v, float* red) {
 __global__ void __launch_bounds__(kThreads) chain_kernel(Chain c) {
   if constexpr (!kHasClusters) __trap();
   const int programs = static_cast<int>(gridDim.x), rank = static_cast<int>(cluster_rank());
-  int vec = 0, max_rows = 0;
-  for (int s = 0; s < c.stages; ++s) {
-    vec = max(vec, max(input_len(c.stage[s]), c.stage[s].n));
-    max_rows = max(max_rows, c.stage[s].n / programs);
-  }
+  const Extent e = extent(c, programs);
+  const int vec = e.vec;
   unsigned char* smem = dynamic_smem();
   unsigned char* ring = smem;
   float* xbuf[2] = {reinterpret_cast<float*>(smem + static_cast<size_t>(kRing) * kChunkBytes),
                     reinterpret_cast<float*>(smem + static_cast<size_t>(kRing) * kChunkBytes) + vec};
   float* y_rows = xbuf[1] + vec;
-  float* partial = y_rows + max_rows;
+  float* partial = y_rows + e.rows;
   float* red = partial + kRing * kMaxUnits;
   uint64_t* full = reinterpret_cast<uint64_t*>(red + kWarps);  // 8-byte aligned: an even count of floats before
   uint64_t* xbar = full + kRing;
@@ -169,7 +172,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(Chain c) {
     if (threadIdx.x == 0) mbarrier_arrive_expect_tx(next_bar, static_cast<unsigned>(st.n) * 4u);
     if (s > 0) mbarrier_wait<Scope::kCluster>((s & 1) ? &xbar[1] : &xbar[0], static_cast<unsigned>((s - 1) >> 1) & 1u);
     if (st.glu) {  // in place: entry i reads i and k + i, and only i is written
-      for (int i = static_cast<int>(threadIdx.x); i < st.k; i += kThreads) x[i] = gelu(x[i]) * x[st.k + i];
+      for (int i = static_cast<int>(threadIdx.x); i < st.k; i += kThreads) x[i] = glue::gelu_tanh(x[i]) * x[st.k + i];
       __syncthreads();
     }
     float scale = 1.0f;

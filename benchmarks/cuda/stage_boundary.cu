@@ -147,11 +147,7 @@ const char* cluster_unfit(const void* kernel, int programs, int threads, size_t 
     return "the kernel's cluster or shared memory attribute was refused";
   }
   cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(programs);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  cudaLaunchAttribute attr[1] = {gemma4_mtp::cluster_dimension(programs)};
   cfg.gridDim = dim3(static_cast<unsigned>(programs));
   cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = smem;

@@ -105,6 +105,17 @@ cudaError_t launch_cooperative(Kernel kernel, dim3 grid, int threads, size_t sme
 constexpr int kPortableCluster = 8;
 constexpr int kMaxCluster = 16;
 
+// The launch attribute of clusters of `cluster` programs along x (launch_cluster's, and what
+// cudaOccupancyMaxActiveClusters is asked about).
+inline cudaLaunchAttribute cluster_dimension(int cluster) {
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  return attr;
+}
+
 // Launches `kernel` on `stream` in clusters of `cluster` programs along x (sm_90+; grid.x a multiple of
 // it), which meet at cluster_sync() and read each other's shared memory (cluster.cuh). Sizes above 8 are
 // opted in per kernel (cudaFuncAttributeNonPortableClusterSizeAllowed) first; whether a size fits the
@@ -124,11 +135,7 @@ cudaError_t launch_cluster(dim3 grid, int cluster, int threads, size_t smem, cud
     if (err != cudaSuccess) return err;
     if (dev < kMaxDevices) done[dev] = true;
   }
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  const cudaLaunchAttribute attr[1] = {cluster_dimension(cluster)};
   return detail::launch_with(attr, 1, kernel, grid, threads, smem, stream, args...);
 }
 
