@@ -1,5 +1,6 @@
 """Building and running the CUDA kernels' CPU emulation (tests/cuda_emulator: a driver per kernel header,
-compiled with g++ against emu.h under AddressSanitizer), shared by the tests/test_*_emulated.py files.
+compiled with g++ against emu.h under AddressSanitizer and UBSan's alignment check), shared by the
+tests/test_*_emulated.py files.
 
 A driver takes key=value arguments, exchanges tensors with the test as packed rows in files of a
 directory, and prints one last line, "OK key=value ..." or "FAIL ..."."""
@@ -33,12 +34,17 @@ def compiler_flags() -> list[str]:
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("g++ not found")
-    probe = subprocess.run([gxx, "-fsanitize=address", "-x", "c++", "-", "-o", os.devnull],
+    # AddressSanitizer: a read or write out of any buffer; UBSan's alignment check: a vector load or store
+    # (uint4, float4, ...) at an address its size does not divide, which faults on the GPU (cudaErrorMisalignedAddress)
+    # and goes through silently on x86
+    sanitize = ["-fsanitize=address,alignment", "-fno-sanitize-recover=alignment", "-fno-omit-frame-pointer"]
+    probe = subprocess.run([gxx, *sanitize, "-x", "c++", "-", "-o", os.devnull],
                            input="int main() { return 0; }", capture_output=True, text=True)
-    asan = ["-fsanitize=address", "-fno-omit-frame-pointer"] if probe.returncode == 0 else []
+    if probe.returncode != 0:  # a compiler without the sanitizers' runtimes still runs the kernels, unchecked
+        sanitize = []
     # the kernels' source as host C++: an implicit float -> integer conversion is an error (a float score
     # passed where order bits were expected once ranked every token of the dense head by its integer part)
-    return [gxx, "-std=c++20", "-O1", "-Werror=float-conversion", *asan]
+    return [gxx, "-std=c++20", "-O1", "-Werror=float-conversion", *sanitize]
 
 
 def build(request, main: str, name: str, defines: tuple[str, ...] = ()) -> Path:

@@ -47,16 +47,18 @@ struct dim3 {
 // The running launch's shape (threads along x only), set by cudaLaunchKernelEx.
 inline dim3 gridDim, blockDim;
 
-struct float2 {
+// Aligned as CUDA aligns them: a kernel dereferencing one at an address that is not a multiple of its size
+// faults on the GPU ("misaligned address"), and here under -fsanitize=alignment (tests/emulated.py).
+struct alignas(8) float2 {
   float x, y;
 };
-struct float4 {
+struct alignas(16) float4 {
   float x, y, z, w;
 };
-struct uint2 {
+struct alignas(8) uint2 {
   unsigned x, y;
 };
-struct uint4 {
+struct alignas(16) uint4 {
   unsigned x, y, z, w;
 };
 inline float2 make_float2(float x, float y) { return {x, y}; }
