@@ -1,8 +1,9 @@
 """What one dependent stage boundary costs on this GPU: a kernel launch, a programmatic dependent launch,
 a grid-wide barrier inside one persistent kernel, or a cluster barrier inside one thread block cluster
 (the vectors in global or in distributed shared memory) or stores pushed between its SMs; what a group of
-SMs streams from L2 and DRAM; and E2B layers' GEMVs run in one cluster (benchmarks/cuda/stage_boundary.cuh
-and cluster_gemv.cuh say how).
+SMs streams from L2 and DRAM; E2B layers' GEMVs, and whole sliding layers, run in one cluster; and 31B's
+glue GEMVs streamed by every SM from a ring of bulk copies (benchmarks/cuda/stage_boundary.cuh,
+cluster_gemv.cuh and stream_gemv.cuh say how).
 
 A drafter step is 27 dependent stages (launch_count); at E2B's sizes its bytes take ~10 µs, so the
 cost of a boundary decides how close a step can get to issue 11's 20 µs, and whether a persistent
@@ -73,26 +74,44 @@ def table(results: dict, *, markdown: bool = False) -> str:
         s_rows.append((r["source"], str(r["programs"]), str(r["bytes_per_program"] // 1024), f"{r['us_per_pass']:.2f}",
                        f"{r['gb_per_s_per_program']:.0f}", f"{r['tb_per_s']:.2f}", "ok" if r["ok"] else "WRONG RESULT"))
     gemv = results.get("gemv") or []
-    g_title = ("E2B layers' GEMVs in one cluster (q_proj, o_proj, gate_up, down_proj: 5 MiB a layer, pushed "
-               "activations): one graph replay, and a layer (the slope from 1 to 4 layers)")
-    g_head = ("programs", "layers", "µs", "µs/layer", "check")
-    one = {r["programs"]: r["us"] for r in gemv if r.get("layers") == 1 and "us" in r}
+    g_title = ("E2B layers in one cluster: their GEMVs (q_proj, o_proj, gate_up, down_proj: 5 MiB a layer, pushed "
+               "activations), and whole sliding layers (with q_norm and the attention over 512 keys and values "
+               "between q_proj and o_proj): one graph replay, and a layer (the slope from 1 to 4 layers)")
+    g_head = ("layer", "programs", "layers", "µs", "µs/layer", "check")
+
+    def kind(r):  # runs before 2026-12-06 (evening) had GEMV rows only
+        return "sliding" if r.get("attention") else "GEMVs"
+    one = {(kind(r), r["programs"]): r["us"] for r in gemv if r.get("layers") == 1 and "us" in r}
     g_rows = []
     for r in gemv:
         if "skipped" in r or "error" in r:
             why = f"skipped: {r['skipped']}" if "skipped" in r else f"ERROR: {r['error']}"
-            g_rows.append((str(r["programs"]), str(r["layers"]), "-", "-", why))
+            g_rows.append((kind(r), str(r["programs"]), str(r["layers"]), "-", "-", why))
             continue
-        per = (f"{(r['us'] - one[r['programs']]) / (r['layers'] - 1):.2f}"
-               if r["layers"] > 1 and r["programs"] in one else "-")
+        base = one.get((kind(r), r["programs"]))
+        per = f"{(r['us'] - base) / (r['layers'] - 1):.2f}" if r["layers"] > 1 and base is not None else "-"
         check = "ok" if r["ok"] else "WRONG RESULT"
-        g_rows.append((str(r["programs"]), str(r["layers"]), f"{r['us']:.2f}", per, check))
+        g_rows.append((kind(r), str(r["programs"]), str(r["layers"]), f"{r['us']:.2f}", per, check))
+    wide = results.get("wide_gemv") or []  # runs before 2026-12-06 (evening) had none
+    w_title = ("31B's glue GEMVs at one token, each on every SM from a ring of bulk copies: µs a launch, back to "
+               "back in one graph, every launch over its own copy of the weights (L2 cold)")
+    w_head = ("shape", "programs", "MiB", "µs", "TB/s", "check")
+    w_rows = []
+    for r in wide:
+        mib = f"{r['bytes'] / 2**20:.0f}"
+        if "skipped" in r or "error" in r:
+            why = f"skipped: {r['skipped']}" if "skipped" in r else f"ERROR: {r['error']}"
+            w_rows.append((r["shape"], str(r["programs"]), mib, "-", "-", why))
+            continue
+        w_rows.append((r["shape"], str(r["programs"]), mib, f"{r['us']:.2f}", f"{r['bytes'] / r['us'] / 1e6:.2f}",
+                       "ok" if r["ok"] else "WRONG RESULT"))
     if markdown:
         def md(t, h, rs):
             return [t, "", "| " + " | ".join(h) + " |", "|---" * len(h) + "|",
                     *("| " + " | ".join(r) + " |" for r in rs)]
         return "\n".join(md(title, head, rows) + (["", *md(s_title, s_head, s_rows)] if s_rows else [])
-                         + (["", *md(g_title, g_head, g_rows)] if g_rows else []))
+                         + (["", *md(g_title, g_head, g_rows)] if g_rows else [])
+                         + (["", *md(w_title, w_head, w_rows)] if w_rows else []))
 
     def line(row, widths):
         cells = (f"{c:{'<' if i == 0 else '>'}{w}}" for i, (c, w) in enumerate(zip(row, widths)))
@@ -101,7 +120,9 @@ def table(results: dict, *, markdown: bool = False) -> str:
     if s_rows:
         out += ["", s_title, *(line(r, (6, 8, 11, 8, 12, 6)) for r in (s_head, *s_rows))]
     if g_rows:
-        out += ["", g_title, *(line(r, (8, 6, 8, 8)) for r in (g_head, *g_rows))]
+        out += ["", g_title, *(line(r, (7, 8, 6, 8, 8)) for r in (g_head, *g_rows))]
+    if w_rows:
+        out += ["", w_title, *(line(r, (30, 8, 4, 7, 5)) for r in (w_head, *w_rows))]
     return "\n".join(out)
 
 

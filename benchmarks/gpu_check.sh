@@ -8,7 +8,7 @@
 #
 # Every stage is time-boxed so that one hang cannot eat the device budget (a device command may run
 # 10 minutes, 600 s; with every box spent, kill grace included, the script ends by ~580 s): build 60 s,
-# stage boundaries 40 s (~15 s: benchmarks/bench_stage_boundary.py, with the cluster modes), GPU suite
+# stage boundaries 50 s (~22 s: benchmarks/bench_stage_boundary.py, with the cluster modes), GPU suite
 # 200 s (eight files at a time, each at most 120 s; 160 s measured at four on 2026-12-04), main command
 # 110 s, the launch-configuration sweep at most 70 s while 120 s are left for the benchmarks after it
 # (skipped under 30 s), the benchmarks what is left before 425 s (benchmarks/checklist.py's cases first: the
@@ -86,11 +86,14 @@ stage build 60 "$OUT/build.log" "$PY" setup.py build_ext --inplace
 # Stage boundaries while the GPU is otherwise idle: a launch, PDL and a grid barrier again (8 and 132
 # programs, the same run's reference) against one cluster of 2-16 programs (a cluster barrier over global
 # or distributed shared memory, or stores pushed between its SMs), what 1-132 SMs stream from L2 and DRAM,
-# and E2B layers' GEMVs in one cluster: what decides whether a drafter step in one cluster is worth writing
-# (benchmarks/README.md, "A drafter step in one cluster"). ~15 s (its own nvcc build for 90a, ~40 chains
-# of a few ms, ~1 GiB of stream buffers filled on the host).
-stage stage-boundary 40 "$OUT/stage_boundary.log" "$PY" -m benchmarks.bench_stage_boundary \
-    --out "$OUT/stage_boundary.json" --args "programs=8,132 cluster_programs=2,4,8,16 stream_programs=1,8,16,132"
+# E2B layers' GEMVs and whole sliding layers in one cluster: what decides whether a drafter step in one
+# cluster is worth writing (benchmarks/README.md, "A drafter step in one cluster"); and 31B's glue GEMVs
+# each on 64 and 128 SMs from a ring of bulk copies, L2 cold: what a rewrite of the 31B glue's weight
+# path would reach ("31B's GEMVs from a ring of bulk copies"). ~22 s (its own nvcc build for 90a, ~40
+# chains of a few ms, ~1 GiB of stream buffers filled on the host, 16-32 MiB weights for the GEMVs).
+stage stage-boundary 50 "$OUT/stage_boundary.log" "$PY" -m benchmarks.bench_stage_boundary \
+    --out "$OUT/stage_boundary.json" \
+    --args "programs=8,132 cluster_programs=2,4,8,16 stream_programs=1,8,16,132 wide_programs=64,128"
 
 # The GPU suite: every test file's GPU-marked tests, one pytest process per file. A fatal error (a
 # segmentation fault, an illegal address that poisons the context) ends only its own file. Eight files

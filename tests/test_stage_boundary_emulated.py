@@ -7,8 +7,9 @@ so these runs also check that the launcher orders the stages and that the grid b
 programs of a cooperative launch (the emulation runs them at once), and the cluster barrier the programs
 of one thread block cluster, with the vectors in global memory or in the programs' shared memory, read
 through distributed shared memory (the emulation runs a cluster's programs at once, each at the same
-offset of the others' shared memory). The stream kernel's sums are checked too, and a layer's GEMVs run in
-one cluster (cluster_gemv.cuh) against float64. The benchmark itself checks each
+offset of the others' shared memory). The stream kernel's sums are checked too, a layer's GEMVs and a whole
+sliding layer run in one cluster (cluster_gemv.cuh) against float64, and one GEMV on every program from a
+ring of bulk copies (stream_gemv.cuh). The benchmark itself checks each
 graph's first replay on the GPU the same way; nvcc compiling it for every target is
 tests/test_cuda_build.py's."""
 from __future__ import annotations
@@ -22,7 +23,8 @@ import emulated
 
 @pytest.fixture(scope="module")
 def binary(request):
-    return emulated.build(request, "stage_boundary_main.cpp", "stage_boundary")
+    # the sm_90 build (kHasBulkCopy): stream_gemv.cuh has no other path
+    return emulated.build(request, "stage_boundary_main.cpp", "stage_boundary", ("-DEMU_BULK=1",))
 
 
 def chain(start: np.ndarray, stages: int) -> np.ndarray:
@@ -113,9 +115,21 @@ def test_stream_sums(binary, tmp_path, programs, words, passes):
 
 def gemv_chain(stages, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """cluster_gemv's chain in float64: per stage (n, k, norm, glu) the GLU fold gelu(a) * b of a 2k input,
-    the input's inverse RMS as scale, then scale * W x for the next stage's bf16 [n, k] weights in w."""
+    the input's inverse RMS as scale, then scale * W x for the next stage's bf16 [n, k] weights in w; per
+    attention stage (n, k, norm, 0, window) each of the n / k heads' query normed by its own RMS (norm),
+    then softmax(q K^T) V over the next [window, k] keys and [window, k] values in w."""
     x, off = x.astype(np.float64), 0
-    for n, k, norm, glu in stages:
+    for n, k, norm, glu, *window in stages:
+        if window:
+            kv = w[off:off + 2 * window[0] * k].reshape(2, window[0], k).astype(np.float64)
+            q = x.reshape(n // k, k)
+            if norm:
+                q = q / np.sqrt((q ** 2).mean(axis=1, keepdims=True) + 1e-6)
+            s = q @ kv[0].T
+            p = np.exp(s - s.max(axis=1, keepdims=True))
+            x = ((p / p.sum(axis=1, keepdims=True)) @ kv[1]).reshape(-1)
+            off += 2 * window[0] * k
+            continue
         if glu:
             a = x[:k]
             x = 0.5 * a * (1 + np.tanh(0.7978845608 * (a + 0.044715 * a**3))) * x[k:2 * k]
@@ -126,6 +140,29 @@ def gemv_chain(stages, w: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 E2B_LAYER = [(2048, 256, 1, 0), (256, 2048, 0, 0), (4096, 256, 1, 0), (256, 2048, 0, 1)]
+# a sliding layer: q_norm and attention over a 512-token window of one key-value head after q_proj
+E2B_SLIDING_LAYER = [E2B_LAYER[0], (2048, 256, 1, 0, 512), *E2B_LAYER[1:]]
+
+
+def weight_count(stage) -> int:
+    n, k, _, _, *window = stage
+    return 2 * window[0] * k if window else n * k
+
+
+def run_gemv_chain(binary, tmp_path, programs, stages, schedule):
+    """The chain on the emulated cluster against gemv_chain, weights and keys ~ U(-1, 1) / 8 through bf16."""
+    rng = np.random.default_rng(programs)
+    w = torch.from_numpy(rng.uniform(-1, 1, sum(map(weight_count, stages))).astype(np.float32) / 8)
+    w = w.to(torch.bfloat16)
+    n0, k0, _, glu0, *window0 = stages[0]
+    x = rng.standard_normal(n0 if window0 else k0 * (2 if glu0 else 1)).astype(np.float32)
+    emulated.write(tmp_path / "x.bin", torch.from_numpy(x))
+    emulated.write(tmp_path / "w.bin", w)
+    chain_arg = ",".join(":".join(map(str, st)) for st in stages)
+    emulated.run(binary, f"dir={tmp_path} mode=gemv programs={programs} chain={chain_arg} sms=16 schedule={schedule}")
+    got = emulated.read(tmp_path / "result.bin", torch.float32, (stages[-1][0],)).numpy()
+    want = gemv_chain(stages, w.float().numpy(), x)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("programs,stages,schedule", [
@@ -142,27 +179,85 @@ def test_gemv_chain(binary, tmp_path, programs, stages, schedule):
     into every program's copy of the next input, the norm and the GLU fold done by each program on its
     copy; (3, k = 264): a partial 256-column unit. Without the wait for a group's bytes the run fails
     (copies nobody waited for), without the barrier before the row sums it reads NaN-poisoned partials."""
-    rng = np.random.default_rng(programs)
-    w = torch.from_numpy(rng.uniform(-1, 1, sum(n * k for n, k, _, _ in stages)).astype(np.float32) / 8)
-    w = w.to(torch.bfloat16)
-    x = rng.standard_normal(stages[0][1] * (2 if stages[0][3] else 1)).astype(np.float32)
+    run_gemv_chain(binary, tmp_path, programs, stages, schedule)
+
+
+@pytest.mark.parametrize("programs,stages,schedule", [
+    (4, [(512, 64, 1, 0), (512, 256, 1, 0, 32), (64, 512, 0, 0)], "rr"),       # 2 heads, 8 keys a program
+    (2, [(256, 32, 1, 0), (256, 256, 0, 0, 16), (32, 256, 0, 0)], "behind"),   # 1 head, no q_norm
+    (4, [(1024, 64, 1, 0), (1024, 256, 1, 0, 64), (64, 1024, 0, 0)] * 2, "ahead"),  # 4 heads, twice
+    (4, [(1024, 256, 1, 0, 128), (64, 1024, 0, 0)], "rr"),                   # attention first: the input
+    (16, E2B_SLIDING_LAYER, "rr"),   # 32 keys a program: a chunk of keys, one of values
+    (8, E2B_SLIDING_LAYER, "ahead"),  # 64: two of each
+    (4, E2B_SLIDING_LAYER, "behind"),  # 128: the ring full of one program's keys and values
+], ids=lambda v: str(v) if not isinstance(v, list) else f"{len(v)}stages")
+def test_gemv_chain_attention(binary, tmp_path, programs, stages, schedule):
+    """A sliding layer in one cluster (cluster_gemv.cuh's attention stage) against float64: each program's
+    keys and values streamed through the weights' ring, its heads' scores and partial output over them,
+    pushed to the programs owning the entries with each head's max and exp-sum, merged there and pushed to
+    every program as a GEMV's rows; two attention stages in a chain (the partials' mbarrier phase)."""
+    run_gemv_chain(binary, tmp_path, programs, stages, schedule)
+
+
+@pytest.mark.parametrize("programs,chain_arg", [
+    (3, "64:32:0:0"), (4, "64:12:0:0"), (17, "68:8:0:0"), (2, "16:8:0:0,16:8:0:0,8:16:0:0"),
+    (4, "4096:256:1:0:64"),   # 16 heads: more than a warp's transposed reduction takes
+    (4, "1024:128:1:0:64"),   # attention over 128-entry heads
+    (4, "1040:256:1:0:64"),   # a query that is not whole heads
+    (4, "1024:256:1:0:66"),   # a window that does not split over the programs
+    (2, "2048:256:1:0:512"),  # 256 keys a program: its keys and values do not fit the ring at once
+])
+def test_gemv_chain_refused(binary, tmp_path, programs, chain_arg):
+    """Rows that do not split into 16-byte pushes over the programs, k not a multiple of 8, more than 16
+    programs, a stage whose input is not the last one's output, attention stages the kernel does not take:
+    the launcher refuses, nothing launches."""
+    stages = [tuple(map(int, s.split(":"))) for s in chain_arg.split(",")]
+    n0, k0, _, _, *window0 = stages[0]
+    emulated.write(tmp_path / "x.bin", torch.zeros(n0 if window0 else k0, dtype=torch.float32))
+    emulated.write(tmp_path / "w.bin", torch.zeros(sum(map(weight_count, stages)), dtype=torch.bfloat16))
+    out = emulated.run(binary, f"dir={tmp_path} mode=gemv programs={programs} chain={chain_arg} sms=32",
+                       ok_prefix="REFUSED")
+    assert int(out["launches"]) == 0
+
+
+@pytest.mark.parametrize("programs,n,k,norm,schedule", [
+    (8, 64, 1024, 1, "rr"),      # a chunk a program
+    (2, 64, 2048, 0, "ahead"),   # 8 chunks: the ring filled once
+    (1, 32, 8192, 1, "rr"),      # 32 chunks: the ring refilled four times
+    (2, 8, 16384, 1, "behind"),  # a chunk is half a row: two chunks' sums add into one row
+    (4, 128, 256, 0, "rr"),      # 32-row chunks
+])
+def test_wide_gemv(binary, tmp_path, programs, n, k, norm, schedule):
+    """stream_gemv.cuh's GEMV (every program its rows, streamed through a ring of bulk copies) against
+    float64. Without the wait for a chunk's bytes the run fails (copies nobody waited for), without the wait
+    for x's it sums NaN-poisoned shared memory; without the
+    barrier after a chunk's units, or the one before the totals are stored, a row adds units not yet
+    summed; with one buffer of unit sums instead of two a racing warp overwrites them before they are
+    added; without the totals zeroed they add to NaN poison."""
+    rng = np.random.default_rng(n + k)
+    w = torch.from_numpy(rng.uniform(-1, 1, (n, k)).astype(np.float32) / 8).to(torch.bfloat16)
+    x = rng.standard_normal(k).astype(np.float32)
     emulated.write(tmp_path / "x.bin", torch.from_numpy(x))
     emulated.write(tmp_path / "w.bin", w)
-    chain_arg = ",".join(f"{n}:{k}:{norm}:{glu}" for n, k, norm, glu in stages)
-    emulated.run(binary, f"dir={tmp_path} mode=gemv programs={programs} chain={chain_arg} sms=16 schedule={schedule}")
-    got = emulated.read(tmp_path / "result.bin", torch.float32, (stages[-1][0],)).numpy()
-    want = gemv_chain(stages, w.float().numpy(), x)
+    emulated.run(binary, f"dir={tmp_path} mode=wide programs={programs} n={n} k={k} norm={norm} sms=8 "
+                         f"schedule={schedule}")
+    got = emulated.read(tmp_path / "result.bin", torch.float32, (n,)).numpy()
+    x64 = x.astype(np.float64)
+    want = w.double().numpy() @ x64 / (np.sqrt((x64 ** 2).mean() + 1e-6) if norm else 1.0)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("programs,chain_arg", [(3, "64:32:0:0"), (4, "64:12:0:0"), (17, "68:8:0:0"),
-                                                (2, "16:8:0:0,16:8:0:0,8:16:0:0")])
-def test_gemv_chain_refused(binary, tmp_path, programs, chain_arg):
-    """Rows that do not split into 16-byte pushes over the programs, k not a multiple of 8, more than 16
-    programs, a stage whose input is not the last one's output: the launcher refuses, nothing launches."""
-    emulated.write(tmp_path / "x.bin", torch.zeros(int(chain_arg.split(":")[1]), dtype=torch.float32))
-    n_w = sum(int(s.split(":")[0]) * int(s.split(":")[1]) for s in chain_arg.split(","))
-    emulated.write(tmp_path / "w.bin", torch.zeros(n_w, dtype=torch.bfloat16))
-    out = emulated.run(binary, f"dir={tmp_path} mode=gemv programs={programs} chain={chain_arg} sms=32",
+@pytest.mark.parametrize("programs,n,k,major", [
+    (3, 64, 1024, 9),    # rows that do not split evenly
+    (2, 64, 1000, 9),    # k not a multiple of 256
+    (4, 16, 1024, 9),    # 4 rows of 1024: not a whole chunk a program
+    (1, 8, 32768, 9),    # k above 16384
+    (8, 64, 1024, 8),    # sm_80: no bulk copies
+])
+def test_wide_gemv_refused(binary, tmp_path, programs, n, k, major):
+    """Shapes the kernel does not take, and devices without bulk copies: refused, nothing launches."""
+    emulated.write(tmp_path / "x.bin", torch.zeros(k, dtype=torch.float32))
+    emulated.write(tmp_path / "w.bin", torch.zeros(n * k, dtype=torch.bfloat16))
+    out = emulated.run(binary, f"dir={tmp_path} mode=wide programs={programs} n={n} k={k} major={major}",
                        ok_prefix="REFUSED")
     assert int(out["launches"]) == 0

@@ -12,6 +12,15 @@
 // copies (cp.async.bulk, one mbarrier each): a group of up to kRing chunks is summed once all its bytes
 // are in, and its buffers are refilled at once with the chunks kRing further on, across stage boundaries,
 // so the next stage's weights arrive while this one pushes and the next waits for its input.
+//
+// A stage may instead be a sliding layer's attention (`window` > 0), so that a chain is a whole E2B sliding
+// layer: its input is the n / k query heads (k = 256 entries each; `norm` scales each head by its own inverse
+// RMS, the q_norm), attending over `window` keys and values of one key-value head ([2, window, k] bf16 at w,
+// keys first). Program p scores the heads against keys [p window / P, (p + 1) window / P), streamed through
+// the same ring as the weights (and fetched as early), and pushes to each program its partial output for the
+// entries that program owns, with every head's max score and exp-sum; the owner merges the P partials (the
+// split-softmax merge) and pushes its merged entries to every program, as a GEMV pushes its rows: two pushed
+// exchanges, no barrier.
 #pragma once
 
 #include <cstdint>
@@ -34,11 +43,14 @@ constexpr int kMaxK = 4096;   // input entries of a stage (a glu stage receives 
 constexpr float kEps = 1e-6f;
 
 struct Stage {
-  const __nv_bfloat16* w;  // [n, k], 16-byte aligned
-  int n, k;                // n a multiple of 4 * programs, k a multiple of 8, k <= kMaxK
-  int norm;                // scale by the input's inverse RMS
+  const __nv_bfloat16* w;  // [n, k], 16-byte aligned (attention: keys then values, [2, window, k])
+  int n, k;                // n a multiple of 4 * programs, k a multiple of 8, k <= kMaxK (attention: n = heads * k)
+  int norm;                // scale by the input's inverse RMS (attention: each head's by its own)
   int glu;                 // the pushed input has 2 k entries a, b; use gelu(a) * b
+  int window = 0;          // > 0: attention of n / k heads over `window` keys (k = 256, window a multiple of P)
 };
+
+constexpr int kHeadDim = 256;  // an attention stage's k: a key row is one 256-column unit, a column a thread
 
 struct Chain {
   Stage stage[kMaxStages];
@@ -61,7 +73,25 @@ __host__ __device__ inline int chunk_rows(int rows, int k) {
   return r;
 }
 
-__host__ __device__ inline int input_len(const Stage& st) { return st.glu ? 2 * st.k : st.k; }
+__host__ __device__ inline int input_len(const Stage& st) { return st.window ? st.n : st.glu ? 2 * st.k : st.k; }
+
+// Bf16 entries a stage reads from w: its weights, or its keys and values.
+__host__ __device__ inline size_t weight_count(const Stage& st) {
+  return static_cast<size_t>(st.window ? 2 * st.window : st.n) * static_cast<size_t>(st.k);
+}
+
+// An attention stage's statistics pushed with each partial: every head's max score and exp-sum, padded to
+// whole 16-byte pushes.
+__host__ __device__ inline int stat_len(int heads) { return (2 * heads + 3) / 4 * 4; }
+
+// The program's stream at a stage: its rows of W, or its keys and then its values, in chunks of
+// stage_chunk_rows rows (a chunk never holds keys and values both).
+__host__ __device__ inline int stage_chunk_rows(const Stage& st, int programs) {
+  return chunk_rows(st.window ? st.window / programs : st.n / programs, st.k);
+}
+__host__ __device__ inline int stage_chunks(const Stage& st, int programs) {
+  return (st.window ? 2 * (st.window / programs) : st.n / programs) / stage_chunk_rows(st, programs);
+}
 
 // Whether the chain can run on `programs`: the shapes above, each stage's input what the one before
 // it pushes, at most kMaxStages stages.
@@ -72,36 +102,53 @@ inline bool valid(const Chain& c, int programs) {
     if (st.n < 4 * programs || st.n % (4 * programs) != 0 || st.k < 8 || st.k % 8 != 0 || st.k > kMaxK)
       return false;
     if (st.n > 2 * kMaxK || (s > 0 && input_len(st) != c.stage[s - 1].n)) return false;
+    if (st.window) {  // its keys and values in the ring at once, a head count the scores' reduction takes
+      const int heads = st.n / st.k;
+      if (st.k != kHeadDim || st.n % st.k != 0 || st.glu || 32 % heads != 0 || heads > 8) return false;
+      if (st.window % programs != 0) return false;
+      if (stage_chunks(st, programs) > kRing) return false;
+    }
   }
   return true;
 }
 
 // The longest vector a stage receives or produces, and the most rows a program computes at one stage.
+// An attention stage's floats in shared memory: the P partials received (each its owner's entries and the
+// statistics), the program's own partial output, its scores, its statistics; a multiple of 4.
+__host__ __device__ inline int attention_floats(const Stage& st, int programs) {
+  if (!st.window) return 0;
+  const int heads = st.n / st.k, stats = stat_len(heads);
+  return programs * (st.n / programs + stats) + st.n + (heads * (st.window / programs) + 3) / 4 * 4 + stats;
+}
+
 struct Extent {
-  int vec = 0, rows = 0;
+  int vec = 0, rows = 0, attention = 0;
 };
 __host__ __device__ inline Extent extent(const Chain& c, int programs) {
   Extent e;
   for (int s = 0; s < c.stages; ++s) {
     e.vec = max(e.vec, max(input_len(c.stage[s]), c.stage[s].n));
     e.rows = max(e.rows, c.stage[s].n / programs);
+    e.attention = max(e.attention, attention_floats(c.stage[s], programs));
   }
   return e;
 }
 
-// Shared memory: the weight ring, two input vectors, the program's rows of an output, the chunk's
-// partial sums, the warp sums of a norm, the ring's and the inputs' mbarriers.
+// Shared memory: the weight ring, two input vectors, the program's rows of an output, an attention stage's
+// buffers, the chunk's partial sums, the warp sums of a norm, the ring's, the inputs' and the attention
+// partials' mbarriers.
 inline size_t smem_bytes(const Chain& c, int programs) {
   const Extent e = extent(c, programs);
   return static_cast<size_t>(kRing) * kChunkBytes + 2 * static_cast<size_t>(e.vec) * 4 +
-         static_cast<size_t>(e.rows) * 4 + (kRing * kMaxUnits + kWarps) * 4 + (kRing + 2) * 8;
+         static_cast<size_t>(e.rows) * 4 + static_cast<size_t>(e.attention) * 4 + (kRing * kMaxUnits + kWarps) * 4 +
+         (kRing + 3) * 8;
 }
 
 // Chunk j of the program's whole weight stream (stages in order, each its rows in chunk_rows runs):
 // its stage, first row (of the program's rows) and row count; false past the last.
 __device__ inline bool find_chunk(const Chain& c, int programs, int j, int* stage, int* row0, int* rows) {
   for (int s = 0; s < c.stages; ++s) {
-    const int r = c.stage[s].n / programs, cr = chunk_rows(r, c.stage[s].k), n_chunks = r / cr;
+    const int cr = stage_chunk_rows(c.stage[s], programs), n_chunks = stage_chunks(c.stage[s], programs);
     if (j < n_chunks) {
       *stage = s;
       *row0 = j * cr;
@@ -118,7 +165,11 @@ __device__ inline void issue_chunk(const Chain& c, int programs, int rank, int j
   int s, row0, rows;
   if (!find_chunk(c, programs, j, &s, &row0, &rows)) return;
   const Stage& st = c.stage[s];
-  const int first = rank * (st.n / programs) + row0;
+  int first = rank * (st.n / programs) + row0;
+  if (st.window) {  // the program's keys, then its values (the second half of its stream)
+    const int keys = st.window / programs;
+    first = (row0 < keys ? 0 : st.window) + rank * keys + row0 % keys;
+  }
   const unsigned bytes = static_cast<unsigned>(rows * st.k * 2);
   uint64_t* bar = &full[j % kRing];
   mbarrier_arrive_expect_tx(bar, bytes);
@@ -139,6 +190,87 @@ __device__ inline float block_sum(float v, float* red) {
   return total;
 }
 
+// An attention stage's scores and partial output for H heads (x: H * kHeadDim query entries) over the
+// program's `keys` keys and values, chunks j, j + 1, ... of its stream (cr rows a chunk; the keys' chunks,
+// then the values'): every head's max score and exp-sum to stat (the H max scores first), its exp-weighted
+// sum of the values to out (H * kHeadDim). Ends with the ring's buffers read and out, stat written.
+template <int H>
+__device__ void attend(const float* x, const unsigned char* ring, uint64_t* full, int j, int cr, int keys,
+                       float* scores, float* stat, float* out) {
+  static_assert(32 % H == 0 && kHeadDim == kThreads, "32 / H keys a transposed reduction; a column a thread");
+  constexpr int kPer = 32 / H;
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int kc = keys / cr;  // chunks of keys (as many of values follow)
+  auto row = [&](int chunk, int r) {  // row r of the stream's chunk j + chunk in the ring
+    return reinterpret_cast<const __nv_bfloat16*>(ring + static_cast<size_t>((j + chunk) % kRing) * kChunkBytes) +
+           static_cast<size_t>(r) * kHeadDim;
+  };
+  for (int g = 0; g < 2 * kc; ++g)  // every chunk's bytes first, as a GEMV's group
+    mbarrier_wait(&full[(j + g) % kRing], static_cast<unsigned>((j + g) / kRing) & 1u);
+  // scores: a warp takes every kWarps-th key, 8 columns a lane, kPer keys' H dot products summed at once
+  float q[H][8];
+#pragma unroll
+  for (int h = 0; h < H; ++h)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) q[h][e] = x[h * kHeadDim + 8 * lane + e];
+  for (int b = 0; b * kWarps * kPer < keys; ++b) {
+    float acc[32];
+#pragma unroll
+    for (int t = 0; t < kPer; ++t) {
+      const int u = warp + kWarps * (b * kPer + t);
+      float kf[8] = {};
+      if (u < keys) {
+        const uint4 kv = *reinterpret_cast<const uint4*>(row(u / cr, u % cr) + 8 * lane);
+        const __nv_bfloat16* ke = reinterpret_cast<const __nv_bfloat16*>(&kv);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) kf[e] = to_float(ke[e]);
+      }
+#pragma unroll
+      for (int h = 0; h < H; ++h) {
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) d += kf[e] * q[h][e];
+        acc[t * H + h] = d;
+      }
+    }
+    const float total = warp_transpose_sum(acc, lane);  // lane i: key t = i / H's score for head i % H
+    const int u = warp + kWarps * (b * kPer + lane / H);
+    if (u < keys) scores[(lane % H) * keys + u] = total;
+  }
+  __syncthreads();
+  // each head's max and exp-sum (a warp a head), the scores turned into their exponentials
+  for (int h = warp; h < H; h += kWarps) {
+    float m = -INFINITY, l = 0.0f;
+    for (int u = lane; u < keys; u += 32) m = fmaxf(m, scores[h * keys + u]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    for (int u = lane; u < keys; u += 32) {
+      const float p = expf(scores[h * keys + u] - m);
+      scores[h * keys + u] = p;
+      l += p;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (lane == 0) {
+      stat[h] = m;
+      stat[H + h] = l;
+    }
+  }
+  // the padding pushed with them
+  if (static_cast<int>(threadIdx.x) < stat_len(H) - 2 * H) stat[2 * H + threadIdx.x] = 0.0f;
+  __syncthreads();
+  // the values: a thread a column, every head's sum over the keys
+  float o[H] = {};
+  for (int u = 0; u < keys; ++u) {
+    const float v = to_float(row(kc + u / cr, u % cr)[threadIdx.x]);
+#pragma unroll
+    for (int h = 0; h < H; ++h) o[h] += scores[h * keys + u] * v;
+  }
+#pragma unroll
+  for (int h = 0; h < H; ++h) out[h * kHeadDim + threadIdx.x] = o[h];
+  __syncthreads();
+}
+
 __global__ void __launch_bounds__(kThreads) chain_kernel(Chain c) {
   if constexpr (!kHasClusters) __trap();
   const int programs = static_cast<int>(gridDim.x), rank = static_cast<int>(cluster_rank());
@@ -149,21 +281,25 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(Chain c) {
   float* xbuf[2] = {reinterpret_cast<float*>(smem + static_cast<size_t>(kRing) * kChunkBytes),
                     reinterpret_cast<float*>(smem + static_cast<size_t>(kRing) * kChunkBytes) + vec};
   float* y_rows = xbuf[1] + vec;
-  float* partial = y_rows + e.rows;
+  float* att = y_rows + e.rows;  // an attention stage's buffers (attention_floats)
+  float* partial = att + e.attention;
   float* red = partial + kRing * kMaxUnits;
   uint64_t* full = reinterpret_cast<uint64_t*>(red + kWarps);  // 8-byte aligned: an even count of floats before
   uint64_t* xbar = full + kRing;
+  uint64_t* abar = xbar + 2;  // the attention partials received
   if (threadIdx.x == 0) {
     for (int b = 0; b < kRing; ++b) mbarrier_init(&full[b], 1);
     mbarrier_init(&xbar[0], 1);
     mbarrier_init(&xbar[1], 1);
+    mbarrier_init(abar, 1);
     fence_mbarrier_init();
     for (int j = 0; j < kRing; ++j) issue_chunk(c, programs, rank, j, ring, full);
   }
   for (int i = static_cast<int>(threadIdx.x); i < input_len(c.stage[0]); i += kThreads) xbuf[0][i] = c.x[i];
   cluster_sync();  // every program's mbarriers initialised before anyone pushes into it
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  int j = 0;  // the next chunk of the weight stream
+  int j = 0;           // the next chunk of the stream
+  int attentions = 0;  // attention stages so far: the phase of abar
   for (int s = 0; s < c.stages; ++s) {
     const Stage st = c.stage[s];
     float* x = (s & 1) ? xbuf[1] : xbuf[0];
@@ -171,56 +307,112 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(Chain c) {
     uint64_t* next_bar = (s & 1) ? &xbar[0] : &xbar[1];
     if (threadIdx.x == 0) mbarrier_arrive_expect_tx(next_bar, static_cast<unsigned>(st.n) * 4u);
     if (s > 0) mbarrier_wait<Scope::kCluster>((s & 1) ? &xbar[1] : &xbar[0], static_cast<unsigned>((s - 1) >> 1) & 1u);
-    if (st.glu) {  // in place: entry i reads i and k + i, and only i is written
-      for (int i = static_cast<int>(threadIdx.x); i < st.k; i += kThreads) x[i] = glue::gelu_tanh(x[i]) * x[st.k + i];
+    const int rows = st.n / programs;
+    if (st.window) {
+      const int heads = st.n / st.k, keys = st.window / programs, cr = stage_chunk_rows(st, programs);
+      const int stats = stat_len(heads), slot = rows + stats;  // a sender's floats in recv
+      float* recv = att;
+      float* own = recv + programs * slot;
+      float* scores = own + st.n;
+      float* stat = scores + (heads * keys + 3) / 4 * 4;
+      if (threadIdx.x == 0) mbarrier_arrive_expect_tx(abar, static_cast<unsigned>(programs * slot) * 4u);
+      if (st.norm) {  // q_norm: each head's query by its own inverse RMS, in place (a warp a head)
+        for (int h = warp; h < heads; h += kWarps) {
+          float sq = 0.0f;
+          for (int i = lane; i < st.k; i += 32) sq += x[h * st.k + i] * x[h * st.k + i];
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+          const float r = rsqrtf(sq / static_cast<float>(st.k) + kEps);
+          for (int i = lane; i < st.k; i += 32) x[h * st.k + i] *= r;
+        }
+        __syncthreads();
+      }
+      switch (heads) {  // valid() admits these
+        case 1: attend<1>(x, ring, full, j, cr, keys, scores, stat, own); break;
+        case 2: attend<2>(x, ring, full, j, cr, keys, scores, stat, own); break;
+        case 4: attend<4>(x, ring, full, j, cr, keys, scores, stat, own); break;
+        default: attend<8>(x, ring, full, j, cr, keys, scores, stat, own); break;
+      }
+      const int chunks = stage_chunks(st, programs);
+      if (threadIdx.x == 0)  // the keys' and values' buffers refilled with the chunks kRing further on
+        for (int g = 0; g < chunks; ++g) issue_chunk(c, programs, rank, j + g + kRing, ring, full);
+      j += chunks;
+      // to each program its entries of this partial output, and every head's statistics
+      const int per = rows / 4 + stats / 4;
+      for (int t = static_cast<int>(threadIdx.x); t < programs * per; t += kThreads) {
+        const int to = t / per, v = t % per;
+        const float* src = v < rows / 4 ? own + to * rows + 4 * v : stat + 4 * (v - rows / 4);
+        st_async_peer(recv + rank * slot + 4 * v, static_cast<unsigned>(to), *reinterpret_cast<const uint4*>(src),
+                      abar);
+      }
+      // the P partials of this program's entries merged: rescaled to the heads' common max, summed, divided
+      mbarrier_wait<Scope::kCluster>(abar, static_cast<unsigned>(attentions++) & 1u);
+      for (int i = static_cast<int>(threadIdx.x); i < rows; i += kThreads) {
+        const int h = (rank * rows + i) / st.k;
+        float m = -INFINITY;
+        for (int p = 0; p < programs; ++p) m = fmaxf(m, recv[p * slot + rows + h]);
+        float l = 0.0f, sum = 0.0f;
+        for (int p = 0; p < programs; ++p) {
+          const float* r = recv + p * slot;
+          const float w = expf(r[rows + h] - m);
+          l += w * r[rows + heads + h];
+          sum += w * r[i];
+        }
+        y_rows[i] = sum / l;
+      }
       __syncthreads();
-    }
-    float scale = 1.0f;
-    if (st.norm) {
-      float sq = 0.0f;
-      for (int i = static_cast<int>(threadIdx.x); i < st.k; i += kThreads) sq += x[i] * x[i];
-      scale = rsqrtf(block_sum(sq, red) / static_cast<float>(st.k) + kEps);
-    }
-    // the stage's chunks in groups of up to kRing (one group unless the program's rows exceed the ring):
-    // once the group's bytes are in, each warp takes every kWarps-th 256-column unit of it, keeps a partial
-    // sum per unit (32 at most), and sums them across the warp in one transposed reduction
-    const int rows = st.n / programs, cr = chunk_rows(rows, st.k), upr = (st.k + 255) / 256;
-    const int chunks = rows / cr;
-    for (int c0 = 0; c0 < chunks; c0 += kRing) {
-      const int group = min(kRing, chunks - c0), units = group * cr * upr;
-      for (int g = 0; g < group; ++g)  // the group's bytes first: then its loads need no wait between them
-        mbarrier_wait(&full[(j + c0 + g) % kRing], static_cast<unsigned>((j + c0 + g) / kRing) & 1u);
-      float acc[32];
+    } else {
+      if (st.glu) {  // in place: entry i reads i and k + i, and only i is written
+        for (int i = static_cast<int>(threadIdx.x); i < st.k; i += kThreads) x[i] = glue::gelu_tanh(x[i]) * x[st.k + i];
+        __syncthreads();
+      }
+      float scale = 1.0f;
+      if (st.norm) {
+        float sq = 0.0f;
+        for (int i = static_cast<int>(threadIdx.x); i < st.k; i += kThreads) sq += x[i] * x[i];
+        scale = rsqrtf(block_sum(sq, red) / static_cast<float>(st.k) + kEps);
+      }
+      // the stage's chunks in groups of up to kRing (one group unless the program's rows exceed the ring):
+      // once the group's bytes are in, each warp takes every kWarps-th 256-column unit of it, keeps a partial
+      // sum per unit (32 at most), and sums them across the warp in one transposed reduction
+      const int cr = stage_chunk_rows(st, programs), upr = (st.k + 255) / 256;
+      const int chunks = stage_chunks(st, programs);
+      for (int c0 = 0; c0 < chunks; c0 += kRing) {
+        const int group = min(kRing, chunks - c0), units = group * cr * upr;
+        for (int g = 0; g < group; ++g)  // the group's bytes first: then its loads need no wait between them
+          mbarrier_wait(&full[(j + c0 + g) % kRing], static_cast<unsigned>((j + c0 + g) / kRing) & 1u);
+        float acc[32];
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        acc[i] = 0.0f;
-        const int u = warp + kWarps * i;
-        if (u < units) {
-          const int r = u % (cr * upr) / upr, col = u % upr * 256 + 8 * lane;
-          const int jc = j + c0 + u / (cr * upr);  // the unit's chunk's place in the weight stream
-          if (col < st.k) {
-            const auto* w =
-                reinterpret_cast<const __nv_bfloat16*>(ring + static_cast<size_t>(jc % kRing) * kChunkBytes);
-            const uint4 wv = *reinterpret_cast<const uint4*>(w + static_cast<size_t>(r) * st.k + col);
-            const __nv_bfloat16* we = reinterpret_cast<const __nv_bfloat16*>(&wv);
+        for (int i = 0; i < 32; ++i) {
+          acc[i] = 0.0f;
+          const int u = warp + kWarps * i;
+          if (u < units) {
+            const int r = u % (cr * upr) / upr, col = u % upr * 256 + 8 * lane;
+            const int jc = j + c0 + u / (cr * upr);  // the unit's chunk's place in the weight stream
+            if (col < st.k) {
+              const auto* w =
+                  reinterpret_cast<const __nv_bfloat16*>(ring + static_cast<size_t>(jc % kRing) * kChunkBytes);
+              const uint4 wv = *reinterpret_cast<const uint4*>(w + static_cast<size_t>(r) * st.k + col);
+              const __nv_bfloat16* we = reinterpret_cast<const __nv_bfloat16*>(&wv);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) acc[i] += to_float(we[e]) * x[col + e];
+              for (int e = 0; e < 8; ++e) acc[i] += to_float(we[e]) * x[col + e];
+            }
           }
         }
+        const float total = warp_transpose_sum(acc, lane);  // lane i: unit warp + kWarps i
+        if (warp + kWarps * lane < units) partial[warp + kWarps * lane] = total;
+        __syncthreads();  // every partial written, every read of the group's ring buffers done
+        for (int t = static_cast<int>(threadIdx.x); t < group * cr; t += kThreads) {
+          float sum = 0.0f;
+          for (int q = 0; q < upr; ++q) sum += partial[t * upr + q];
+          y_rows[c0 * cr + t] = scale * sum;
+        }
+        if (threadIdx.x == 0)  // the group's buffers refilled with the chunks kRing further on
+          for (int g = 0; g < group; ++g) issue_chunk(c, programs, rank, j + c0 + g + kRing, ring, full);
+        __syncthreads();  // partial is rewritten by the next group
       }
-      const float total = warp_transpose_sum(acc, lane);  // lane i: unit warp + kWarps i
-      if (warp + kWarps * lane < units) partial[warp + kWarps * lane] = total;
-      __syncthreads();  // every partial written, every read of the group's ring buffers done
-      for (int t = static_cast<int>(threadIdx.x); t < group * cr; t += kThreads) {
-        float sum = 0.0f;
-        for (int q = 0; q < upr; ++q) sum += partial[t * upr + q];
-        y_rows[c0 * cr + t] = scale * sum;
-      }
-      if (threadIdx.x == 0)  // the group's buffers refilled with the chunks kRing further on
-        for (int g = 0; g < group; ++g) issue_chunk(c, programs, rank, j + c0 + g + kRing, ring, full);
-      __syncthreads();  // partial is rewritten by the next group
+      j += chunks;
     }
-    j += chunks;
     // this program's rows of y_s to every program's copy of the next input (itself included)
     for (int t = static_cast<int>(threadIdx.x); t < (rows / 4) * programs; t += kThreads) {
       const int v = t / programs, dst = rank * rows + 4 * v;

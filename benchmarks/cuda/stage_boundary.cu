@@ -2,7 +2,7 @@
 // stage_boundary.cuh in CUDA graphs and prints one JSON object.
 //
 //   stage_boundary [programs=1,8,32,66,132,264] [cluster_programs=2,4,8,16] [n=2048] [stages=32] [replays=40]
-//                  [repeats=7] [stream_programs=1,8,16,132]
+//                  [repeats=7] [stream_programs=1,8,16,132] [wide_programs=128]
 //
 // For each mode and program count: the chain with 1 stage and with `stages` stages, each captured in a
 // graph and replayed `replays` times between two events, `repeats` times; us_per_stage is the slope
@@ -15,7 +15,10 @@
 // cluster_programs (sm_90; sizes above 8 opted in, skipped where cudaOccupancyMaxActiveClusters finds none).
 // Then "stream": for each of stream_programs, what that many programs (one an SM) read per second from L2
 // (a 256 KiB slice each, re-read) and from DRAM (8 MiB each at least, 128 MiB in all at least), the slope
-// between 1 and 9 passes (L2) or 1 and 3 (DRAM), each program's sums checked.
+// between 1 and 9 passes (L2) or 1 and 3 (DRAM), each program's sums checked. Then "gemv": E2B layers
+// in one cluster of each of cluster_programs (cluster_gemv.cuh), their GEMVs and then whole sliding layers,
+// 1 and 4 layers, checked against float64. Then "wide_gemv": 31B's glue GEMVs on each of wide_programs
+// (stream_gemv.cuh), µs a launch with every launch's weights cold in L2, checked against float64.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,6 +30,7 @@
 #include <vector>
 
 #include "cluster_gemv.cuh"
+#include "stream_gemv.cuh"
 #include "stage_boundary.cuh"
 
 namespace {
@@ -200,16 +204,48 @@ std::string time_stream(const uint4* buf, const std::vector<uint32_t>& slice_sum
 
 // A drafter layer's GEMVs at E2B's shapes, `layers` times: q_proj (256 -> 2048, its input normed),
 // o_proj (2048 -> 256), gate_up (256 -> 4096, normed), down_proj (the gate_up output folded by the GLU,
-// 2048 -> 256); 5 MiB of weights a layer.
-std::vector<cluster_gemv::Stage> e2b_layers(int layers) {
+// 2048 -> 256); 5 MiB of weights a layer. With `attention`, a sliding layer: the 8 heads' q_norm and
+// attention over a 512-token window of one key-value head (0.5 MiB) between q_proj and o_proj.
+std::vector<cluster_gemv::Stage> e2b_layers(int layers, bool attention) {
   std::vector<cluster_gemv::Stage> st;
   for (int l = 0; l < layers; ++l) {
     st.push_back({nullptr, 2048, 256, 1, 0});
+    if (attention) st.push_back({nullptr, 2048, 256, 1, 0, 512});
     st.push_back({nullptr, 256, 2048, 0, 0});
     st.push_back({nullptr, 4096, 256, 1, 0});
     st.push_back({nullptr, 256, 2048, 0, 1});
   }
   return st;
+}
+
+// An attention stage on the host, in double: x (heads x k) each head normed (s.norm), softmax(q K^T) V over
+// the window's keys K and values V (bf16 as floats, [2, window, k] at kv).
+std::vector<double> attention_reference(const cluster_gemv::Stage& s, const float* kv, std::vector<double> x) {
+  const size_t k = static_cast<size_t>(s.k), window = static_cast<size_t>(s.window);
+  std::vector<double> out(x.size());
+  for (size_t h = 0; h < x.size() / k; ++h) {
+    double* q = x.data() + h * k;
+    if (s.norm) {
+      double sq = 0;
+      for (size_t i = 0; i < k; ++i) sq += q[i] * q[i];
+      const double r = 1.0 / std::sqrt(sq / static_cast<double>(k) + 1e-6);
+      for (size_t i = 0; i < k; ++i) q[i] *= r;
+    }
+    std::vector<double> p(window);
+    double m = -INFINITY, l = 0;
+    for (size_t t = 0; t < window; ++t) {
+      p[t] = 0;
+      for (size_t i = 0; i < k; ++i) p[t] += q[i] * kv[t * k + i];
+      m = std::max(m, p[t]);
+    }
+    for (size_t t = 0; t < window; ++t) l += (p[t] = std::exp(p[t] - m));
+    for (size_t i = 0; i < k; ++i) {
+      double acc = 0;
+      for (size_t t = 0; t < window; ++t) acc += p[t] * kv[(window + t) * k + i];
+      out[h * k + i] = acc / l;
+    }
+  }
+  return out;
 }
 
 // The chain on the host, in double, from the bf16 weights (as floats) `w` laid end to end.
@@ -218,6 +254,11 @@ std::vector<double> gemv_reference(const std::vector<cluster_gemv::Stage>& st, c
   std::vector<double> x(x0.begin(), x0.end());
   size_t off = 0;
   for (const auto& s : st) {
+    if (s.window) {
+      x = attention_reference(s, w.data() + off, x);
+      off += cluster_gemv::weight_count(s);
+      continue;
+    }
     if (s.glu)
       for (int i = 0; i < s.k; ++i) {
         const double a = x[static_cast<size_t>(i)];
@@ -236,18 +277,19 @@ std::vector<double> gemv_reference(const std::vector<cluster_gemv::Stage>& st, c
       for (int i = 0; i < s.k; ++i) acc += w[off + static_cast<size_t>(r) * s.k + i] * x[static_cast<size_t>(i)];
       y[static_cast<size_t>(r)] = scale * acc;
     }
-    off += static_cast<size_t>(s.n) * s.k;
+    off += cluster_gemv::weight_count(s);
     x = y;
   }
   return x;
 }
 
-// One gemv chain of `layers` E2B layers on one cluster of `programs`: its graph replay's median time and
-// whether its output matches the host's (relative 1e-3 of the largest entry).
-std::string time_gemv(int layers, int programs, int replays, int repeats, cudaStream_t stream, double* us, bool* ok) {
-  std::vector<cluster_gemv::Stage> st = e2b_layers(layers);
+// One gemv chain of `layers` E2B layers (sliding layers with `attention`) on one cluster of `programs`: its
+// graph replay's median time and whether its output matches the host's (relative 1e-3 of the largest entry).
+std::string time_gemv(int layers, bool attention, int programs, int replays, int repeats, cudaStream_t stream,
+                      double* us, bool* ok) {
+  std::vector<cluster_gemv::Stage> st = e2b_layers(layers, attention);
   size_t total = 0;
-  for (const auto& s : st) total += static_cast<size_t>(s.n) * s.k;
+  for (const auto& s : st) total += cluster_gemv::weight_count(s);
   std::vector<__nv_bfloat16> wh(total);
   std::vector<float> wf(total);
   for (size_t i = 0; i < total; ++i) {  // entries ~ U(-1, 1) / 16, through bf16
@@ -269,7 +311,7 @@ std::string time_gemv(int layers, int programs, int replays, int repeats, cudaSt
   for (size_t i = 0; i < st.size(); ++i) {
     c.stage[i] = st[i];
     c.stage[i].w = w + off;
-    off += static_cast<size_t>(st[i].n) * st[i].k;
+    off += cluster_gemv::weight_count(st[i]);
   }
   c.stages = static_cast<int>(st.size());
   c.x = x;
@@ -303,6 +345,78 @@ std::string time_gemv(int layers, int programs, int replays, int repeats, cudaSt
   return "";
 }
 
+// 31B's glue GEMVs at one token, each on every SM from a ring of bulk copies (stream_gemv.cuh).
+struct WideShape {
+  const char* name;
+  int n, k, norm;
+};
+constexpr WideShape kWideShapes[] = {{"31B q_proj full / gate_up", 16384, 1024, 1},
+                                     {"31B o_proj full", 1024, 16384, 0},
+                                     {"31B o_proj sliding / down_proj", 1024, 8192, 0},
+                                     {"31B q_proj sliding", 8192, 1024, 1}};
+
+// One wide GEMV on `programs`: µs a launch, in a graph of `copies` back-to-back launches each over its own
+// copy of the weights (together >= 3x the L2, as benchmarks/timer.py rotates inputs: every launch reads
+// DRAM), and whether the first launch matches the host's float64 GEMV (relative 1e-3 of the largest entry).
+std::string time_wide(const WideShape& shape, int programs, size_t l2_bytes, int replays, int repeats,
+                      cudaStream_t stream, double* us, int* copies, bool* ok) {
+  const size_t count = static_cast<size_t>(shape.n) * shape.k, bytes = count * sizeof(__nv_bfloat16);
+  *copies = static_cast<int>(std::max<size_t>(2, (3 * l2_bytes + bytes - 1) / bytes));
+  std::vector<__nv_bfloat16> wh(count);
+  for (size_t i = 0; i < count; ++i)  // entries ~ U(-1, 1) / 16, through bf16
+    wh[i] = __float2bfloat16((static_cast<float>((i * 2654435761u) >> 8 & 0xFFFF) / 32768.0f - 1.0f) / 16.0f);
+  std::vector<float> x0(static_cast<size_t>(shape.k));
+  for (int i = 0; i < shape.k; ++i) x0[static_cast<size_t>(i)] = std::sin(0.37f * static_cast<float>(i)) + 0.1f;
+  __nv_bfloat16* w = nullptr;
+  float *x = nullptr, *y = nullptr;
+  TRY(cudaMalloc(&w, bytes * static_cast<size_t>(*copies)));
+  TRY(cudaMalloc(&x, x0.size() * sizeof(float)));
+  TRY(cudaMalloc(&y, static_cast<size_t>(shape.n) * sizeof(float)));
+  TRY(cudaMemcpy(w, wh.data(), bytes, cudaMemcpyHostToDevice));
+  for (int c = 1; c < *copies; ++c) TRY(cudaMemcpy(w + c * count, w, bytes, cudaMemcpyDeviceToDevice));
+  TRY(cudaMemcpy(x, x0.data(), x0.size() * sizeof(float), cudaMemcpyHostToDevice));
+  TRY(cudaMemset(y, 0xFF, static_cast<size_t>(shape.n) * sizeof(float)));  // NaN until the kernel writes
+  stream_gemv::Gemv g{w, x, y, shape.n, shape.k, shape.norm};
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  TRY(stream_gemv::run(g, programs, stream));  // the first launch, checked
+  TRY(cudaStreamSynchronize(stream));
+  std::vector<float> got(static_cast<size_t>(shape.n));
+  TRY(cudaMemcpy(got.data(), y, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  double sq = 0;
+  for (float v : x0) sq += static_cast<double>(v) * v;
+  const double scale = shape.norm ? 1.0 / std::sqrt(sq / shape.k + 1e-6) : 1.0;
+  double top = 0, err = 0;
+  for (int r = 0; r < shape.n; ++r) {
+    double acc = 0;
+    for (int i = 0; i < shape.k; ++i)
+      acc += static_cast<double>(__bfloat162float(wh[static_cast<size_t>(r) * shape.k + i])) *
+             x0[static_cast<size_t>(i)];
+    top = std::max(top, std::fabs(scale * acc));
+    err = std::max(err, std::fabs(scale * acc - static_cast<double>(got[static_cast<size_t>(r)])));
+  }
+  *ok = err <= 1e-3 * top;
+  TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  cudaError_t launched = cudaSuccess;
+  for (int c = 0; c < *copies && launched == cudaSuccess; ++c) {
+    g.w = w + c * count;
+    launched = stream_gemv::run(g, programs, stream);
+  }
+  TRY(cudaStreamEndCapture(stream, &graph));
+  TRY(launched);
+  TRY(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) TRY(cudaGraphLaunch(exec, stream));
+  const std::string timed = median_us([&] { return cudaGraphLaunch(exec, stream); }, replays, repeats, stream, us);
+  if (!timed.empty()) return timed;
+  *us /= *copies;
+  TRY(cudaGraphExecDestroy(exec));
+  TRY(cudaGraphDestroy(graph));
+  TRY(cudaFree(w));
+  TRY(cudaFree(x));
+  TRY(cudaFree(y));
+  return "";
+}
+
 // Closes a result row with what failed ("error", quotes made JSON-safe); false when nothing did.
 bool print_error(std::string error) {
   if (error.empty()) return false;
@@ -326,7 +440,7 @@ std::vector<int> parse_list(const std::string& s) {
 
 int main(int argc, char** argv) {
   std::vector<int> programs_list = {1, 8, 32, 66, 132, 264}, cluster_list = {2, 4, 8, 16};
-  std::vector<int> stream_list = {1, 8, 16, 132};
+  std::vector<int> stream_list = {1, 8, 16, 132}, wide_list = {128};
   int n = 2048, stages = 32, replays = 40, repeats = 7;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -335,6 +449,7 @@ int main(int argc, char** argv) {
     if (key == "programs") programs_list = parse_list(value);
     else if (key == "cluster_programs") cluster_list = parse_list(value);
     else if (key == "stream_programs") stream_list = parse_list(value);
+    else if (key == "wide_programs") wide_list = parse_list(value);
     else if (key == "n") n = std::atoi(value.c_str());
     else if (key == "stages") stages = std::atoi(value.c_str());
     else if (key == "replays") replays = std::atoi(value.c_str());
@@ -462,38 +577,77 @@ int main(int argc, char** argv) {
     }
   }
   CHECK(cudaFree(sums));
-  // E2B layers' GEMVs in one cluster: 1 and 4 layers (the slope is a layer without the launch)
+  // E2B layers' GEMVs in one cluster, then whole sliding layers: 1 and 4 layers (the slope is a layer
+  // without the launch)
   std::printf("\n], \"gemv\": [");
   first = true;
-  for (int programs : cluster_list) {
-    for (int layers : {1, 4}) {
-      std::printf("%s\n  {\"programs\": %d, \"layers\": %d", first ? "" : ",", programs, layers);
+  for (int attention : {0, 1}) {
+    for (int programs : cluster_list) {
+      for (int layers : {1, 4}) {
+        std::printf("%s\n  {\"programs\": %d, \"layers\": %d, \"attention\": %s", first ? "" : ",", programs,
+                    layers, attention ? "true" : "false");
+        first = false;
+        const cluster_gemv::Chain shape = [&] {
+          cluster_gemv::Chain c{};
+          const auto st = e2b_layers(layers, attention);
+          for (size_t i = 0; i < st.size(); ++i) c.stage[i] = st[i];
+          c.stages = static_cast<int>(st.size());
+          return c;
+        }();
+        const char* skip =
+            !cluster_gemv::valid(shape, programs)
+                ? "E2B's shapes do not split over this many programs"
+                : cluster_unfit(reinterpret_cast<const void*>(cluster_gemv::chain_kernel), programs,
+                                cluster_gemv::kThreads, cluster_gemv::smem_bytes(shape, programs), major);
+        if (skip != nullptr) {
+          std::printf(", \"skipped\": \"%s\"}", skip);
+          continue;
+        }
+        double us = 0;
+        bool ok = false;
+        std::string error = time_gemv(layers, attention, programs, replays, repeats, stream, &us, &ok);
+        if (print_error(error)) {
+          all_ok = false;
+          continue;
+        }
+        all_ok = all_ok && ok;
+        std::printf(", \"ok\": %s, \"us\": %.3f}", ok ? "true" : "false", us);
+        std::fflush(stdout);
+      }
+    }
+  }
+  // 31B's glue GEMVs, each on every SM (one program an SM) from a ring of bulk copies
+  int l2 = 0;
+  CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  std::printf("\n], \"wide_gemv\": [");
+  first = true;
+  for (const WideShape& shape : kWideShapes) {
+    for (int programs : wide_list) {
+      std::printf("%s\n  {\"shape\": \"%s\", \"n\": %d, \"k\": %d, \"programs\": %d, \"bytes\": %zu",
+                  first ? "" : ",", shape.name, shape.n, shape.k, programs,
+                  static_cast<size_t>(shape.n) * shape.k * sizeof(__nv_bfloat16));
       first = false;
-      const cluster_gemv::Chain shape = [&] {
-        cluster_gemv::Chain c{};
-        const auto st = e2b_layers(layers);
-        for (size_t i = 0; i < st.size(); ++i) c.stage[i] = st[i];
-        c.stages = static_cast<int>(st.size());
-        return c;
-      }();
-      const char* skip =
-          !cluster_gemv::valid(shape, programs)
-              ? "E2B's shapes do not split over this many programs"
-              : cluster_unfit(reinterpret_cast<const void*>(cluster_gemv::chain_kernel), programs,
-                              cluster_gemv::kThreads, cluster_gemv::smem_bytes(shape, programs), major);
+      const stream_gemv::Gemv g{nullptr, nullptr, nullptr, shape.n, shape.k, shape.norm};
+      const char* skip = major < 9                                ? "needs sm_90 (bulk copies)"
+                         : !stream_gemv::valid(g, programs)        ? "the shape does not split over this many programs"
+                         : stream_gemv::smem_bytes(g, programs) > static_cast<size_t>(prop.sharedMemPerBlockOptin)
+                             ? "its shared memory exceeds the device's"
+                             : nullptr;
       if (skip != nullptr) {
         std::printf(", \"skipped\": \"%s\"}", skip);
         continue;
       }
       double us = 0;
+      int copies = 0;
       bool ok = false;
-      std::string error = time_gemv(layers, programs, replays, repeats, stream, &us, &ok);
+      const std::string error =
+          time_wide(shape, programs, static_cast<size_t>(l2), replays, repeats, stream, &us, &copies, &ok);
       if (print_error(error)) {
         all_ok = false;
         continue;
       }
       all_ok = all_ok && ok;
-      std::printf(", \"ok\": %s, \"us\": %.3f}", ok ? "true" : "false", us);
+      std::printf(", \"copies\": %d, \"ok\": %s, \"us\": %.3f}", copies, ok ? "true" : "false", us);
       std::fflush(stdout);
     }
   }

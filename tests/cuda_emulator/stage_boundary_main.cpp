@@ -11,9 +11,11 @@
 // succeeding; a cluster the launch refuses (too many programs, sm_80) prints "REFUSED" instead.
 //   dir=PATH mode=stream programs= words= passes=: stream_kernel over DIR/start.bin (programs x words
 //   16-byte words), each program's sum to DIR/result.bin.
-//   dir=PATH mode=gemv programs= chain=n:k:norm:glu,...: cluster_gemv's chain from DIR/x.bin (fp32) and
-//   DIR/w.bin (bf16, the stages' [n, k] weights end to end), its output to DIR/result.bin; a chain the
-//   launcher refuses prints "REFUSED".
+//   dir=PATH mode=gemv programs= chain=n:k:norm:glu[:window],...: cluster_gemv's chain from DIR/x.bin (fp32)
+//   and DIR/w.bin (bf16, the stages' [n, k] weights or [2, window, k] keys and values end to end), its output
+//   to DIR/result.bin; a chain the launcher refuses prints "REFUSED".
+//   dir=PATH mode=wide programs= n= k= norm=: stream_gemv's GEMV of DIR/w.bin ([n, k] bf16) and DIR/x.bin
+//   (fp32), its output to DIR/result.bin; a shape or device the launcher refuses prints "REFUSED".
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -22,6 +24,7 @@
 #include "io.h"
 #include "cluster_gemv.cuh"
 #include "stage_boundary.cuh"
+#include "stream_gemv.cuh"
 
 using namespace emu_io;
 
@@ -43,6 +46,27 @@ int main(int argc, char** argv) {
     std::printf("OK launches=1\n");
     return finish(a, 0);
   }
+  if (mode_name == "wide") {
+    stream_gemv::Gemv g{};
+    g.n = n;
+    g.k = static_cast<int>(a.num("k", 256));
+    g.norm = static_cast<int>(a.num("norm", 0));
+    Buffer x = load(dir, "x", 1, g.k, g.k, 4);
+    Buffer w = load(dir, "w", g.n, g.k, g.k, 2);
+    Buffer y = strided(1, g.n, g.n, 4);
+    g.w = static_cast<const __nv_bfloat16*>(w.data());
+    g.x = static_cast<const float*>(x.data());
+    g.y = static_cast<float*>(y.data());
+    const cudaError_t err = stream_gemv::run(g, programs, nullptr);
+    if (err == cudaErrorInvalidValue && emu::launch_log().empty()) {
+      std::printf("REFUSED launches=0\n");
+      return finish(a, 0);
+    }
+    if (!launched_as_expected(err, 1, false, {})) return 1;
+    store(dir, "result", y);
+    std::printf("OK launches=1\n");
+    return finish(a, 0);
+  }
   if (mode_name == "gemv") {
     cluster_gemv::Chain c{};
     const std::string spec = a.str("chain");
@@ -50,8 +74,8 @@ int main(int argc, char** argv) {
     while (pos < spec.size() && c.stages < cluster_gemv::kMaxStages) {
       const size_t end = std::min(spec.find(',', pos), spec.size());
       cluster_gemv::Stage& st = c.stage[c.stages++];
-      std::sscanf(spec.substr(pos, end - pos).c_str(), "%d:%d:%d:%d", &st.n, &st.k, &st.norm, &st.glu);
-      weights += static_cast<size_t>(st.n) * static_cast<size_t>(st.k);
+      std::sscanf(spec.substr(pos, end - pos).c_str(), "%d:%d:%d:%d:%d", &st.n, &st.k, &st.norm, &st.glu, &st.window);
+      weights += cluster_gemv::weight_count(st);
       pos = end + 1;
     }
     const int in = cluster_gemv::input_len(c.stage[0]), out = c.stage[c.stages - 1].n;
@@ -61,7 +85,7 @@ int main(int argc, char** argv) {
     size_t off = 0;
     for (int i = 0; i < c.stages; ++i) {
       c.stage[i].w = static_cast<const __nv_bfloat16*>(w.data()) + off;
-      off += static_cast<size_t>(c.stage[i].n) * static_cast<size_t>(c.stage[i].k);
+      off += cluster_gemv::weight_count(c.stage[i]);
     }
     c.x = static_cast<const float*>(x.data());
     c.y = static_cast<float*>(y.data());
