@@ -93,12 +93,12 @@ def table(results: dict, *, markdown: bool = False) -> str:
         check = "ok" if r["ok"] else "WRONG RESULT"
         g_rows.append((kind(r), str(r["programs"]), str(r["layers"]), f"{r['us']:.2f}", per, check))
     wide = results.get("wide_gemv") or []  # runs before 2026-12-06 (evening) had none
-    w_title = ("31B's glue GEMVs at one token, each on every SM from a ring of bulk copies: µs a launch, back to "
-               "back in one graph, every launch over its own copy of the weights (L2 cold)")
+    w_title = ("31B's and E2B's glue GEMVs at one token, each on every SM from a ring of bulk copies: µs a launch, "
+               "back to back in one graph, every launch over its own copy of the weights (L2 cold)")
     w_head = ("shape", "programs", "MiB", "µs", "TB/s", "check")
     w_rows = []
     for r in wide:
-        mib = f"{r['bytes'] / 2**20:.0f}"
+        mib = f"{r['bytes'] / 2**20:g}"
         if "skipped" in r or "error" in r:
             why = f"skipped: {r['skipped']}" if "skipped" in r else f"ERROR: {r['error']}"
             w_rows.append((r["shape"], str(r["programs"]), mib, "-", "-", why))

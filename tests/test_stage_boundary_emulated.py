@@ -226,6 +226,8 @@ def test_gemv_chain_refused(binary, tmp_path, programs, chain_arg):
     (1, 32, 8192, 1, "rr"),      # 32 chunks: the ring refilled four times
     (2, 8, 16384, 1, "behind"),  # a chunk is half a row: two chunks' sums add into one row
     (4, 128, 256, 0, "rr"),      # 32-row chunks
+    (8, 64, 256, 1, "ahead"),    # a block smaller than a chunk: one 8-row chunk of 4 KiB
+    (4, 32, 512, 0, "behind"),   # one 8 KiB chunk, two units a row
 ])
 def test_wide_gemv(binary, tmp_path, programs, n, k, norm, schedule):
     """stream_gemv.cuh's GEMV (every program its rows, streamed through a ring of bulk copies) against
@@ -250,7 +252,7 @@ def test_wide_gemv(binary, tmp_path, programs, n, k, norm, schedule):
 @pytest.mark.parametrize("programs,n,k,major", [
     (3, 64, 1024, 9),    # rows that do not split evenly
     (2, 64, 1000, 9),    # k not a multiple of 256
-    (4, 16, 1024, 9),    # 4 rows of 1024: not a whole chunk a program
+    (2, 24, 1024, 9),    # 12 rows of 1024: more than a chunk a program, not whole chunks
     (1, 8, 32768, 9),    # k above 16384
     (8, 64, 1024, 8),    # sm_80: no bulk copies
 ])

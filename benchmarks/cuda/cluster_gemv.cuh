@@ -192,8 +192,9 @@ __device__ inline float block_sum(float v, float* red) {
 
 // An attention stage's scores and partial output for H heads (x: H * kHeadDim query entries) over the
 // program's `keys` keys and values, chunks j, j + 1, ... of its stream (cr rows a chunk; the keys' chunks,
-// then the values'): every head's max score and exp-sum to stat (the H max scores first), its exp-weighted
-// sum of the values to out (H * kHeadDim). Ends with the ring's buffers read and out, stat written.
+// then the values'; scores: keys x H, key-major): every head's max score and exp-sum to stat (the H max
+// scores first), its exp-weighted sum of the values to out (H * kHeadDim). Ends with the ring's buffers read
+// and out, stat written.
 template <int H>
 __device__ void attend(const float* x, const unsigned char* ring, uint64_t* full, int j, int cr, int keys,
                        float* scores, float* stat, float* out) {
@@ -235,18 +236,18 @@ __device__ void attend(const float* x, const unsigned char* ring, uint64_t* full
     }
     const float total = warp_transpose_sum(acc, lane);  // lane i: key t = i / H's score for head i % H
     const int u = warp + kWarps * (b * kPer + lane / H);
-    if (u < keys) scores[(lane % H) * keys + u] = total;
+    if (u < keys) scores[u * H + lane % H] = total;  // key-major: the values' pass reads a key's H at once
   }
   __syncthreads();
   // each head's max and exp-sum (a warp a head), the scores turned into their exponentials
   for (int h = warp; h < H; h += kWarps) {
     float m = -INFINITY, l = 0.0f;
-    for (int u = lane; u < keys; u += 32) m = fmaxf(m, scores[h * keys + u]);
+    for (int u = lane; u < keys; u += 32) m = fmaxf(m, scores[u * H + h]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     for (int u = lane; u < keys; u += 32) {
-      const float p = expf(scores[h * keys + u] - m);
-      scores[h * keys + u] = p;
+      const float p = expf(scores[u * H + h] - m);
+      scores[u * H + h] = p;
       l += p;
     }
 #pragma unroll
@@ -263,15 +264,27 @@ __device__ void attend(const float* x, const unsigned char* ring, uint64_t* full
   float o[H] = {};
   for (int u = 0; u < keys; ++u) {
     const float v = to_float(row(kc + u / cr, u % cr)[threadIdx.x]);
+    if constexpr (H % 4 == 0) {  // the key's H weights in H / 4 broadcast loads
 #pragma unroll
-    for (int h = 0; h < H; ++h) o[h] += scores[h * keys + u] * v;
+      for (int h = 0; h < H; h += 4) {
+        const float4 p = *reinterpret_cast<const float4*>(scores + u * H + h);
+        o[h] += p.x * v;
+        o[h + 1] += p.y * v;
+        o[h + 2] += p.z * v;
+        o[h + 3] += p.w * v;
+      }
+    } else {
+#pragma unroll
+      for (int h = 0; h < H; ++h) o[h] += scores[u * H + h] * v;
+    }
   }
 #pragma unroll
   for (int h = 0; h < H; ++h) out[h * kHeadDim + threadIdx.x] = o[h];
   __syncthreads();
 }
 
-__global__ void __launch_bounds__(kThreads) chain_kernel(Chain c) {
+// One program an SM (its shared memory holds the ring): ptxas may use every register, not target two.
+__global__ void __launch_bounds__(kThreads, 1) chain_kernel(Chain c) {
   if constexpr (!kHasClusters) __trap();
   const int programs = static_cast<int>(gridDim.x), rank = static_cast<int>(cluster_rank());
   const Extent e = extent(c, programs);

@@ -345,7 +345,8 @@ std::string time_gemv(int layers, bool attention, int programs, int replays, int
   return "";
 }
 
-// 31B's glue GEMVs at one token, each on every SM from a ring of bulk copies (stream_gemv.cuh).
+// The drafters' glue GEMVs at one token, each on every SM from a ring of bulk copies (stream_gemv.cuh):
+// 31B's (8-32 MiB, bandwidth) and E2B's (1-2 MiB, latency).
 struct WideShape {
   const char* name;
   int n, k, norm;
@@ -353,15 +354,19 @@ struct WideShape {
 constexpr WideShape kWideShapes[] = {{"31B q_proj full / gate_up", 16384, 1024, 1},
                                      {"31B o_proj full", 1024, 16384, 0},
                                      {"31B o_proj sliding / down_proj", 1024, 8192, 0},
-                                     {"31B q_proj sliding", 8192, 1024, 1}};
+                                     {"31B q_proj sliding", 8192, 1024, 1},
+                                     {"E2B q_proj", 2048, 256, 1},
+                                     {"E2B o_proj / down_proj", 256, 2048, 0},
+                                     {"E2B gate_up", 4096, 256, 1}};
 
 // One wide GEMV on `programs`: µs a launch, in a graph of `copies` back-to-back launches each over its own
-// copy of the weights (together >= 3x the L2, as benchmarks/timer.py rotates inputs: every launch reads
-// DRAM), and whether the first launch matches the host's float64 GEMV (relative 1e-3 of the largest entry).
+// copy of the weights (together >= 3x the L2, at most 64, as benchmarks/timer.py rotates inputs: the
+// launches read DRAM), and whether the first launch matches the host's float64 GEMV (relative 1e-3 of the
+// largest entry).
 std::string time_wide(const WideShape& shape, int programs, size_t l2_bytes, int replays, int repeats,
                       cudaStream_t stream, double* us, int* copies, bool* ok) {
   const size_t count = static_cast<size_t>(shape.n) * shape.k, bytes = count * sizeof(__nv_bfloat16);
-  *copies = static_cast<int>(std::max<size_t>(2, (3 * l2_bytes + bytes - 1) / bytes));
+  *copies = static_cast<int>(std::min<size_t>(64, std::max<size_t>(2, (3 * l2_bytes + bytes - 1) / bytes)));
   std::vector<__nv_bfloat16> wh(count);
   for (size_t i = 0; i < count; ++i)  // entries ~ U(-1, 1) / 16, through bf16
     wh[i] = __float2bfloat16((static_cast<float>((i * 2654435761u) >> 8 & 0xFFFF) / 32768.0f - 1.0f) / 16.0f);
@@ -616,7 +621,7 @@ int main(int argc, char** argv) {
       }
     }
   }
-  // 31B's glue GEMVs, each on every SM (one program an SM) from a ring of bulk copies
+  // the drafters' glue GEMVs, each on every SM (one program an SM) from a ring of bulk copies
   int l2 = 0;
   CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
   std::printf("\n], \"wide_gemv\": [");

@@ -4,6 +4,7 @@
 // benchmarks/README.md "31B's GEMVs from a ring of bulk copies").
 //
 // Program p owns rows [p n / P, (p + 1) n / P): one contiguous block of W, read as 16 KiB chunks in order
+// (one smaller chunk when the block is smaller: E2B's 1 MiB GEMVs give a program 8 KiB)
 // by cp.async.bulk into a ring of kRing buffers (an mbarrier each), a buffer refilled with the chunk kRing
 // further on as soon as every warp has summed it, so that ~kRing chunks are always in flight. A warp sums
 // 256 consecutive weights of one row against x (held whole in shared memory), one of the chunk's 32 units;
@@ -36,15 +37,20 @@ struct Gemv {
   int norm;  // scale by x's inverse RMS
 };
 
+constexpr int kUnits = kChunkElems / 256;  // a chunk's 256-weight units
+
+// Weights of a chunk: 16 KiB, or the whole block when it is smaller.
+__host__ __device__ inline int chunk_elems(const Gemv& g, int programs) {
+  return min(kChunkElems, g.n / programs * g.k);
+}
+
 // What the kernel takes: rows split evenly, k a multiple of 256 (a warp's 256 weights in one row) and
 // at most kMaxK, each program's block whole chunks.
 inline bool valid(const Gemv& g, int programs) {
   if (programs < 1 || g.n < programs || g.n % programs != 0 || g.k < 256 || g.k % 256 != 0 || g.k > kMaxK)
     return false;
-  return static_cast<int64_t>(g.n / programs) * g.k % kChunkElems == 0;
+  return static_cast<int64_t>(g.n / programs) * g.k % chunk_elems(g, programs) == 0;
 }
-
-constexpr int kUnits = kChunkElems / 256;  // a chunk's 256-weight units
 
 // Shared memory: the ring, x, the program's row totals, two chunks' unit sums, a norm's warp sums, the
 // ring's and x's mbarriers.
@@ -55,7 +61,8 @@ inline size_t smem_bytes(const Gemv& g, int programs) {
 
 __global__ void __launch_bounds__(kThreads) wide_kernel(Gemv g) {
   if constexpr (!kHasBulkCopy) __trap();
-  const int rows = g.n / static_cast<int>(gridDim.x), chunks = rows * g.k / kChunkElems;
+  const int rows = g.n / static_cast<int>(gridDim.x), elems = chunk_elems(g, static_cast<int>(gridDim.x));
+  const int chunks = rows * g.k / elems, units_per_chunk = elems / 256;
   const __nv_bfloat16* block = g.w + static_cast<size_t>(blockIdx.x) * rows * g.k;
   unsigned char* smem = dynamic_smem();
   unsigned char* ring = smem;
@@ -66,9 +73,9 @@ __global__ void __launch_bounds__(kThreads) wide_kernel(Gemv g) {
   uint64_t* full = reinterpret_cast<uint64_t*>(red + kWarps);  // 8-byte aligned: even float counts before
   uint64_t* xbar = full + kRing;
   auto issue = [&](int c) {  // thread 0: chunk c of the block into its ring buffer
-    mbarrier_arrive_expect_tx(&full[c % kRing], kChunkBytes);
-    bulk_copy_g2s(ring + static_cast<size_t>(c % kRing) * kChunkBytes, block + static_cast<size_t>(c) * kChunkElems,
-                  kChunkBytes, &full[c % kRing]);
+    mbarrier_arrive_expect_tx(&full[c % kRing], static_cast<unsigned>(elems) * 2u);
+    bulk_copy_g2s(ring + static_cast<size_t>(c % kRing) * kChunkBytes, block + static_cast<size_t>(c) * elems,
+                  static_cast<unsigned>(elems) * 2u, &full[c % kRing]);
   };
   if (threadIdx.x == 0) {  // x by a bulk copy too: one request, not a round trip per thread's loads
     for (int b = 0; b < kRing; ++b) mbarrier_init(&full[b], 1);
@@ -96,7 +103,7 @@ __global__ void __launch_bounds__(kThreads) wide_kernel(Gemv g) {
   }
   constexpr int kPasses = kUnits / kWarps;  // a warp's units of a chunk
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const int upr = min(g.k / 256, kUnits);  // units a row holds in one chunk (a chunk holds a part of a long row)
+  const int upr = min(g.k / 256, units_per_chunk);  // a row's units in one chunk (a chunk may hold part of a row)
   for (int c = 0; c < chunks; ++c) {
     mbarrier_wait(&full[c % kRing], static_cast<unsigned>(c / kRing) & 1u);
     const auto* buf = reinterpret_cast<const __nv_bfloat16*>(ring + static_cast<size_t>(c % kRing) * kChunkBytes);
@@ -104,10 +111,12 @@ __global__ void __launch_bounds__(kThreads) wide_kernel(Gemv g) {
     uint4 wv[kPasses];
 #pragma unroll
     for (int p = 0; p < kPasses; ++p)  // the loads first, then the sums
-      wv[p] = *reinterpret_cast<const uint4*>(buf + ((p * kWarps + warp) * 32 + lane) * 8);
+      if (p * kWarps + warp < units_per_chunk)
+        wv[p] = *reinterpret_cast<const uint4*>(buf + ((p * kWarps + warp) * 32 + lane) * 8);
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
-      const int u = p * kWarps + warp, col = (c * kChunkElems + u * 256) % g.k + 8 * lane;
+      const int u = p * kWarps + warp, col = (c * elems + u * 256) % g.k + 8 * lane;
+      if (u >= units_per_chunk) break;
       const __nv_bfloat16* we = reinterpret_cast<const __nv_bfloat16*>(&wv[p]);
       const float4 xa = *reinterpret_cast<const float4*>(x + col), xb = *reinterpret_cast<const float4*>(x + col + 4);
       float d = to_float(we[0]) * xa.x + to_float(we[1]) * xa.y + to_float(we[2]) * xa.z + to_float(we[3]) * xa.w;
@@ -118,10 +127,10 @@ __global__ void __launch_bounds__(kThreads) wide_kernel(Gemv g) {
     }
     __syncthreads();  // every unit summed, every read of the buffer done
     if (threadIdx.x == 0 && c + kRing < chunks) issue(c + kRing);
-    if (static_cast<int>(threadIdx.x) < kUnits / upr) {  // a thread a row of the chunk: its units in order
+    if (static_cast<int>(threadIdx.x) < units_per_chunk / upr) {  // a thread a row of the chunk: its units
       float t = 0.0f;
       for (int q = 0; q < upr; ++q) t += sums[static_cast<int>(threadIdx.x) * upr + q];
-      total[(c * kChunkElems) / g.k + static_cast<int>(threadIdx.x)] += t;
+      total[(c * elems) / g.k + static_cast<int>(threadIdx.x)] += t;
     }
   }
   __syncthreads();  // every row's last units added
