@@ -112,7 +112,6 @@ inline bool valid(const Chain& c, int programs) {
   return true;
 }
 
-// The longest vector a stage receives or produces, and the most rows a program computes at one stage.
 // An attention stage's floats in shared memory: the P partials received (each its owner's entries and the
 // statistics), the program's own partial output, its scores, its statistics; a multiple of 4.
 __host__ __device__ inline int attention_floats(const Stage& st, int programs) {
@@ -121,6 +120,8 @@ __host__ __device__ inline int attention_floats(const Stage& st, int programs) {
   return programs * (st.n / programs + stats) + st.n + (heads * (st.window / programs) + 3) / 4 * 4 + stats;
 }
 
+// The longest vector a stage receives or produces, the most rows a program computes at one stage, and the
+// most floats an attention stage needs.
 struct Extent {
   int vec = 0, rows = 0, attention = 0;
 };
@@ -283,6 +284,122 @@ __device__ void attend(const float* x, const unsigned char* ring, uint64_t* full
   __syncthreads();
 }
 
+// An attention stage (the header says how), chunks j, j + 1, ... of the stream its keys and values, abar's
+// phase `phase`: the program's merged entries of the output to y_rows. x is the program's copy of the input
+// (each head's q_norm applied in place); att, attention_floats(st) floats.
+__device__ void attention_stage(const Chain& c, const Stage& st, int programs, int rank, int j, unsigned phase,
+                                float* x, float* att, float* y_rows, unsigned char* ring, uint64_t* full,
+                                uint64_t* abar) {
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int rows = st.n / programs;
+  const int heads = st.n / st.k, keys = st.window / programs, cr = stage_chunk_rows(st, programs);
+  const int stats = stat_len(heads), slot = rows + stats;  // a sender's floats in recv
+  float* recv = att;
+  float* own = recv + programs * slot;
+  float* scores = own + st.n;
+  float* stat = scores + (heads * keys + 3) / 4 * 4;
+  if (threadIdx.x == 0) mbarrier_arrive_expect_tx(abar, static_cast<unsigned>(programs * slot) * 4u);
+  if (st.norm) {  // q_norm: each head's query by its own inverse RMS, in place (a warp a head)
+    for (int h = warp; h < heads; h += kWarps) {
+      float sq = 0.0f;
+      for (int i = lane; i < st.k; i += 32) sq += x[h * st.k + i] * x[h * st.k + i];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+      const float r = rsqrtf(sq / static_cast<float>(st.k) + kEps);
+      for (int i = lane; i < st.k; i += 32) x[h * st.k + i] *= r;
+    }
+    __syncthreads();
+  }
+  switch (heads) {  // valid() admits these
+    case 1: attend<1>(x, ring, full, j, cr, keys, scores, stat, own); break;
+    case 2: attend<2>(x, ring, full, j, cr, keys, scores, stat, own); break;
+    case 4: attend<4>(x, ring, full, j, cr, keys, scores, stat, own); break;
+    default: attend<8>(x, ring, full, j, cr, keys, scores, stat, own); break;
+  }
+  if (threadIdx.x == 0)  // the keys' and values' buffers refilled with the chunks kRing further on
+    for (int g = 0; g < stage_chunks(st, programs); ++g) issue_chunk(c, programs, rank, j + g + kRing, ring, full);
+  // to each program its entries of this partial output, and every head's statistics
+  const int per = rows / 4 + stats / 4;
+  for (int t = static_cast<int>(threadIdx.x); t < programs * per; t += kThreads) {
+    const int to = t / per, v = t % per;
+    const float* src = v < rows / 4 ? own + to * rows + 4 * v : stat + 4 * (v - rows / 4);
+    st_async_peer(recv + rank * slot + 4 * v, static_cast<unsigned>(to), *reinterpret_cast<const uint4*>(src),
+                  abar);
+  }
+  // the P partials of this program's entries merged: rescaled to the heads' common max, summed, divided
+  mbarrier_wait<Scope::kCluster>(abar, phase);
+  for (int i = static_cast<int>(threadIdx.x); i < rows; i += kThreads) {
+    const int h = (rank * rows + i) / st.k;
+    float m = -INFINITY;
+    for (int p = 0; p < programs; ++p) m = fmaxf(m, recv[p * slot + rows + h]);
+    float l = 0.0f, sum = 0.0f;
+    for (int p = 0; p < programs; ++p) {
+      const float* r = recv + p * slot;
+      const float w = expf(r[rows + h] - m);
+      l += w * r[rows + heads + h];
+      sum += w * r[i];
+    }
+    y_rows[i] = sum / l;
+  }
+  __syncthreads();
+}
+
+// A GEMV stage (the header says how), chunks j, j + 1, ... of the stream its weights: the program's rows
+// of the output to y_rows. x is the program's copy of the input (the GLU folded in place).
+__device__ void gemv_stage(const Chain& c, const Stage& st, int programs, int rank, int j, float* x, float* y_rows,
+                           float* partial, float* red, unsigned char* ring, uint64_t* full) {
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  if (st.glu) {  // in place: entry i reads i and k + i, and only i is written
+    for (int i = static_cast<int>(threadIdx.x); i < st.k; i += kThreads) x[i] = glue::gelu_tanh(x[i]) * x[st.k + i];
+    __syncthreads();
+  }
+  float scale = 1.0f;
+  if (st.norm) {
+    float sq = 0.0f;
+    for (int i = static_cast<int>(threadIdx.x); i < st.k; i += kThreads) sq += x[i] * x[i];
+    scale = rsqrtf(block_sum(sq, red) / static_cast<float>(st.k) + kEps);
+  }
+  // the stage's chunks in groups of up to kRing (one group unless the program's rows exceed the ring):
+  // once the group's bytes are in, each warp takes every kWarps-th 256-column unit of it, keeps a partial
+  // sum per unit (32 at most), and sums them across the warp in one transposed reduction
+  const int cr = stage_chunk_rows(st, programs), upr = (st.k + 255) / 256;
+  const int chunks = stage_chunks(st, programs);
+  for (int c0 = 0; c0 < chunks; c0 += kRing) {
+    const int group = min(kRing, chunks - c0), units = group * cr * upr;
+    for (int g = 0; g < group; ++g)  // the group's bytes first: then its loads need no wait between them
+      mbarrier_wait(&full[(j + c0 + g) % kRing], static_cast<unsigned>((j + c0 + g) / kRing) & 1u);
+    float acc[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      acc[i] = 0.0f;
+      const int u = warp + kWarps * i;
+      if (u < units) {
+        const int r = u % (cr * upr) / upr, col = u % upr * 256 + 8 * lane;
+        const int jc = j + c0 + u / (cr * upr);  // the unit's chunk's place in the weight stream
+        if (col < st.k) {
+          const auto* w =
+              reinterpret_cast<const __nv_bfloat16*>(ring + static_cast<size_t>(jc % kRing) * kChunkBytes);
+          const uint4 wv = *reinterpret_cast<const uint4*>(w + static_cast<size_t>(r) * st.k + col);
+          const __nv_bfloat16* we = reinterpret_cast<const __nv_bfloat16*>(&wv);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[i] += to_float(we[e]) * x[col + e];
+        }
+      }
+    }
+    const float total = warp_transpose_sum(acc, lane);  // lane i: unit warp + kWarps i
+    if (warp + kWarps * lane < units) partial[warp + kWarps * lane] = total;
+    __syncthreads();  // every partial written, every read of the group's ring buffers done
+    for (int t = static_cast<int>(threadIdx.x); t < group * cr; t += kThreads) {
+      float sum = 0.0f;
+      for (int q = 0; q < upr; ++q) sum += partial[t * upr + q];
+      y_rows[c0 * cr + t] = scale * sum;
+    }
+    if (threadIdx.x == 0)  // the group's buffers refilled with the chunks kRing further on
+      for (int g = 0; g < group; ++g) issue_chunk(c, programs, rank, j + c0 + g + kRing, ring, full);
+    __syncthreads();  // partial is rewritten by the next group
+  }
+}
+
 // One program an SM (its shared memory holds the ring): ptxas may use every register, not target two.
 __global__ void __launch_bounds__(kThreads, 1) chain_kernel(Chain c) {
   if constexpr (!kHasClusters) __trap();
@@ -310,7 +427,6 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(Chain c) {
   }
   for (int i = static_cast<int>(threadIdx.x); i < input_len(c.stage[0]); i += kThreads) xbuf[0][i] = c.x[i];
   cluster_sync();  // every program's mbarriers initialised before anyone pushes into it
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   int j = 0;           // the next chunk of the stream
   int attentions = 0;  // attention stages so far: the phase of abar
   for (int s = 0; s < c.stages; ++s) {
@@ -322,110 +438,12 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(Chain c) {
     if (s > 0) mbarrier_wait<Scope::kCluster>((s & 1) ? &xbar[1] : &xbar[0], static_cast<unsigned>((s - 1) >> 1) & 1u);
     const int rows = st.n / programs;
     if (st.window) {
-      const int heads = st.n / st.k, keys = st.window / programs, cr = stage_chunk_rows(st, programs);
-      const int stats = stat_len(heads), slot = rows + stats;  // a sender's floats in recv
-      float* recv = att;
-      float* own = recv + programs * slot;
-      float* scores = own + st.n;
-      float* stat = scores + (heads * keys + 3) / 4 * 4;
-      if (threadIdx.x == 0) mbarrier_arrive_expect_tx(abar, static_cast<unsigned>(programs * slot) * 4u);
-      if (st.norm) {  // q_norm: each head's query by its own inverse RMS, in place (a warp a head)
-        for (int h = warp; h < heads; h += kWarps) {
-          float sq = 0.0f;
-          for (int i = lane; i < st.k; i += 32) sq += x[h * st.k + i] * x[h * st.k + i];
-#pragma unroll
-          for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-          const float r = rsqrtf(sq / static_cast<float>(st.k) + kEps);
-          for (int i = lane; i < st.k; i += 32) x[h * st.k + i] *= r;
-        }
-        __syncthreads();
-      }
-      switch (heads) {  // valid() admits these
-        case 1: attend<1>(x, ring, full, j, cr, keys, scores, stat, own); break;
-        case 2: attend<2>(x, ring, full, j, cr, keys, scores, stat, own); break;
-        case 4: attend<4>(x, ring, full, j, cr, keys, scores, stat, own); break;
-        default: attend<8>(x, ring, full, j, cr, keys, scores, stat, own); break;
-      }
-      const int chunks = stage_chunks(st, programs);
-      if (threadIdx.x == 0)  // the keys' and values' buffers refilled with the chunks kRing further on
-        for (int g = 0; g < chunks; ++g) issue_chunk(c, programs, rank, j + g + kRing, ring, full);
-      j += chunks;
-      // to each program its entries of this partial output, and every head's statistics
-      const int per = rows / 4 + stats / 4;
-      for (int t = static_cast<int>(threadIdx.x); t < programs * per; t += kThreads) {
-        const int to = t / per, v = t % per;
-        const float* src = v < rows / 4 ? own + to * rows + 4 * v : stat + 4 * (v - rows / 4);
-        st_async_peer(recv + rank * slot + 4 * v, static_cast<unsigned>(to), *reinterpret_cast<const uint4*>(src),
+      attention_stage(c, st, programs, rank, j, static_cast<unsigned>(attentions++) & 1u, x, att, y_rows, ring, full,
                       abar);
-      }
-      // the P partials of this program's entries merged: rescaled to the heads' common max, summed, divided
-      mbarrier_wait<Scope::kCluster>(abar, static_cast<unsigned>(attentions++) & 1u);
-      for (int i = static_cast<int>(threadIdx.x); i < rows; i += kThreads) {
-        const int h = (rank * rows + i) / st.k;
-        float m = -INFINITY;
-        for (int p = 0; p < programs; ++p) m = fmaxf(m, recv[p * slot + rows + h]);
-        float l = 0.0f, sum = 0.0f;
-        for (int p = 0; p < programs; ++p) {
-          const float* r = recv + p * slot;
-          const float w = expf(r[rows + h] - m);
-          l += w * r[rows + heads + h];
-          sum += w * r[i];
-        }
-        y_rows[i] = sum / l;
-      }
-      __syncthreads();
     } else {
-      if (st.glu) {  // in place: entry i reads i and k + i, and only i is written
-        for (int i = static_cast<int>(threadIdx.x); i < st.k; i += kThreads) x[i] = glue::gelu_tanh(x[i]) * x[st.k + i];
-        __syncthreads();
-      }
-      float scale = 1.0f;
-      if (st.norm) {
-        float sq = 0.0f;
-        for (int i = static_cast<int>(threadIdx.x); i < st.k; i += kThreads) sq += x[i] * x[i];
-        scale = rsqrtf(block_sum(sq, red) / static_cast<float>(st.k) + kEps);
-      }
-      // the stage's chunks in groups of up to kRing (one group unless the program's rows exceed the ring):
-      // once the group's bytes are in, each warp takes every kWarps-th 256-column unit of it, keeps a partial
-      // sum per unit (32 at most), and sums them across the warp in one transposed reduction
-      const int cr = stage_chunk_rows(st, programs), upr = (st.k + 255) / 256;
-      const int chunks = stage_chunks(st, programs);
-      for (int c0 = 0; c0 < chunks; c0 += kRing) {
-        const int group = min(kRing, chunks - c0), units = group * cr * upr;
-        for (int g = 0; g < group; ++g)  // the group's bytes first: then its loads need no wait between them
-          mbarrier_wait(&full[(j + c0 + g) % kRing], static_cast<unsigned>((j + c0 + g) / kRing) & 1u);
-        float acc[32];
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          acc[i] = 0.0f;
-          const int u = warp + kWarps * i;
-          if (u < units) {
-            const int r = u % (cr * upr) / upr, col = u % upr * 256 + 8 * lane;
-            const int jc = j + c0 + u / (cr * upr);  // the unit's chunk's place in the weight stream
-            if (col < st.k) {
-              const auto* w =
-                  reinterpret_cast<const __nv_bfloat16*>(ring + static_cast<size_t>(jc % kRing) * kChunkBytes);
-              const uint4 wv = *reinterpret_cast<const uint4*>(w + static_cast<size_t>(r) * st.k + col);
-              const __nv_bfloat16* we = reinterpret_cast<const __nv_bfloat16*>(&wv);
-#pragma unroll
-              for (int e = 0; e < 8; ++e) acc[i] += to_float(we[e]) * x[col + e];
-            }
-          }
-        }
-        const float total = warp_transpose_sum(acc, lane);  // lane i: unit warp + kWarps i
-        if (warp + kWarps * lane < units) partial[warp + kWarps * lane] = total;
-        __syncthreads();  // every partial written, every read of the group's ring buffers done
-        for (int t = static_cast<int>(threadIdx.x); t < group * cr; t += kThreads) {
-          float sum = 0.0f;
-          for (int q = 0; q < upr; ++q) sum += partial[t * upr + q];
-          y_rows[c0 * cr + t] = scale * sum;
-        }
-        if (threadIdx.x == 0)  // the group's buffers refilled with the chunks kRing further on
-          for (int g = 0; g < group; ++g) issue_chunk(c, programs, rank, j + c0 + g + kRing, ring, full);
-        __syncthreads();  // partial is rewritten by the next group
-      }
-      j += chunks;
+      gemv_stage(c, st, programs, rank, j, x, y_rows, partial, red, ring, full);
     }
+    j += stage_chunks(st, programs);
     // this program's rows of y_s to every program's copy of the next input (itself included)
     for (int t = static_cast<int>(threadIdx.x); t < (rows / 4) * programs; t += kThreads) {
       const int v = t / programs, dst = rank * rows + 4 * v;

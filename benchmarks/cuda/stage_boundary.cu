@@ -17,7 +17,7 @@
 // (a 256 KiB slice each, re-read) and from DRAM (8 MiB each at least, 128 MiB in all at least), the slope
 // between 1 and 9 passes (L2) or 1 and 3 (DRAM), each program's sums checked. Then "gemv": E2B layers
 // in one cluster of each of cluster_programs (cluster_gemv.cuh), their GEMVs and then whole sliding layers,
-// 1 and 4 layers, checked against float64. Then "wide_gemv": 31B's glue GEMVs on each of wide_programs
+// 1 and 4 layers, checked against float64. Then "wide_gemv": 31B's and E2B's glue GEMVs on each of wide_programs
 // (stream_gemv.cuh), µs a launch with every launch's weights cold in L2, checked against float64.
 #include <cuda_runtime.h>
 
@@ -304,8 +304,9 @@ std::string time_gemv(int layers, bool attention, int programs, int replays, int
   TRY(cudaMalloc(&w, total * sizeof(__nv_bfloat16)));
   TRY(cudaMalloc(&x, x0.size() * sizeof(float)));
   TRY(cudaMalloc(&y, 256 * sizeof(float)));
-  TRY(cudaMemcpy(w, wh.data(), total * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
-  TRY(cudaMemcpy(x, x0.data(), x0.size() * sizeof(float), cudaMemcpyHostToDevice));
+  // on the timed stream: a non-blocking stream does not wait for the legacy stream's copies
+  TRY(cudaMemcpyAsync(w, wh.data(), total * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice, stream));
+  TRY(cudaMemcpyAsync(x, x0.data(), x0.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
   cluster_gemv::Chain c{};
   size_t off = 0;
   for (size_t i = 0; i < st.size(); ++i) {
@@ -377,10 +378,12 @@ std::string time_wide(const WideShape& shape, int programs, size_t l2_bytes, int
   TRY(cudaMalloc(&w, bytes * static_cast<size_t>(*copies)));
   TRY(cudaMalloc(&x, x0.size() * sizeof(float)));
   TRY(cudaMalloc(&y, static_cast<size_t>(shape.n) * sizeof(float)));
-  TRY(cudaMemcpy(w, wh.data(), bytes, cudaMemcpyHostToDevice));
-  for (int c = 1; c < *copies; ++c) TRY(cudaMemcpy(w + c * count, w, bytes, cudaMemcpyDeviceToDevice));
-  TRY(cudaMemcpy(x, x0.data(), x0.size() * sizeof(float), cudaMemcpyHostToDevice));
-  TRY(cudaMemset(y, 0xFF, static_cast<size_t>(shape.n) * sizeof(float)));  // NaN until the kernel writes
+  // on the timed stream: a non-blocking stream does not wait for the legacy stream's copies and memsets
+  TRY(cudaMemcpyAsync(w, wh.data(), bytes, cudaMemcpyHostToDevice, stream));
+  for (int c = 1; c < *copies; ++c)
+    TRY(cudaMemcpyAsync(w + c * count, w, bytes, cudaMemcpyDeviceToDevice, stream));
+  TRY(cudaMemcpyAsync(x, x0.data(), x0.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+  TRY(cudaMemsetAsync(y, 0xFF, static_cast<size_t>(shape.n) * sizeof(float), stream));  // NaN until written
   stream_gemv::Gemv g{w, x, y, shape.n, shape.k, shape.norm};
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
@@ -488,7 +491,7 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&c.vec[0], bytes));
   CHECK(cudaMalloc(&c.vec[1], bytes));
   CHECK(cudaMalloc(&c.counter, sizeof(int32_t)));
-  CHECK(cudaMemset(c.counter, 0, sizeof(int32_t)));
+  CHECK(cudaMemsetAsync(c.counter, 0, sizeof(int32_t), stream));  // the chains run on `stream`
   c.n = n;
 
   std::printf("{\"device\": \"%s\", \"sms\": %d, \"cc\": \"%d.%d\", \"n\": %d, \"stages\": %d, \"replays\": %d, "
@@ -563,7 +566,7 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < host.size(); ++i) slice_sums[i / words] += host[i];
       void* buf = nullptr;
       CHECK(cudaMalloc(&buf, host.size() * sizeof(uint32_t)));
-      CHECK(cudaMemcpy(buf, host.data(), host.size() * sizeof(uint32_t), cudaMemcpyHostToDevice));
+      CHECK(cudaMemcpyAsync(buf, host.data(), host.size() * sizeof(uint32_t), cudaMemcpyHostToDevice, stream));
       double us = 0;
       bool ok = false;
       std::string error = time_stream(static_cast<const uint4*>(buf), slice_sums, static_cast<int>(bytes / 16),
