@@ -30,6 +30,8 @@
 #include "gemma4_mtp/launch.cuh"
 #include "gemma4_mtp/rms_norm_linear.cuh"  // glue::gelu_tanh, the drafter MLP's GELU
 
+#include "block_sum.cuh"
+
 namespace cluster_gemv {
 
 using namespace gemma4_mtp;
@@ -176,19 +178,6 @@ __device__ inline void issue_chunk(const Chain& c, int programs, int rank, int j
   mbarrier_arrive_expect_tx(bar, bytes);
   bulk_copy_g2s(ring + static_cast<size_t>(j % kRing) * kChunkBytes, st.w + static_cast<size_t>(first) * st.k,
                 bytes, bar);
-}
-
-// Sum over the block (every thread calls it; `red` holds kWarps floats).
-__device__ inline float block_sum(float v, float* red) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();  // red's previous use is over
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float total = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) total += red[w];
-  return total;
 }
 
 // An attention stage's scores and partial output for H heads (x: H * kHeadDim query entries) over the
@@ -357,7 +346,8 @@ __device__ void gemv_stage(const Chain& c, const Stage& st, int programs, int ra
   if (st.norm) {
     float sq = 0.0f;
     for (int i = static_cast<int>(threadIdx.x); i < st.k; i += kThreads) sq += x[i] * x[i];
-    scale = rsqrtf(block_sum(sq, red) / static_cast<float>(st.k) + kEps);
+    // red's last reads (the previous norm) are behind the previous stage's barriers
+    scale = rsqrtf(block_sum<kWarps>(sq, red) / static_cast<float>(st.k) + kEps);
   }
   // the stage's chunks in groups of up to kRing (one group unless the program's rows exceed the ring):
   // once the group's bytes are in, each warp takes every kWarps-th 256-column unit of it, keeps a partial

@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -202,6 +203,18 @@ std::string time_stream(const uint4* buf, const std::vector<uint32_t>& slice_sum
   return "";
 }
 
+// An instantiated graph's median replay in µs (after `warmups` replays), then the graph and `buffers` freed.
+std::string time_graph(cudaGraph_t graph, cudaGraphExec_t exec, int warmups, int replays, int repeats,
+                       cudaStream_t stream, double* us, std::initializer_list<void*> buffers) {
+  for (int i = 0; i < warmups; ++i) TRY(cudaGraphLaunch(exec, stream));
+  const std::string timed = median_us([&] { return cudaGraphLaunch(exec, stream); }, replays, repeats, stream, us);
+  if (!timed.empty()) return timed;
+  TRY(cudaGraphExecDestroy(exec));
+  TRY(cudaGraphDestroy(graph));
+  for (void* b : buffers) TRY(cudaFree(b));
+  return "";
+}
+
 // A drafter layer's GEMVs at E2B's shapes, `layers` times: q_proj (256 -> 2048, its input normed),
 // o_proj (2048 -> 256), gate_up (256 -> 4096, normed), down_proj (the gate_up output folded by the GLU,
 // 2048 -> 256); 5 MiB of weights a layer. With `attention`, a sliding layer: the 8 heads' q_norm and
@@ -335,15 +348,7 @@ std::string time_gemv(int layers, bool attention, int programs, int replays, int
     err = std::max(err, std::fabs(want[i] - static_cast<double>(got[i])));
   }
   *ok = err <= 1e-3 * top;
-  for (int i = 0; i < 10; ++i) TRY(cudaGraphLaunch(exec, stream));
-  const std::string timed = median_us([&] { return cudaGraphLaunch(exec, stream); }, replays, repeats, stream, us);
-  if (!timed.empty()) return timed;
-  TRY(cudaGraphExecDestroy(exec));
-  TRY(cudaGraphDestroy(graph));
-  TRY(cudaFree(w));
-  TRY(cudaFree(x));
-  TRY(cudaFree(y));
-  return "";
+  return time_graph(graph, exec, 10, replays, repeats, stream, us, {w, x, y});
 }
 
 // The drafters' glue GEMVs at one token, each on every SM from a ring of bulk copies (stream_gemv.cuh):
@@ -413,16 +418,9 @@ std::string time_wide(const WideShape& shape, int programs, size_t l2_bytes, int
   TRY(cudaStreamEndCapture(stream, &graph));
   TRY(launched);
   TRY(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < 3; ++i) TRY(cudaGraphLaunch(exec, stream));
-  const std::string timed = median_us([&] { return cudaGraphLaunch(exec, stream); }, replays, repeats, stream, us);
-  if (!timed.empty()) return timed;
+  const std::string timed = time_graph(graph, exec, 3, replays, repeats, stream, us, {w, x, y});
   *us /= *copies;
-  TRY(cudaGraphExecDestroy(exec));
-  TRY(cudaGraphDestroy(graph));
-  TRY(cudaFree(w));
-  TRY(cudaFree(x));
-  TRY(cudaFree(y));
-  return "";
+  return timed;
 }
 
 // Closes a result row with what failed ("error", quotes made JSON-safe); false when nothing did.

@@ -33,6 +33,8 @@
 #include "gemma4_mtp/grid_barrier.cuh"
 #include "gemma4_mtp/launch.cuh"
 
+#include "block_sum.cuh"
+
 namespace stage_boundary {
 
 using namespace gemma4_mtp;
@@ -48,21 +50,6 @@ struct Chain {
   int32_t* counter;  // the grid barrier's (kBarrier): its low 31 bits zero, as every barrier leaves them
 };
 
-// The block's sum of the threads' `sum`s, in every thread, through kBlockWarps words at `warp_sums`. The
-// next call on the same words must come after a barrier that every thread passes after reading them (the
-// next stage's grid or cluster barrier); kClusterPush has none and alternates two sets of words.
-template <int kBlockWarps = kWarps>
-__device__ __forceinline__ uint32_t block_sum(uint32_t sum, uint32_t* warp_sums) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = sum;
-  __syncthreads();
-  sum = 0;
-#pragma unroll
-  for (int w = 0; w < kBlockWarps; ++w) sum += warp_sums[w];
-  return sum;
-}
-
 __device__ __forceinline__ void stage(const Chain& c, int s) {
   // selects, not c.vec[s & 1]: a dynamic index into a kernel parameter would copy it to local memory
   const uint32_t* prev = (s & 1) ? c.vec[1] : c.vec[0];
@@ -72,7 +59,7 @@ __device__ __forceinline__ void stage(const Chain& c, int s) {
     const uint4 v = *reinterpret_cast<const uint4*>(prev + i);
     sum += v.x + v.y + v.z + v.w;
   }
-  sum = block_sum(sum, reinterpret_cast<uint32_t*>(dynamic_smem()));
+  sum = block_sum<kWarps>(sum, reinterpret_cast<uint32_t*>(dynamic_smem()));
   const int per = (c.n + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
   const int end = min(c.n, (static_cast<int>(blockIdx.x) + 1) * per);
   for (int i = static_cast<int>(blockIdx.x) * per + static_cast<int>(threadIdx.x); i < end; i += kThreads)
@@ -130,7 +117,7 @@ __global__ void __launch_bounds__(kThreads) cluster_shared_chain_kernel(Chain c)
       const uint4 v = *reinterpret_cast<const uint4*>(cluster_peer(prev + i % per, static_cast<unsigned>(i / per)));
       sum += v.x + v.y + v.z + v.w;
     }
-    sum = block_sum(sum, warp_sums);
+    sum = block_sum<kWarps>(sum, warp_sums);
     for (int i = static_cast<int>(threadIdx.x); i < mine; i += kThreads) next[i] = prev[i] + sum + 1u;
     cluster_sync();  // the slices of vector (s + 1) % 2 written, every read of vector s % 2 done
   }
@@ -179,7 +166,8 @@ __global__ void __launch_bounds__(kThreads) cluster_push_chain_kernel(Chain c) {
       const uint4 v = *reinterpret_cast<const uint4*>(prev + i);
       sum += v.x + v.y + v.z + v.w;
     }
-    sum = block_sum(sum, warp_sums + (s & 1) * kWarps);
+    // no barrier between stages here to order block_sum's words: two sets, alternating by stage
+    sum = block_sum<kWarps>(sum, warp_sums + (s & 1) * kWarps);
     // each 16 bytes of this program's slice to each program: (vector, program) pairs over the threads
     for (int j = static_cast<int>(threadIdx.x); j < (mine / 4) * programs; j += kThreads) {
       const int i = lo + 4 * (j / programs);

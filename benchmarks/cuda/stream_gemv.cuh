@@ -17,6 +17,8 @@
 #include "gemma4_mtp/common.cuh"
 #include "gemma4_mtp/launch.cuh"
 
+#include "block_sum.cuh"
+
 namespace stream_gemv {
 
 using namespace gemma4_mtp;
@@ -92,14 +94,7 @@ __global__ void __launch_bounds__(kThreads) wide_kernel(Gemv g) {
   if (g.norm) {
     float sq = 0.0f;
     for (int i = static_cast<int>(threadIdx.x); i < g.k; i += kThreads) sq += x[i] * x[i];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = sq;
-    __syncthreads();
-    sq = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) sq += red[w];
-    scale = rsqrtf(sq / static_cast<float>(g.k) + kEps);
+    scale = rsqrtf(block_sum<kWarps>(sq, red) / static_cast<float>(g.k) + kEps);
   }
   constexpr int kPasses = kUnits / kWarps;  // a warp's units of a chunk
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;

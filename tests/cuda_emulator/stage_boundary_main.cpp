@@ -28,6 +28,19 @@
 
 using namespace emu_io;
 
+// The end of a mode that makes one launch: "REFUSED" when the launcher refused before launching anything,
+// else the launch checked and `out` stored as the result.
+int one_launch(const Args& a, const std::string& dir, cudaError_t err, const Buffer& out) {
+  if (err == cudaErrorInvalidValue && emu::launch_log().empty()) {
+    std::printf("REFUSED launches=0\n");
+    return finish(a, 0);
+  }
+  if (!launched_as_expected(err, 1, false, {})) return 1;
+  store(dir, "result", out);
+  std::printf("OK launches=1\n");
+  return finish(a, 0);
+}
+
 int main(int argc, char** argv) {
   Args a = parse(argc, argv);
   const std::string dir = a.str("dir"), mode_name = a.str("mode");
@@ -57,15 +70,7 @@ int main(int argc, char** argv) {
     g.w = static_cast<const __nv_bfloat16*>(w.data());
     g.x = static_cast<const float*>(x.data());
     g.y = static_cast<float*>(y.data());
-    const cudaError_t err = stream_gemv::run(g, programs, nullptr);
-    if (err == cudaErrorInvalidValue && emu::launch_log().empty()) {
-      std::printf("REFUSED launches=0\n");
-      return finish(a, 0);
-    }
-    if (!launched_as_expected(err, 1, false, {})) return 1;
-    store(dir, "result", y);
-    std::printf("OK launches=1\n");
-    return finish(a, 0);
+    return one_launch(a, dir, stream_gemv::run(g, programs, nullptr), y);
   }
   if (mode_name == "gemv") {
     cluster_gemv::Chain c{};
@@ -89,15 +94,7 @@ int main(int argc, char** argv) {
     }
     c.x = static_cast<const float*>(x.data());
     c.y = static_cast<float*>(y.data());
-    const cudaError_t err = cluster_gemv::run(c, programs, nullptr);
-    if (err == cudaErrorInvalidValue && emu::launch_log().empty()) {
-      std::printf("REFUSED launches=0\n");
-      return finish(a, 0);
-    }
-    if (!launched_as_expected(err, 1, false, {})) return 1;
-    store(dir, "result", y);
-    std::printf("OK launches=1\n");
-    return finish(a, 0);
+    return one_launch(a, dir, cluster_gemv::run(c, programs, nullptr), y);
   }
   const stage_boundary::Mode mode = mode_name == "pdl"              ? stage_boundary::Mode::kPdl
                                     : mode_name == "barrier"        ? stage_boundary::Mode::kBarrier
