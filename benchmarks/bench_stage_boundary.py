@@ -23,6 +23,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from gemma4_mtp_kernels import _toolchain as toolchain
@@ -105,13 +106,15 @@ def table(results: dict, *, markdown: bool = False) -> str:
             continue
         w_rows.append((r["shape"], str(r["programs"]), mib, f"{r['us']:.2f}", f"{r['bytes'] / r['us'] / 1e6:.2f}",
                        "ok" if r["ok"] else "WRONG RESULT"))
+    cut = (f"The run stopped in the row {results['cut_short_in']} (a hang or a crash): it and every row after it "
+           "are missing." if results.get("cut_short_in") else None)
     if markdown:
         def md(t, h, rs):
             return [t, "", "| " + " | ".join(h) + " |", "|---" * len(h) + "|",
                     *("| " + " | ".join(r) + " |" for r in rs)]
         return "\n".join(md(title, head, rows) + (["", *md(s_title, s_head, s_rows)] if s_rows else [])
                          + (["", *md(g_title, g_head, g_rows)] if g_rows else [])
-                         + (["", *md(w_title, w_head, w_rows)] if w_rows else []))
+                         + (["", *md(w_title, w_head, w_rows)] if w_rows else []) + (["", cut] if cut else []))
 
     def line(row, widths):
         cells = (f"{c:{'<' if i == 0 else '>'}{w}}" for i, (c, w) in enumerate(zip(row, widths)))
@@ -123,7 +126,23 @@ def table(results: dict, *, markdown: bool = False) -> str:
         out += ["", g_title, *(line(r, (7, 8, 6, 8, 8)) for r in (g_head, *g_rows))]
     if w_rows:
         out += ["", w_title, *(line(r, (30, 8, 4, 7, 5)) for r in (w_head, *w_rows))]
-    return "\n".join(out)
+    return "\n".join(out + (["", cut] if cut else []))
+
+
+def salvage(stdout: str) -> dict | None:
+    """The rows a run printed before it stopped (a hang killed at the time limit, a crash): the binary prints
+    each row's opening before timing it and flushes each finished row, so everything before the last row's
+    opening is whole rows; that row, and any section not reached, are left out, the open array closed.
+    None when not even the header was printed (no device)."""
+    cut = stdout.rfind("\n  {")
+    if cut < 0:
+        return None
+    try:
+        results = json.loads(stdout[:cut].rstrip().rstrip(",") + "\n]}")
+    except json.JSONDecodeError:
+        return None
+    results["cut_short_in"] = stdout[cut:].strip()  # the row it stopped in
+    return results
 
 
 def main(argv=None) -> int:
@@ -131,26 +150,40 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="results JSON")
     ap.add_argument("--build-dir", default=str(ROOT / "build" / "stage_boundary"))
     ap.add_argument("--args", default="", help="passed to the binary, e.g. 'programs=1,132 stages=64'")
+    ap.add_argument("--time-limit", type=float, default=240.0,
+                    help="seconds for the whole command, the build included: the binary is stopped in time to "
+                         "write what it measured (gpu_check.sh gives it less than its stage's box)")
     a = ap.parse_args(argv)
+    t0 = time.monotonic()
     import torch
 
     from .run_all import environment, write_json
 
     exe = build(Path(a.build_dir))
-    done = subprocess.run([str(exe), *a.args.split()], capture_output=True, text=True, timeout=240)
+    left = max(5.0, a.time_limit - (time.monotonic() - t0) - 3.0)  # ~3 s to write the JSON and the table
     try:
-        results = json.loads(done.stdout)
-    except json.JSONDecodeError:  # no device, or a crash part-way (what it printed is kept in the log)
-        print(f"stage_boundary exited {done.returncode} without its JSON:\n{done.stdout[-4000:]}\n"
-              f"{done.stderr[-4000:]}", file=sys.stderr)
-        return 1
+        done = subprocess.run([str(exe), *a.args.split()], capture_output=True, text=True, timeout=left)
+        stdout, stderr, status = done.stdout, done.stderr, done.returncode
+    except subprocess.TimeoutExpired as e:  # a hang: what it printed so far is kept
+        text = [t.decode(errors="replace") if isinstance(t, bytes) else t or "" for t in (e.stdout, e.stderr)]
+        stdout, stderr, status = text[0], text[1], 124  # (POSIX hands the partial output over as bytes)
+        stderr += f"\nstopped after {left:.0f} s"
+    try:
+        results = json.loads(stdout)
+    except json.JSONDecodeError:  # no device, a crash or a hang part-way: the rows before it
+        results = salvage(stdout)
+        if results is None:
+            print(f"stage_boundary exited {status} without its JSON:\n{stdout[-4000:]}\n{stderr[-4000:]}",
+                  file=sys.stderr)
+            return 1
+        status = status or 1
     results["env"] = environment(torch)
-    results["exit_status"] = done.returncode
+    results["exit_status"] = status
     write_json(results, a.out)
     print(table(results))
-    if done.returncode != 0:
-        print(f"stage_boundary exited {done.returncode}: {done.stderr.strip()[-2000:]}", file=sys.stderr)
-    return done.returncode
+    if status != 0:
+        print(f"stage_boundary exited {status}: {stderr.strip()[-2000:]}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

@@ -91,8 +91,10 @@ stage build 60 "$OUT/build.log" "$PY" setup.py build_ext --inplace
 # glue GEMVs each on 64 and 128 SMs from a ring of bulk copies, L2 cold: what a rewrite of the glue's
 # weight path would reach ("31B's GEMVs from a ring of bulk copies"). ~22 s (its own nvcc build for 90a, ~40
 # chains of a few ms, ~1 GiB of stream buffers filled on the host, 16-32 MiB weights for the GEMVs).
+# Stopped by its own --time-limit before the box: a row that hangs costs only itself and the rows after it
+# (stage_boundary.json keeps the rows before, "cut_short_in" names it).
 stage stage-boundary 50 "$OUT/stage_boundary.log" "$PY" -m benchmarks.bench_stage_boundary \
-    --out "$OUT/stage_boundary.json" \
+    --out "$OUT/stage_boundary.json" --time-limit 42 \
     --args "programs=8,132 cluster_programs=2,4,8,16 stream_programs=1,8,16,132 wide_programs=64,128"
 
 # The GPU suite: every test file's GPU-marked tests, one pytest process per file. A fatal error (a

@@ -440,6 +440,35 @@ def test_stage_boundary_builds_and_fails_cleanly_without_a_gpu(tmp_path):
     assert not out.exists()
 
 
+def test_stage_boundary_keeps_the_rows_of_a_run_that_hangs(tmp_path, monkeypatch):
+    """A row that never finishes on the GPU (a hang the emulation did not show) must not cost the rows timed
+    before it: at --time-limit the program is stopped, and the JSON keeps its whole rows (its sections' rows
+    printed and flushed one by one, as stage_boundary.cu prints them), the row it stopped in named, and the
+    benchmark's status 124."""
+    from benchmarks import bench_stage_boundary
+
+    fake = tmp_path / "stage_boundary"
+    fake.write_text("#!/bin/sh\n"
+                    "printf '{\"device\": \"X\", \"sms\": 132, \"cc\": \"9.0\", \"n\": 2048, \"stages\": 32, "
+                    "\"results\": ['\n"
+                    "printf '\\n  {\"mode\": \"pdl\", \"programs\": 8, \"graph\": true, \"ok\": true, "
+                    "\"us_per_stage\": 1.3, \"us_one_stage\": 3.1}'\n"
+                    "printf '\\n], \"gemv\": ['\n"
+                    "printf '\\n  {\"programs\": 16, \"layers\": 1, \"attention\": true, \"ok\": true, \"us\": 7.5}'\n"
+                    "printf ',\\n  {\"programs\": 16, \"layers\": 4, \"attention\": true'\n"
+                    "exec sleep 60\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(bench_stage_boundary, "build", lambda out_dir: fake)
+    out = tmp_path / "stage_boundary.json"
+    assert bench_stage_boundary.main(["--out", str(out), "--time-limit", "6"]) == 124
+    got = json.loads(out.read_text())
+    assert [r["mode"] for r in got["results"]] == ["pdl"]
+    assert got["gemv"] == [{"programs": 16, "layers": 1, "attention": True, "ok": True, "us": 7.5}]
+    assert got["cut_short_in"] == '{"programs": 16, "layers": 4, "attention": true'
+    assert got["exit_status"] == 124
+    assert "stopped in the row" in bench_stage_boundary.table(got, markdown=True)
+
+
 def test_the_drafter_step_module_gets_half_the_budget():
     from benchmarks import run_all
     mods = list(run_all.MODULES)
