@@ -3,6 +3,7 @@ GPU run measures first (`run_all` runs these cases before any other) and what it
 
     python -m benchmarks.checklist                  # the README's checklist table (markdown)
     python -m benchmarks.checklist RESULTS.json     # each prediction against that run's numbers
+    python -m benchmarks.checklist --stage-boundary [STAGE_BOUNDARY.json]  # the same for bench_stage_boundary
 
 Each row names a case of the benchmark modules (op, case label) and a baseline, the range predicted for
 its median time in µs (graph-replayed unless the baseline says otherwise), the 2026-12-04 measurement it
@@ -10,8 +11,10 @@ was predicted from, and the README section that holds its model and its refutati
 `minus` predicts a difference: its baseline's time less that (case, baseline)'s, from the same run. The
 verdict of a measured row is "in range", "below" (faster than predicted) or "above" (slower: the row's
 model is refuted unless its section says otherwise); a row whose case did not run is "not measured".
-Predictions measured elsewhere (the main command, profile_step, profile_decode, the launch-configuration
-sweep) stay in the README's hand-written table beside this one.
+The predictions a run's stage_boundary.json settles (bench_stage_boundary: stage boundaries, SM streams,
+layers in one cluster, GEMVs from a ring of bulk copies) are data too, STAGE_PREDICTIONS, each naming the
+rows it reads. Predictions measured elsewhere (the main command, profile_step, profile_decode, the
+launch-configuration sweep) stay in the README's hand-written table beside these.
 """
 from __future__ import annotations
 
@@ -277,16 +280,111 @@ def table(results: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+class StagePrediction(NamedTuple):
+    what: str
+    section: str  # the array of stage_boundary.json: "results" (the chains), "stream", "gemv" or "wide_gemv"
+    match: tuple[tuple[str, object], ...]  # (key, value) pairs of the row read
+    field: str    # its value predicted; "per_layer": the slope of `us` from its 1-layer to its 4-layer row
+    lo: float
+    hi: float
+    unit: str
+    today: str    # what it stands against (2026-12-04, or today's kernels)
+    readme: str   # the README section with the model and the rule
+
+
+CLUSTER = "A drafter step in one cluster"
+SLIDING = "A drafter step in one cluster (whole sliding layers)"
+WIDE = "31B's GEMVs from a ring of bulk copies"
+STAGE_PREDICTIONS = (
+    *(StagePrediction(f"`{mode}`, {n} programs, a stage", "results", (("mode", mode), ("programs", n)),
+                      "us_per_stage", lo, hi, "µs", "`pdl` 1.27-1.40, `barrier` 1.43-1.73", CLUSTER)
+      for mode, lo, hi in (("cluster", 1.0, 1.3), ("cluster_shared", 0.6, 1.0), ("cluster_push", 0.35, 0.6))
+      for n in (2, 16)),
+    StagePrediction("`stream` L2, 16 programs", "stream", (("source", "l2"), ("programs", 16)), "tb_per_s",
+                    1.3, 2.1, "TB/s", "-", CLUSTER),
+    StagePrediction("`stream` L2, 132 programs", "stream", (("source", "l2"), ("programs", 132)), "tb_per_s",
+                    5, 8, "TB/s", "-", CLUSTER),
+    StagePrediction("`stream` DRAM, 1 program", "stream", (("source", "dram"), ("programs", 1)),
+                    "gb_per_s_per_program", 40, 70, "GB/s", "-", CLUSTER),
+    StagePrediction("`stream` DRAM, 16 programs", "stream", (("source", "dram"), ("programs", 16)), "tb_per_s",
+                    0.7, 1.1, "TB/s", "-", CLUSTER),
+    StagePrediction("`stream` DRAM, 132 programs", "stream", (("source", "dram"), ("programs", 132)), "tb_per_s",
+                    3.4, 4.0, "TB/s", "copy 4.19", CLUSTER),
+    StagePrediction("E2B layer's GEMVs in one cluster of 16, a layer", "gemv",
+                    (("programs", 16), ("attention", False)), "per_layer", 3.5, 6, "µs", "~17-21 (predicted)",
+                    CLUSTER),
+    StagePrediction("E2B layer's GEMVs in one cluster of 8, a layer", "gemv",
+                    (("programs", 8), ("attention", False)), "per_layer", 5, 9, "µs", "~17-21 (predicted)",
+                    CLUSTER),
+    StagePrediction("E2B 4 layers' GEMVs in one cluster of 16, one replay", "gemv",
+                    (("programs", 16), ("attention", False), ("layers", 4)), "us", 16, 27, "µs", "-", CLUSTER),
+    StagePrediction("E2B sliding layer in one cluster of 16, a layer", "gemv",
+                    (("programs", 16), ("attention", True)), "per_layer", 4.5, 8.5, "µs", "33.8 (five kernels)",
+                    SLIDING),
+    StagePrediction("E2B sliding layer in one cluster of 8, a layer", "gemv",
+                    (("programs", 8), ("attention", True)), "per_layer", 6.5, 12, "µs", "33.8 (five kernels)",
+                    SLIDING),
+    StagePrediction("E2B 4 sliding layers in one cluster of 16, one replay", "gemv",
+                    (("programs", 16), ("attention", True), ("layers", 4)), "us", 20, 36, "µs", "-", SLIDING),
+    *(StagePrediction(f"{shape}, 128 programs", "wide_gemv", (("shape", shape), ("programs", 128)), "us", lo, hi,
+                      "µs", today, WIDE)
+      for shape, lo, hi, today in (("31B q_proj full / gate_up", 10.5, 12.5, "q_proj 25.9, gate_up 22.3"),
+                                   ("31B o_proj full", 10.5, 12.5, "15.8"),
+                                   ("31B o_proj sliding / down_proj", 6.3, 7.7, "down_proj 10.7"),
+                                   ("31B q_proj sliding", 6.3, 7.7, "-"),
+                                   ("E2B q_proj", 2.5, 3.5, "q_rope 8.4"),
+                                   ("E2B o_proj / down_proj", 2.5, 3.5, "5.13 / 5.04"),
+                                   ("E2B gate_up", 2.7, 3.8, "6.1"))),
+)
+
+
+def _row(sb: dict, section: str, match: tuple) -> dict | None:
+    for r in sb.get(section) or []:
+        if all(r.get(k) == v for k, v in match) and r.get("ok") and "error" not in r and "skipped" not in r:
+            return r
+    return None
+
+
+def stage_value(sb: dict, p: StagePrediction) -> float | None:
+    """p's measured value in a stage_boundary.json (None if its rows did not run or failed their check)."""
+    if p.field == "per_layer":
+        one, four = (_row(sb, p.section, (*p.match, ("layers", n))) for n in (1, 4))
+        return None if one is None or four is None else (four["us"] - one["us"]) / 3
+    r = _row(sb, p.section, p.match)
+    return None if r is None else r.get(p.field)
+
+
+def stage_table(sb: dict | None = None) -> str:
+    """Markdown: one line per stage-boundary prediction; with a run's stage_boundary.json, its value and
+    verdict."""
+    head = "| prediction | predicted | today | section |"
+    rule = "|---|---|---|---|"
+    if sb is not None:
+        head, rule = head + " measured | verdict |", rule + "---|---|"
+    lines = [head, rule]
+    for p in STAGE_PREDICTIONS:
+        line = f"| {p.what} | {p.lo:g}-{p.hi:g} {p.unit} | {p.today} | {p.readme} |"
+        if sb is not None:
+            v = stage_value(sb, p)
+            verdict = "not measured" if v is None else "below" if v < p.lo else "above" if v > p.hi else "in range"
+            line += f" {'-' if v is None else f'{v:.2f}'} | {verdict} |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    stage = bool(args) and args[0] == "--stage-boundary"
+    if stage:
+        args = args[1:]
     if len(args) > 1 or (args and args[0].startswith("-")):
-        print(__doc__.strip().splitlines()[2], file=sys.stderr)
+        print("\n".join(__doc__.strip().splitlines()[2:5]), file=sys.stderr)
         return 2
     results = None
     if args:
         with open(args[0]) as f:
             results = json.load(f)
-    print(table(results))
+    print(stage_table(results) if stage else table(results))
     return 0
 
 

@@ -6,10 +6,11 @@
 
 README.md gets one line per op (how close to the floor each backend gets, how ours compare with the
 fastest anchor); benchmarks/README.md one line per case, and the stage-boundary table of the newest run
-per device that has one (stage_boundary.json, bench_stage_boundary), and the checklist of the open predictions
-the next run settles (benchmarks/checklist.py, not drawn from the runs). "Anchor" = any baseline that is not ours
-and computes the op (or the function it replaces, e.g. the dense LM head), except the calls labelled
-as not what an engine runs and our own drafter's variants (NOT_ANCHORS).
+per device that has one (stage_boundary.json, bench_stage_boundary), and the checklists of the open
+predictions the next run settles (benchmarks/checklist.py, results.json's and stage_boundary.json's, not
+drawn from the runs). "Anchor" = any baseline that is not ours and computes the op (or the function it
+replaces, e.g. the dense LM head), except the calls labelled as not what an engine runs and our own
+drafter's variants (NOT_ANCHORS).
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ from .make_verified import CANDIDATES, ROOT, Run, load_runs
 NOT_ANCHORS = {"vllm_unified_2d"} | OUR_VARIANTS | CENTROID_VARIANTS
 FILES = {"summary": os.path.join(ROOT, "README.md"), "cases": os.path.join(ROOT, "benchmarks", "README.md"),
          "stage_boundary": os.path.join(ROOT, "benchmarks", "README.md"),
-         "checklist": os.path.join(ROOT, "benchmarks", "README.md")}
+         "checklist": os.path.join(ROOT, "benchmarks", "README.md"),
+         "stage_checklist": os.path.join(ROOT, "benchmarks", "README.md")}
 
 
 def _begin(kind):
@@ -152,8 +154,16 @@ def checklist_table(runs: list[Run]) -> str:
     return table() + "\n"
 
 
+def stage_checklist_table(runs: list[Run]) -> str:
+    """The open predictions a run's stage_boundary.json settles (benchmarks/checklist.py), not drawn from the
+    runs."""
+    from .checklist import stage_table
+
+    return stage_table() + "\n"
+
+
 TABLES = {"summary": summary_table, "cases": cases_table, "stage_boundary": stage_boundary_table,
-          "checklist": checklist_table}
+          "checklist": checklist_table, "stage_checklist": stage_checklist_table}
 
 
 def rewrite(text: str, kind: str, table: str, path: str) -> str:

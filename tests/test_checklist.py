@@ -98,3 +98,48 @@ def test_run_all_times_the_checklist_cases_before_the_others(tmp_path, monkeypat
     out = tmp_path / "results.json"
     assert run_all.main(["--dry-run", "--out", str(out)]) == 0
     assert [c["case"] for c in json.loads(out.read_text())["cases"]] == ["second", "first"]
+
+
+def test_every_stage_prediction_names_rows_the_benchmark_prints():
+    """Each stage-boundary prediction reads rows stage_boundary.cu prints: its section, its keys, and its
+    string values (modes, stream sources, wide GEMV shapes) among the program's own strings."""
+    import re
+    from pathlib import Path
+
+    source = (Path(checklist.__file__).parent / "cuda" / "stage_boundary.cu").read_text()
+    strings = set(re.findall(r'"((?:[^"\\]|\\.)*)"', source))
+    for p in checklist.STAGE_PREDICTIONS:
+        assert f'\\"{p.section}\\": [' in source or p.section == "results", p
+        for key, value in p.match:
+            assert f'\\"{key}\\": ' in source, (p, key)
+            if isinstance(value, str):
+                assert value in strings, (p, value)
+        assert p.field == "per_layer" or f'\\"{p.field}\\": ' in source, p
+        assert p.lo <= p.hi, p
+    assert len({(p.section, p.match, p.field) for p in checklist.STAGE_PREDICTIONS}) == len(checklist.STAGE_PREDICTIONS)
+
+
+def test_stage_verdicts_of_a_hand_written_run(capsys, tmp_path):
+    sb = {"results": [{"mode": "cluster_push", "programs": 16, "ok": True, "us_per_stage": 0.5},
+                      {"mode": "cluster_push", "programs": 2, "ok": False, "us_per_stage": 0.4}],
+          "stream": [{"source": "dram", "programs": 132, "ok": True, "tb_per_s": 3.0}],
+          "gemv": [{"programs": 16, "layers": 1, "attention": False, "ok": True, "us": 8.0},
+                   {"programs": 16, "layers": 4, "attention": False, "ok": True, "us": 20.0},
+                   {"programs": 16, "layers": 1, "attention": True, "ok": True, "us": 9.0},
+                   {"programs": 16, "layers": 4, "attention": True, "error": "launch failed"}],
+          "wide_gemv": [{"shape": "31B o_proj full", "programs": 128, "ok": True, "us": 13.0},
+                        {"shape": "31B o_proj full", "programs": 64, "ok": True, "us": 11.0}]}
+    by_what = {p.what: p for p in checklist.STAGE_PREDICTIONS}
+    value = lambda what: checklist.stage_value(sb, by_what[what])  # noqa: E731
+    assert value("`cluster_push`, 16 programs, a stage") == 0.5
+    assert value("`cluster_push`, 2 programs, a stage") is None  # its check failed: no verdict on it
+    assert value("`stream` DRAM, 132 programs") == 3.0
+    assert value("E2B layer's GEMVs in one cluster of 16, a layer") == 4.0  # (20 - 8) / 3
+    assert value("E2B sliding layer in one cluster of 16, a layer") is None  # its 4-layer row failed
+    assert value("31B o_proj full, 128 programs") == 13.0
+    path = tmp_path / "stage_boundary.json"
+    path.write_text(json.dumps(sb))
+    assert checklist.main(["--stage-boundary", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| `cluster_push`, 16 programs, a stage | 0.35-0.6 µs |" in out and "| 0.50 | in range |" in out
+    assert "| 3.00 | below |" in out and "| 13.00 | above |" in out and "| 4.00 | in range |" in out
