@@ -47,6 +47,15 @@ def build(out_dir: Path) -> Path:
     return exe
 
 
+def _why(r: dict) -> str:
+    """A row that has no time: skipped (and why) or failed (and how)."""
+    return f"skipped: {r['skipped']}" if "skipped" in r else f"ERROR: {r['error']}"
+
+
+def _check(r: dict) -> str:
+    return "ok" if r["ok"] else "WRONG RESULT"
+
+
 def table(results: dict, *, markdown: bool = False) -> str:
     """One row per (mode, programs): µs per added stage, one stage's whole replay, 27 of them, the check;
     as text for the terminal or as a markdown table (readme_tables)."""
@@ -57,10 +66,9 @@ def table(results: dict, *, markdown: bool = False) -> str:
     rows = []
     for r in results["results"]:
         if "skipped" in r or "error" in r:
-            why = f"skipped: {r['skipped']}" if "skipped" in r else f"ERROR: {r['error']}"
-            rows.append((r["mode"], str(r["programs"]), "-", "-", "-", why))
+            rows.append((r["mode"], str(r["programs"]), "-", "-", "-", _why(r)))
             continue
-        check = ("ok" if r["ok"] else "WRONG RESULT") + ("" if r["graph"] else " (stream launches: capture refused)")
+        check = _check(r) + ("" if r["graph"] else " (stream launches: capture refused)")
         rows.append((r["mode"], str(r["programs"]), f"{r['us_per_stage']:.2f}", f"{r['us_one_stage']:.2f}",
                      f"{STEP_STAGES * r['us_per_stage']:.1f}", check))
     stream = results.get("stream") or []  # runs before 2026-12-06 had none
@@ -69,11 +77,11 @@ def table(results: dict, *, markdown: bool = False) -> str:
     s_rows = []
     for r in stream:
         if "skipped" in r or "error" in r:
-            why = f"skipped: {r['skipped']}" if "skipped" in r else f"ERROR: {r['error']}"
-            s_rows.append((r["source"], str(r["programs"]), str(r["bytes_per_program"] // 1024), "-", "-", "-", why))
+            s_rows.append((r["source"], str(r["programs"]), str(r["bytes_per_program"] // 1024), "-", "-", "-",
+                           _why(r)))
             continue
         s_rows.append((r["source"], str(r["programs"]), str(r["bytes_per_program"] // 1024), f"{r['us_per_pass']:.2f}",
-                       f"{r['gb_per_s_per_program']:.0f}", f"{r['tb_per_s']:.2f}", "ok" if r["ok"] else "WRONG RESULT"))
+                       f"{r['gb_per_s_per_program']:.0f}", f"{r['tb_per_s']:.2f}", _check(r)))
     gemv = results.get("gemv") or []
     g_title = ("E2B layers in one cluster: their GEMVs (q_proj, o_proj, gate_up, down_proj: 5 MiB a layer, pushed "
                "activations), and whole sliding layers (with q_norm and the attention over 512 keys and values "
@@ -86,13 +94,11 @@ def table(results: dict, *, markdown: bool = False) -> str:
     g_rows = []
     for r in gemv:
         if "skipped" in r or "error" in r:
-            why = f"skipped: {r['skipped']}" if "skipped" in r else f"ERROR: {r['error']}"
-            g_rows.append((kind(r), str(r["programs"]), str(r["layers"]), "-", "-", why))
+            g_rows.append((kind(r), str(r["programs"]), str(r["layers"]), "-", "-", _why(r)))
             continue
         base = one.get((kind(r), r["programs"]))
         per = f"{(r['us'] - base) / (r['layers'] - 1):.2f}" if r["layers"] > 1 and base is not None else "-"
-        check = "ok" if r["ok"] else "WRONG RESULT"
-        g_rows.append((kind(r), str(r["programs"]), str(r["layers"]), f"{r['us']:.2f}", per, check))
+        g_rows.append((kind(r), str(r["programs"]), str(r["layers"]), f"{r['us']:.2f}", per, _check(r)))
     wide = results.get("wide_gemv") or []  # runs before 2026-12-06 (evening) had none
     w_title = ("31B's and E2B's glue GEMVs at one token, each on every SM from a ring of bulk copies: µs a launch, "
                "back to back in one graph, every launch over its own copy of the weights (L2 cold)")
@@ -101,11 +107,10 @@ def table(results: dict, *, markdown: bool = False) -> str:
     for r in wide:
         mib = f"{r['bytes'] / 2**20:g}"
         if "skipped" in r or "error" in r:
-            why = f"skipped: {r['skipped']}" if "skipped" in r else f"ERROR: {r['error']}"
-            w_rows.append((r["shape"], str(r["programs"]), mib, "-", "-", why))
+            w_rows.append((r["shape"], str(r["programs"]), mib, "-", "-", _why(r)))
             continue
         w_rows.append((r["shape"], str(r["programs"]), mib, f"{r['us']:.2f}", f"{r['bytes'] / r['us'] / 1e6:.2f}",
-                       "ok" if r["ok"] else "WRONG RESULT"))
+                       _check(r)))
     cut = (f"The run stopped in the row {results['cut_short_in']} (a hang or a crash): it and every row after it "
            "are missing." if results.get("cut_short_in") else None)
     if markdown:

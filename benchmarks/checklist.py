@@ -219,6 +219,11 @@ def _time_us(results: dict, op: str, case: str, baseline: str) -> float | None:
     return None
 
 
+def _verdict(value: float | None, lo: float, hi: float) -> str:
+    """A measurement against its predicted range: "below" is faster than predicted, "above" slower."""
+    return "not measured" if value is None else "below" if value < lo else "above" if value > hi else "in range"
+
+
 def verdicts(results: dict) -> list[dict]:
     """Each prediction with its measured value in `results` (µs; None if its case or baseline did not
     run) and its verdict."""
@@ -228,9 +233,7 @@ def verdicts(results: dict) -> list[dict]:
         if value is not None and p.minus:
             other = _time_us(results, p.op, *p.minus)
             value = None if other is None else value - other
-        verdict = ("not measured" if value is None else "below" if value < p.lo else "above" if value > p.hi
-                   else "in range")
-        rows.append({**p._asdict(), "measured": value, "verdict": verdict})
+        rows.append({**p._asdict(), "measured": value, "verdict": _verdict(value, p.lo, p.hi)})
     return rows
 
 
@@ -366,8 +369,7 @@ def stage_table(sb: dict | None = None) -> str:
         line = f"| {p.what} | {p.lo:g}-{p.hi:g} {p.unit} | {p.today} | {p.readme} |"
         if sb is not None:
             v = stage_value(sb, p)
-            verdict = "not measured" if v is None else "below" if v < p.lo else "above" if v > p.hi else "in range"
-            line += f" {'-' if v is None else f'{v:.2f}'} | {verdict} |"
+            line += f" {'-' if v is None else f'{v:.2f}'} | {_verdict(v, p.lo, p.hi)} |"
         lines.append(line)
     return "\n".join(lines)
 
