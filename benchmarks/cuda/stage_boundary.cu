@@ -296,6 +296,37 @@ std::vector<double> gemv_reference(const std::vector<cluster_gemv::Stage>& st, c
   return x;
 }
 
+// `count` weights ~ U(-1, 1) / 16 through bf16 (a hash of the index), and the same as floats for the host.
+struct HostWeights {
+  std::vector<__nv_bfloat16> bf16;
+  std::vector<float> f32;
+};
+HostWeights host_weights(size_t count) {
+  HostWeights w{std::vector<__nv_bfloat16>(count), std::vector<float>(count)};
+  for (size_t i = 0; i < count; ++i) {
+    w.bf16[i] = __float2bfloat16((static_cast<float>((i * 2654435761u) >> 8 & 0xFFFF) / 32768.0f - 1.0f) / 16.0f);
+    w.f32[i] = __bfloat162float(w.bf16[i]);
+  }
+  return w;
+}
+
+// A GEMV's or a chain's input: k smooth entries.
+std::vector<float> host_input(int k) {
+  std::vector<float> x(static_cast<size_t>(k));
+  for (int i = 0; i < k; ++i) x[static_cast<size_t>(i)] = std::sin(0.37f * static_cast<float>(i)) + 0.1f;
+  return x;
+}
+
+// Whether the device's output matches the host's within 1e-3 of the largest entry.
+bool matches(const std::vector<double>& want, const std::vector<float>& got) {
+  double top = 0, err = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    top = std::max(top, std::fabs(want[i]));
+    err = std::max(err, std::fabs(want[i] - static_cast<double>(got[i])));
+  }
+  return err <= 1e-3 * top;
+}
+
 // One gemv chain of `layers` E2B layers (sliding layers with `attention`) on one cluster of `programs`: its
 // graph replay's median time and whether its output matches the host's (relative 1e-3 of the largest entry).
 std::string time_gemv(int layers, bool attention, int programs, int replays, int repeats, cudaStream_t stream,
@@ -303,23 +334,17 @@ std::string time_gemv(int layers, bool attention, int programs, int replays, int
   std::vector<cluster_gemv::Stage> st = e2b_layers(layers, attention);
   size_t total = 0;
   for (const auto& s : st) total += cluster_gemv::weight_count(s);
-  std::vector<__nv_bfloat16> wh(total);
-  std::vector<float> wf(total);
-  for (size_t i = 0; i < total; ++i) {  // entries ~ U(-1, 1) / 16, through bf16
-    const float v = (static_cast<float>((i * 2654435761u) >> 8 & 0xFFFF) / 32768.0f - 1.0f) / 16.0f;
-    wh[i] = __float2bfloat16(v);
-    wf[i] = __bfloat162float(wh[i]);
-  }
-  std::vector<float> x0(256);
-  for (int i = 0; i < 256; ++i) x0[static_cast<size_t>(i)] = std::sin(0.37f * static_cast<float>(i)) + 0.1f;
+  const HostWeights wh = host_weights(total);
+  const std::vector<float> x0 = host_input(256);
   __nv_bfloat16* w = nullptr;
   float *x = nullptr, *y = nullptr;
   TRY(cudaMalloc(&w, total * sizeof(__nv_bfloat16)));
   TRY(cudaMalloc(&x, x0.size() * sizeof(float)));
   TRY(cudaMalloc(&y, 256 * sizeof(float)));
   // on the timed stream: a non-blocking stream does not wait for the legacy stream's copies
-  TRY(cudaMemcpyAsync(w, wh.data(), total * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice, stream));
+  TRY(cudaMemcpyAsync(w, wh.bf16.data(), total * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice, stream));
   TRY(cudaMemcpyAsync(x, x0.data(), x0.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+  TRY(cudaMemsetAsync(y, 0xFF, 256 * sizeof(float), stream));  // NaN until the chain writes it
   cluster_gemv::Chain c{};
   size_t off = 0;
   for (size_t i = 0; i < st.size(); ++i) {
@@ -341,13 +366,7 @@ std::string time_gemv(int layers, bool attention, int programs, int replays, int
   TRY(cudaStreamSynchronize(stream));
   std::vector<float> got(256);
   TRY(cudaMemcpy(got.data(), y, 256 * sizeof(float), cudaMemcpyDeviceToHost));
-  const std::vector<double> want = gemv_reference(st, wf, x0);
-  double top = 0, err = 0;
-  for (size_t i = 0; i < 256; ++i) {
-    top = std::max(top, std::fabs(want[i]));
-    err = std::max(err, std::fabs(want[i] - static_cast<double>(got[i])));
-  }
-  *ok = err <= 1e-3 * top;
+  *ok = matches(gemv_reference(st, wh.f32, x0), got);
   return time_graph(graph, exec, 10, replays, repeats, stream, us, {w, x, y});
 }
 
@@ -373,18 +392,15 @@ std::string time_wide(const WideShape& shape, int programs, size_t l2_bytes, int
                       cudaStream_t stream, double* us, int* copies, bool* ok) {
   const size_t count = static_cast<size_t>(shape.n) * shape.k, bytes = count * sizeof(__nv_bfloat16);
   *copies = static_cast<int>(std::min<size_t>(64, std::max<size_t>(2, (3 * l2_bytes + bytes - 1) / bytes)));
-  std::vector<__nv_bfloat16> wh(count);
-  for (size_t i = 0; i < count; ++i)  // entries ~ U(-1, 1) / 16, through bf16
-    wh[i] = __float2bfloat16((static_cast<float>((i * 2654435761u) >> 8 & 0xFFFF) / 32768.0f - 1.0f) / 16.0f);
-  std::vector<float> x0(static_cast<size_t>(shape.k));
-  for (int i = 0; i < shape.k; ++i) x0[static_cast<size_t>(i)] = std::sin(0.37f * static_cast<float>(i)) + 0.1f;
+  const HostWeights wh = host_weights(count);
+  const std::vector<float> x0 = host_input(shape.k);
   __nv_bfloat16* w = nullptr;
   float *x = nullptr, *y = nullptr;
   TRY(cudaMalloc(&w, bytes * static_cast<size_t>(*copies)));
   TRY(cudaMalloc(&x, x0.size() * sizeof(float)));
   TRY(cudaMalloc(&y, static_cast<size_t>(shape.n) * sizeof(float)));
   // on the timed stream: a non-blocking stream does not wait for the legacy stream's copies and memsets
-  TRY(cudaMemcpyAsync(w, wh.data(), bytes, cudaMemcpyHostToDevice, stream));
+  TRY(cudaMemcpyAsync(w, wh.bf16.data(), bytes, cudaMemcpyHostToDevice, stream));
   for (int c = 1; c < *copies; ++c)
     TRY(cudaMemcpyAsync(w + c * count, w, bytes, cudaMemcpyDeviceToDevice, stream));
   TRY(cudaMemcpyAsync(x, x0.data(), x0.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
@@ -396,19 +412,8 @@ std::string time_wide(const WideShape& shape, int programs, size_t l2_bytes, int
   TRY(cudaStreamSynchronize(stream));
   std::vector<float> got(static_cast<size_t>(shape.n));
   TRY(cudaMemcpy(got.data(), y, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  double sq = 0;
-  for (float v : x0) sq += static_cast<double>(v) * v;
-  const double scale = shape.norm ? 1.0 / std::sqrt(sq / shape.k + 1e-6) : 1.0;
-  double top = 0, err = 0;
-  for (int r = 0; r < shape.n; ++r) {
-    double acc = 0;
-    for (int i = 0; i < shape.k; ++i)
-      acc += static_cast<double>(__bfloat162float(wh[static_cast<size_t>(r) * shape.k + i])) *
-             x0[static_cast<size_t>(i)];
-    top = std::max(top, std::fabs(scale * acc));
-    err = std::max(err, std::fabs(scale * acc - static_cast<double>(got[static_cast<size_t>(r)])));
-  }
-  *ok = err <= 1e-3 * top;
+  // the chain's reference of one GEMV stage (normed as the glue norms)
+  *ok = matches(gemv_reference({cluster_gemv::Stage{nullptr, shape.n, shape.k, shape.norm, 0}}, wh.f32, x0), got);
   TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   cudaError_t launched = cudaSuccess;
   for (int c = 0; c < *copies && launched == cudaSuccess; ++c) {
