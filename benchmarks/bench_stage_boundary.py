@@ -1,9 +1,9 @@
 """What one dependent stage boundary costs on this GPU: a kernel launch, a programmatic dependent launch,
 a grid-wide barrier inside one persistent kernel, or a cluster barrier inside one thread block cluster
 (the vectors in global or in distributed shared memory) or stores pushed between its SMs; what a group of
-SMs streams from L2 and DRAM; E2B layers' GEMVs, and whole sliding layers, run in one cluster; and 31B's
-glue GEMVs streamed by every SM from a ring of bulk copies (benchmarks/cuda/stage_boundary.cuh,
-cluster_gemv.cuh and stream_gemv.cuh say how).
+SMs streams from L2 and DRAM; E2B layers' GEMVs, whole sliding layers and the step's four layers run in one
+cluster; and 31B's and E2B's glue GEMVs streamed by every SM from a ring of bulk copies
+(benchmarks/cuda/stage_boundary.cuh, cluster_gemv.cuh and stream_gemv.cuh say how).
 
 A drafter step is 27 dependent stages (launch_count); at E2B's sizes its bytes take ~10 µs, so the
 cost of a boundary decides how close a step can get to issue 11's 20 µs, and whether a persistent
@@ -15,8 +15,9 @@ stream rates "A drafter step in one cluster").
 
 Builds benchmarks/cuda/stage_boundary.cu with nvcc for GEMMA4_MTP_CUDA_ARCHS (default "80;90a"), runs
 it (CUDA graphs, cudaEvent timing: each result is the slope of a 1-stage and an N-stage chain, the
-graph's own launch taken out, each chain's first replay checked against the host), writes the JSON
-with the environment, and prints a table with what an E2B drafter step's 20 such boundaries cost."""
+graph's own launch taken out, each chain's first replay checked against the host; the drafters' layers
+and GEMVs passed to it from drafter_shapes, shape_args), writes the JSON with the environment, and prints
+a table with what an E2B drafter step's 20 such boundaries cost."""
 from __future__ import annotations
 
 import argparse
@@ -45,6 +46,69 @@ def build(out_dir: Path) -> Path:
     if done.returncode != 0:
         raise SystemExit(f"nvcc failed:\n{done.stderr[-4000:]}")
     return exe
+
+
+def layer_stages(drafter: str, layer_type: str) -> list[tuple[int, ...]]:
+    """One layer of `drafter` (gemma4_mtp.drafter.real_shape_config, from drafter_shapes) as cluster_gemv stages
+    (n, k, norm, glu[, window]): q_proj (its input normed), for a sliding layer the attention of its query heads
+    over the window of its one key-value head, o_proj, gate_up (normed), down_proj (the GLU folded in). A full
+    layer's attention is left out: a one-cluster step hands it to the whole GPU."""
+    from gemma4_mtp.config import SLIDING
+    from gemma4_mtp.drafter import real_shape_config
+
+    t = real_shape_config(drafter).text
+    spec, hd, inter = t.attention[layer_type], t.hidden_size, t.intermediate_size
+    q = t.num_heads * spec.head_dim
+    attention = []
+    if layer_type == SLIDING:
+        if spec.num_kv_heads != 1:
+            raise ValueError(f"{drafter}: the cluster's attention stage reads one key-value head, not "
+                             f"{spec.num_kv_heads}")
+        attention = [(q, spec.head_dim, 1, 0, spec.window)]
+    return [(q, hd, 1, 0), *attention, (hd, q, 0, 0), (2 * inter, hd, 1, 0), (hd, inter, 0, 1)]
+
+
+def glue_gemvs(drafter: str) -> dict[tuple[int, int, int], str]:
+    """`drafter`'s distinct glue GEMVs at one token, (n, k, norm) -> name ("31B o_proj sliding / down_proj": the
+    projections of that shape)."""
+    from gemma4_mtp.config import FULL, SLIDING
+    from gemma4_mtp.drafter import real_shape_config
+
+    t = real_shape_config(drafter).text
+    hd, inter = t.hidden_size, t.intermediate_size
+    roles = {}
+    for lt, kind in ((FULL, "full"), (SLIDING, "sliding")):
+        q = t.num_heads * t.attention[lt].head_dim
+        roles.setdefault((q, hd, 1), []).append(f"q_proj {kind}")
+        roles.setdefault((hd, q, 0), []).append(f"o_proj {kind}")
+    roles.setdefault((2 * inter, hd, 1), []).append("gate_up")
+    roles.setdefault((hd, inter, 0), []).append("down_proj")
+    return {shape: f"{drafter} " + " / ".join(names) for shape, names in roles.items()}
+
+
+WIDE_DRAFTERS = ("31B", "E2B")  # 31B's GEMVs are bandwidth (8-32 MiB), E2B's latency (0.5-2 MiB)
+
+
+def shape_args() -> list[str]:
+    """The binary's layers and GEMVs: E2B's sliding and full layers and its step's layer order ("gemv" rows),
+    31B's and E2B's glue GEMVs ("wide_gemv" rows)."""
+    from gemma4_mtp.config import FULL, SLIDING
+    from gemma4_mtp.drafter import real_shape_config
+
+    def stages(st):
+        return ",".join(":".join(map(str, s)) for s in st)
+    kinds = {SLIDING: "sliding", FULL: "full"}
+    wide = [shape for d in WIDE_DRAFTERS for shape in glue_gemvs(d)]
+    return [f"sliding_layer={stages(layer_stages('E2B', SLIDING))}", f"full_layer={stages(layer_stages('E2B', FULL))}",
+            "step=" + ",".join(kinds[lt] for lt in real_shape_config("E2B").text.layer_types),
+            f"wide={stages((n, k, norm, 0) for n, k, norm in wide)}"]
+
+
+def name_wide_rows(results: dict) -> None:
+    """Each wide_gemv row's "shape": the name of its (n, k, norm) among the drafters' glue GEMVs."""
+    names = {shape: name for d in WIDE_DRAFTERS for shape, name in glue_gemvs(d).items()}
+    for r in results.get("wide_gemv") or []:
+        r.setdefault("shape", names.get((r["n"], r["k"], r.get("norm")), f"{r['n']} x {r['k']}"))
 
 
 def _why(r: dict) -> str:
@@ -83,22 +147,21 @@ def table(results: dict, *, markdown: bool = False) -> str:
         s_rows.append((r["source"], str(r["programs"]), str(r["bytes_per_program"] // 1024), f"{r['us_per_pass']:.2f}",
                        f"{r['gb_per_s_per_program']:.0f}", f"{r['tb_per_s']:.2f}", _check(r)))
     gemv = results.get("gemv") or []
-    g_title = ("E2B layers in one cluster: their GEMVs (q_proj, o_proj, gate_up, down_proj: 5 MiB a layer, pushed "
-               "activations), and whole sliding layers (with q_norm and the attention over 512 keys and values "
-               "between q_proj and o_proj): one graph replay, and a layer (the slope from 1 to 4 layers)")
-    g_head = ("layer", "programs", "layers", "µs", "µs/layer", "check")
-
-    def kind(r):  # runs before 2026-12-06 (evening) had GEMV rows only
-        return "sliding" if r.get("attention") else "GEMVs"
-    one = {(kind(r), r["programs"]): r["us"] for r in gemv if r.get("layers") == 1 and "us" in r}
+    g_title = ("E2B's layers in one cluster: the full layer's GEMVs (q_proj, o_proj, gate_up, down_proj; its attention "
+               "is the whole GPU's), whole sliding layers (q_norm and the attention over the window's keys and values "
+               "between q_proj and o_proj), and the step's layers in order, activations pushed between programs: one "
+               "graph replay, and a layer (the slope from 1 to 4 layers)")
+    g_head = ("layer", "programs", "layers", "MiB", "µs", "µs/layer", "check")
+    one = {(r["layer"], r["programs"]): r["us"] for r in gemv if r.get("layers") == 1 and "us" in r}
     g_rows = []
     for r in gemv:
+        head = (r["layer"], str(r["programs"]), str(r["layers"]), f"{r['bytes'] / 2**20:.2f}")
         if "skipped" in r or "error" in r:
-            g_rows.append((kind(r), str(r["programs"]), str(r["layers"]), "-", "-", _why(r)))
+            g_rows.append((*head, "-", "-", _why(r)))
             continue
-        base = one.get((kind(r), r["programs"]))
+        base = one.get((r["layer"], r["programs"])) if r["layer"] != "step" else None
         per = f"{(r['us'] - base) / (r['layers'] - 1):.2f}" if r["layers"] > 1 and base is not None else "-"
-        g_rows.append((kind(r), str(r["programs"]), str(r["layers"]), f"{r['us']:.2f}", per, _check(r)))
+        g_rows.append((*head, f"{r['us']:.2f}", per, _check(r)))
     wide = results.get("wide_gemv") or []  # runs before 2026-12-06 (evening) had none
     w_title = ("31B's and E2B's glue GEMVs at one token, each on every SM from a ring of bulk copies: µs a launch, "
                "back to back in one graph, every launch over its own copy of the weights (L2 cold)")
@@ -128,7 +191,7 @@ def table(results: dict, *, markdown: bool = False) -> str:
     if s_rows:
         out += ["", s_title, *(line(r, (6, 8, 11, 8, 12, 6)) for r in (s_head, *s_rows))]
     if g_rows:
-        out += ["", g_title, *(line(r, (7, 8, 6, 8, 8)) for r in (g_head, *g_rows))]
+        out += ["", g_title, *(line(r, (7, 8, 6, 6, 8, 8)) for r in (g_head, *g_rows))]
     if w_rows:
         out += ["", w_title, *(line(r, (30, 8, 4, 7, 5)) for r in (w_head, *w_rows))]
     return "\n".join(out + (["", cut] if cut else []))
@@ -165,9 +228,10 @@ def main(argv=None) -> int:
     from .run_all import environment, write_json
 
     exe = build(Path(a.build_dir))
+    shapes = shape_args()
     left = max(5.0, a.time_limit - (time.monotonic() - t0) - 3.0)  # ~3 s to write the JSON and the table
     try:
-        done = subprocess.run([str(exe), *a.args.split()], capture_output=True, text=True, timeout=left)
+        done = subprocess.run([str(exe), *shapes, *a.args.split()], capture_output=True, text=True, timeout=left)
         stdout, stderr, status = done.stdout, done.stderr, done.returncode
     except subprocess.TimeoutExpired as e:  # a hang: what it printed so far is kept
         text = [t.decode(errors="replace") if isinstance(t, bytes) else t or "" for t in (e.stdout, e.stderr)]
@@ -182,6 +246,8 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 1
         status = status or 1
+    name_wide_rows(results)
+    results["shape_args"] = shapes  # the layers and GEMVs it ran (before --args, which may replace them)
     results["env"] = environment(torch)
     results["exit_status"] = status
     write_json(results, a.out)

@@ -436,8 +436,18 @@ def test_stage_boundary_builds_and_fails_cleanly_without_a_gpu(tmp_path):
 
     out = tmp_path / "stage_boundary.json"
     assert bench_stage_boundary.main(["--out", str(out), "--build-dir", str(tmp_path / "build")]) == 1
-    assert (tmp_path / "build" / "stage_boundary").exists()
+    exe = tmp_path / "build" / "stage_boundary"
+    assert exe.exists()
     assert not out.exists()
+    # the program takes the drafters' shapes the benchmark passes (it fails at the device, after its arguments),
+    # and names an argument it cannot read before touching the device
+    done = subprocess.run([str(exe), *bench_stage_boundary.shape_args()], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "cudaGetDevice" in done.stderr, done.stderr
+    for bad, named in (("step=sliding,dense", "step=sliding,dense: expected layer kinds"),
+                       ("wide=1024:256:1", "wide=1024:256:1: expected n:k:norm:glu[:window]"),
+                       ("sliding_layer=" + ",".join(["8:8:0:0"] * 33), "(at most 32)")):
+        done = subprocess.run([str(exe), bad], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and named in done.stderr, (bad, done.stderr)
 
 
 def test_stage_boundary_keeps_the_rows_of_a_run_that_hangs(tmp_path, monkeypatch):
@@ -454,8 +464,9 @@ def test_stage_boundary_keeps_the_rows_of_a_run_that_hangs(tmp_path, monkeypatch
                     "printf '\\n  {\"mode\": \"pdl\", \"programs\": 8, \"graph\": true, \"ok\": true, "
                     "\"us_per_stage\": 1.3, \"us_one_stage\": 3.1}'\n"
                     "printf '\\n], \"gemv\": ['\n"
-                    "printf '\\n  {\"programs\": 16, \"layers\": 1, \"attention\": true, \"ok\": true, \"us\": 7.5}'\n"
-                    "printf ',\\n  {\"programs\": 16, \"layers\": 4, \"attention\": true'\n"
+                    "printf '\\n  {\"layer\": \"sliding\", \"programs\": 16, \"layers\": 1, \"bytes\": 4718592, "
+                    "\"ok\": true, \"us\": 7.5}'\n"
+                    "printf ',\\n  {\"layer\": \"sliding\", \"programs\": 16, \"layers\": 4'\n"
                     "exec sleep 60\n")
     fake.chmod(0o755)
     monkeypatch.setattr(bench_stage_boundary, "build", lambda out_dir: fake)
@@ -463,8 +474,8 @@ def test_stage_boundary_keeps_the_rows_of_a_run_that_hangs(tmp_path, monkeypatch
     assert bench_stage_boundary.main(["--out", str(out), "--time-limit", "6"]) == 124
     got = json.loads(out.read_text())
     assert [r["mode"] for r in got["results"]] == ["pdl"]
-    assert got["gemv"] == [{"programs": 16, "layers": 1, "attention": True, "ok": True, "us": 7.5}]
-    assert got["cut_short_in"] == '{"programs": 16, "layers": 4, "attention": true'
+    assert got["gemv"] == [{"layer": "sliding", "programs": 16, "layers": 1, "bytes": 4718592, "ok": True, "us": 7.5}]
+    assert got["cut_short_in"] == '{"layer": "sliding", "programs": 16, "layers": 4'
     assert got["exit_status"] == 124
     assert "stopped in the row" in bench_stage_boundary.table(got, markdown=True)
 

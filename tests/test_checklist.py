@@ -102,15 +102,22 @@ def test_run_all_times_the_checklist_cases_before_the_others(tmp_path, monkeypat
 
 def test_every_stage_prediction_names_rows_the_benchmark_prints():
     """Each stage-boundary prediction reads rows stage_boundary.cu prints: its section, its keys, and its
-    string values (modes, stream sources, wide GEMV shapes) among the program's own strings."""
+    string values (modes, stream sources, layer kinds) among the program's own strings; a wide GEMV's shape is
+    the name bench_stage_boundary gives one of the drafters' glue GEMVs it passes the program."""
     import re
     from pathlib import Path
 
+    from benchmarks import bench_stage_boundary as bsb
+
     source = (Path(checklist.__file__).parent / "cuda" / "stage_boundary.cu").read_text()
     strings = set(re.findall(r'"((?:[^"\\]|\\.)*)"', source))
+    wide = {name for d in bsb.WIDE_DRAFTERS for name in bsb.glue_gemvs(d).values()}
     for p in checklist.STAGE_PREDICTIONS:
         assert f'\\"{p.section}\\": [' in source or p.section == "results", p
         for key, value in p.match:
+            if (p.section, key) == ("wide_gemv", "shape"):
+                assert value in wide, (p, value)
+                continue
             assert f'\\"{key}\\": ' in source, (p, key)
             if isinstance(value, str):
                 assert value in strings, (p, value)
@@ -123,10 +130,11 @@ def test_stage_verdicts_of_a_hand_written_run(capsys, tmp_path):
     sb = {"results": [{"mode": "cluster_push", "programs": 16, "ok": True, "us_per_stage": 0.5},
                       {"mode": "cluster_push", "programs": 2, "ok": False, "us_per_stage": 0.4}],
           "stream": [{"source": "dram", "programs": 132, "ok": True, "tb_per_s": 3.0}],
-          "gemv": [{"programs": 16, "layers": 1, "attention": False, "ok": True, "us": 8.0},
-                   {"programs": 16, "layers": 4, "attention": False, "ok": True, "us": 20.0},
-                   {"programs": 16, "layers": 1, "attention": True, "ok": True, "us": 9.0},
-                   {"programs": 16, "layers": 4, "attention": True, "error": "launch failed"}],
+          "gemv": [{"layer": "full", "programs": 16, "layers": 1, "ok": True, "us": 8.0},
+                   {"layer": "full", "programs": 16, "layers": 4, "ok": True, "us": 20.0},
+                   {"layer": "sliding", "programs": 16, "layers": 1, "ok": True, "us": 9.0},
+                   {"layer": "sliding", "programs": 16, "layers": 4, "error": "launch failed"},
+                   {"layer": "step", "programs": 16, "layers": 4, "ok": True, "us": 40.0}],
           "wide_gemv": [{"shape": "31B o_proj full", "programs": 128, "ok": True, "us": 13.0},
                         {"shape": "31B o_proj full", "programs": 64, "ok": True, "us": 11.0}]}
     by_what = {p.what: p for p in checklist.STAGE_PREDICTIONS}
@@ -134,8 +142,9 @@ def test_stage_verdicts_of_a_hand_written_run(capsys, tmp_path):
     assert value("`cluster_push`, 16 programs, a stage") == 0.5
     assert value("`cluster_push`, 2 programs, a stage") is None  # its check failed: no verdict on it
     assert value("`stream` DRAM, 132 programs") == 3.0
-    assert value("E2B layer's GEMVs in one cluster of 16, a layer") == 4.0  # (20 - 8) / 3
+    assert value("E2B full layer's GEMVs in one cluster of 16, a layer") == 4.0  # (20 - 8) / 3
     assert value("E2B sliding layer in one cluster of 16, a layer") is None  # its 4-layer row failed
+    assert value("E2B step's layers (3 sliding, the full one's GEMVs) in one cluster of 16, one replay") == 40.0
     assert value("31B o_proj full, 128 programs") == 13.0
     path = tmp_path / "stage_boundary.json"
     path.write_text(json.dumps(sb))
@@ -143,3 +152,4 @@ def test_stage_verdicts_of_a_hand_written_run(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "| `cluster_push`, 16 programs, a stage | 0.35-0.6 µs |" in out and "| 0.50 | in range |" in out
     assert "| 3.00 | below |" in out and "| 13.00 | above |" in out and "| 4.00 | in range |" in out
+    assert "| 40.00 | above |" in out  # the step's layers: 17-32 µs predicted

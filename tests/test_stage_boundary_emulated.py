@@ -14,11 +14,16 @@ graph's first replay on the GPU the same way; nvcc compiling it for every target
 tests/test_cuda_build.py's."""
 from __future__ import annotations
 
+import subprocess
+
 import numpy as np
 import pytest
 import torch
 
 import emulated
+from benchmarks import bench_stage_boundary
+from gemma4_mtp.config import FULL, SLIDING
+from gemma4_mtp.drafter import real_shape_config
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +144,10 @@ def gemv_chain(stages, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return x
 
 
-E2B_LAYER = [(2048, 256, 1, 0), (256, 2048, 0, 0), (4096, 256, 1, 0), (256, 2048, 0, 1)]
-# a sliding layer: q_norm and attention over a 512-token window of one key-value head after q_proj
-E2B_SLIDING_LAYER = [E2B_LAYER[0], (2048, 256, 1, 0, 512), *E2B_LAYER[1:]]
+# E2B's layers as the benchmark runs them (its shapes from drafter_shapes): the full layer's GEMVs; a sliding
+# layer, 4 query heads with their q_norm and attention over a 512-token window of one key-value head after q_proj
+E2B_LAYER = bench_stage_boundary.layer_stages("E2B", FULL)
+E2B_SLIDING_LAYER = bench_stage_boundary.layer_stages("E2B", SLIDING)
 
 
 def weight_count(stage) -> int:
@@ -190,6 +196,7 @@ def test_gemv_chain(binary, tmp_path, programs, stages, schedule):
     (16, E2B_SLIDING_LAYER, "rr"),   # 32 keys a program: a chunk of keys, one of values
     (8, E2B_SLIDING_LAYER, "ahead"),  # 64: two of each
     (4, E2B_SLIDING_LAYER, "behind"),  # 128: the ring full of one program's keys and values
+    (16, [(2048, 256, 1, 0), (2048, 256, 1, 0, 512), (256, 2048, 0, 0)], "ahead"),  # 8 heads
 ], ids=lambda v: str(v) if not isinstance(v, list) else f"{len(v)}stages")
 def test_gemv_chain_attention(binary, tmp_path, programs, stages, schedule):
     """A sliding layer in one cluster (cluster_gemv.cuh's attention stage) against float64: each program's
@@ -197,6 +204,27 @@ def test_gemv_chain_attention(binary, tmp_path, programs, stages, schedule):
     pushed to the programs owning the entries with each head's max and exp-sum, merged there and pushed to
     every program as a GEMV's rows; two attention stages in a chain (the partials' mbarrier phase)."""
     run_gemv_chain(binary, tmp_path, programs, stages, schedule)
+
+
+def test_gemv_chain_e2b_step_layers(binary, tmp_path):
+    """E2B's four layers in the step's order, three sliding layers and then the full layer's GEMVs, in one
+    chain of 19 stages on 16 programs (the benchmark's "step" row): the ring and the partials' mbarriers
+    carried across layers of both kinds."""
+    stages = [st for lt in real_shape_config("E2B").text.layer_types
+              for st in bench_stage_boundary.layer_stages("E2B", lt)]
+    assert len(stages) == 19
+    run_gemv_chain(binary, tmp_path, 16, stages, "ahead")
+
+
+@pytest.mark.parametrize("spec", ["64:32:0", "64:32:0:0:", "64:32:0:0:8:1", "64:32:x:0", "64:32:0:0,,32:64:0:0",
+                                  ",".join(["8:8:0:0"] * 33)])
+def test_gemv_chain_spec_refused(binary, tmp_path, spec):
+    """cluster_gemv::append_stages, which reads the chains of the benchmark's command line: an entry that is not
+    4 or 5 integers joined by ':', an empty entry, more than kMaxStages stages: the driver says so, nothing
+    launches."""
+    done = subprocess.run([str(binary), f"dir={tmp_path}", "mode=gemv", "programs=2", f"chain={spec}"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stdout.startswith("FAIL chain="), done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("programs,chain_arg", [
@@ -228,6 +256,8 @@ def test_gemv_chain_refused(binary, tmp_path, programs, chain_arg):
     (4, 128, 256, 0, "rr"),      # 32-row chunks
     (8, 64, 256, 1, "ahead"),    # a block smaller than a chunk: one 8-row chunk of 4 KiB
     (4, 32, 512, 0, "behind"),   # one 8 KiB chunk, two units a row
+    (128, 256, 1024, 0, "rr"),   # E2B's sliding o_proj on 128 programs: two rows a program, 4 KiB
+    (128, 1024, 256, 1, "ahead"),  # E2B's sliding q_proj on 128 programs: 8 rows a program, 4 KiB
 ])
 def test_wide_gemv(binary, tmp_path, programs, n, k, norm, schedule):
     """stream_gemv.cuh's GEMV (every program its rows, streamed through a ring of bulk copies) against

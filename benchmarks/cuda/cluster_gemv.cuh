@@ -23,7 +23,10 @@
 // exchanges, no barrier.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "gemma4_mtp/cluster.cuh"
 #include "gemma4_mtp/common.cuh"
@@ -93,6 +96,32 @@ __host__ __device__ inline int stage_chunk_rows(const Stage& st, int programs) {
 }
 __host__ __device__ inline int stage_chunks(const Stage& st, int programs) {
   return (st.window ? 2 * (st.window / programs) : st.n / programs) / stage_chunk_rows(st, programs);
+}
+
+// Appends the stages written in `spec` ("n:k:norm:glu[:window],...", the form in which the benchmark's
+// and the emulation's command lines take a chain) to c; false when an entry is not 4 or 5 integers or c
+// would hold more than kMaxStages stages. What the shapes must be is valid's to say.
+inline bool append_stages(const std::string& spec, Chain* c) {
+  size_t pos = 0;
+  while (pos < spec.size()) {
+    const size_t end = std::min(spec.find(',', pos), spec.size());
+    const std::string entry = spec.substr(pos, end - pos);
+    int f[5] = {0, 0, 0, 0, 0}, fields = 0;
+    const char* s = entry.c_str();
+    for (;;) {  // an integer, then ':' and another or the entry's end
+      char* next = nullptr;
+      const long v = std::strtol(s, &next, 10);
+      if (next == s || fields == 5) return false;
+      f[fields++] = static_cast<int>(v);
+      if (*next == '\0') break;
+      if (*next != ':') return false;
+      s = next + 1;
+    }
+    if (fields < 4 || c->stages >= kMaxStages) return false;
+    c->stage[c->stages++] = Stage{nullptr, f[0], f[1], f[2], f[3], f[4]};
+    pos = end + 1;
+  }
+  return true;
 }
 
 // Whether the chain can run on `programs`: the shapes above, each stage's input what the one before

@@ -2,7 +2,11 @@
 // stage_boundary.cuh in CUDA graphs and prints one JSON object.
 //
 //   stage_boundary [programs=1,8,32,66,132,264] [cluster_programs=2,4,8,16] [n=2048] [stages=32] [replays=40]
-//                  [repeats=7] [stream_programs=1,8,16,132] [wide_programs=128]
+//                  [repeats=7] [stream_programs=1,8,16,132] [wide_programs=128] [sliding_layer=STAGES]
+//                  [full_layer=STAGES] [step=KIND,...] [wide=STAGES]
+//
+// STAGES: n:k:norm:glu[:window],... (cluster_gemv::append_stages). The drafters' shapes are not written here:
+// bench_stage_boundary.py passes them, from gemma4_mtp_kernels.drafter_shapes.
 //
 // For each mode and program count: the chain with 1 stage and with `stages` stages, each captured in a
 // graph and replayed `replays` times between two events, `repeats` times; us_per_stage is the slope
@@ -15,10 +19,11 @@
 // cluster_programs (sm_90; sizes above 8 opted in, skipped where cudaOccupancyMaxActiveClusters finds none).
 // Then "stream": for each of stream_programs, what that many programs (one an SM) read per second from L2
 // (a 256 KiB slice each, re-read) and from DRAM (8 MiB each at least, 128 MiB in all at least), the slope
-// between 1 and 9 passes (L2) or 1 and 3 (DRAM), each program's sums checked. Then "gemv": E2B layers
-// in one cluster of each of cluster_programs (cluster_gemv.cuh), their GEMVs and then whole sliding layers,
-// 1 and 4 layers, checked against float64. Then "wide_gemv": 31B's and E2B's glue GEMVs on each of wide_programs
-// (stream_gemv.cuh), µs a launch with every launch's weights cold in L2, checked against float64.
+// between 1 and 9 passes (L2) or 1 and 3 (DRAM), each program's sums checked. Then "gemv": layers in one
+// cluster of each of cluster_programs (cluster_gemv.cuh): 1 and 4 of full_layer (a full layer's GEMVs) and of
+// sliding_layer (a whole sliding layer), then the layers of `step` in order in one chain, checked against
+// float64. Then "wide_gemv": each GEMV of `wide` on each of wide_programs (stream_gemv.cuh), µs a launch with
+// every launch's weights cold in L2, checked against float64.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -215,22 +220,6 @@ std::string time_graph(cudaGraph_t graph, cudaGraphExec_t exec, int warmups, int
   return "";
 }
 
-// A drafter layer's GEMVs at E2B's shapes, `layers` times: q_proj (256 -> 2048, its input normed),
-// o_proj (2048 -> 256), gate_up (256 -> 4096, normed), down_proj (the gate_up output folded by the GLU,
-// 2048 -> 256); 5 MiB of weights a layer. With `attention`, a sliding layer: the 8 heads' q_norm and
-// attention over a 512-token window of one key-value head (0.5 MiB) between q_proj and o_proj.
-std::vector<cluster_gemv::Stage> e2b_layers(int layers, bool attention) {
-  std::vector<cluster_gemv::Stage> st;
-  for (int l = 0; l < layers; ++l) {
-    st.push_back({nullptr, 2048, 256, 1, 0});
-    if (attention) st.push_back({nullptr, 2048, 256, 1, 0, 512});
-    st.push_back({nullptr, 256, 2048, 0, 0});
-    st.push_back({nullptr, 4096, 256, 1, 0});
-    st.push_back({nullptr, 256, 2048, 0, 1});
-  }
-  return st;
-}
-
 // An attention stage on the host, in double: x (heads x k) each head normed (s.norm), softmax(q K^T) V over
 // the window's keys K and values V (bf16 as floats, [2, window, k] at kv).
 std::vector<double> attention_reference(const cluster_gemv::Stage& s, const float* kv, std::vector<double> x) {
@@ -327,24 +316,24 @@ bool matches(const std::vector<double>& want, const std::vector<float>& got) {
   return err <= 1e-3 * top;
 }
 
-// One gemv chain of `layers` E2B layers (sliding layers with `attention`) on one cluster of `programs`: its
-// graph replay's median time and whether its output matches the host's (relative 1e-3 of the largest entry).
-std::string time_gemv(int layers, bool attention, int programs, int replays, int repeats, cudaStream_t stream,
-                      double* us, bool* ok) {
-  std::vector<cluster_gemv::Stage> st = e2b_layers(layers, attention);
+// One chain of stages (`st`: E2B layers, as bench_stage_boundary.py writes them) on one cluster of `programs`:
+// its graph replay's median time and whether its output matches the host's (relative 1e-3 of the largest entry).
+std::string time_gemv(const std::vector<cluster_gemv::Stage>& st, int programs, int replays, int repeats,
+                      cudaStream_t stream, double* us, bool* ok) {
   size_t total = 0;
   for (const auto& s : st) total += cluster_gemv::weight_count(s);
   const HostWeights wh = host_weights(total);
-  const std::vector<float> x0 = host_input(256);
+  const std::vector<float> x0 = host_input(cluster_gemv::input_len(st.front()));
+  const size_t out = static_cast<size_t>(st.back().n);
   __nv_bfloat16* w = nullptr;
   float *x = nullptr, *y = nullptr;
   TRY(cudaMalloc(&w, total * sizeof(__nv_bfloat16)));
   TRY(cudaMalloc(&x, x0.size() * sizeof(float)));
-  TRY(cudaMalloc(&y, 256 * sizeof(float)));
+  TRY(cudaMalloc(&y, out * sizeof(float)));
   // on the timed stream: a non-blocking stream does not wait for the legacy stream's copies
   TRY(cudaMemcpyAsync(w, wh.bf16.data(), total * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice, stream));
   TRY(cudaMemcpyAsync(x, x0.data(), x0.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
-  TRY(cudaMemsetAsync(y, 0xFF, 256 * sizeof(float), stream));  // NaN until the chain writes it
+  TRY(cudaMemsetAsync(y, 0xFF, out * sizeof(float), stream));  // NaN until the chain writes it
   cluster_gemv::Chain c{};
   size_t off = 0;
   for (size_t i = 0; i < st.size(); ++i) {
@@ -364,31 +353,18 @@ std::string time_gemv(int layers, bool attention, int programs, int replays, int
   TRY(cudaGraphInstantiate(&exec, graph, 0));
   TRY(cudaGraphLaunch(exec, stream));
   TRY(cudaStreamSynchronize(stream));
-  std::vector<float> got(256);
-  TRY(cudaMemcpy(got.data(), y, 256 * sizeof(float), cudaMemcpyDeviceToHost));
+  std::vector<float> got(out);
+  TRY(cudaMemcpy(got.data(), y, out * sizeof(float), cudaMemcpyDeviceToHost));
   *ok = matches(gemv_reference(st, wh.f32, x0), got);
   return time_graph(graph, exec, 10, replays, repeats, stream, us, {w, x, y});
 }
 
-// The drafters' glue GEMVs at one token, each on every SM from a ring of bulk copies (stream_gemv.cuh):
-// 31B's (8-32 MiB, bandwidth) and E2B's (1-2 MiB, latency).
-struct WideShape {
-  const char* name;
-  int n, k, norm;
-};
-constexpr WideShape kWideShapes[] = {{"31B q_proj full / gate_up", 16384, 1024, 1},
-                                     {"31B o_proj full", 1024, 16384, 0},
-                                     {"31B o_proj sliding / down_proj", 1024, 8192, 0},
-                                     {"31B q_proj sliding", 8192, 1024, 1},
-                                     {"E2B q_proj", 2048, 256, 1},
-                                     {"E2B o_proj / down_proj", 256, 2048, 0},
-                                     {"E2B gate_up", 4096, 256, 1}};
-
-// One wide GEMV on `programs`: µs a launch, in a graph of `copies` back-to-back launches each over its own
+// One wide GEMV (a stage of n, k and norm: a drafter's glue GEMV at one token, as bench_stage_boundary.py writes
+// them) on `programs`: µs a launch, in a graph of `copies` back-to-back launches each over its own
 // copy of the weights (together >= 3x the L2, at most 64, as benchmarks/timer.py rotates inputs: the
 // launches read DRAM), and whether the first launch matches the host's float64 GEMV (relative 1e-3 of the
 // largest entry).
-std::string time_wide(const WideShape& shape, int programs, size_t l2_bytes, int replays, int repeats,
+std::string time_wide(const cluster_gemv::Stage& shape, int programs, size_t l2_bytes, int replays, int repeats,
                       cudaStream_t stream, double* us, int* copies, bool* ok) {
   const size_t count = static_cast<size_t>(shape.n) * shape.k, bytes = count * sizeof(__nv_bfloat16);
   *copies = static_cast<int>(std::min<size_t>(64, std::max<size_t>(2, (3 * l2_bytes + bytes - 1) / bytes)));
@@ -413,7 +389,7 @@ std::string time_wide(const WideShape& shape, int programs, size_t l2_bytes, int
   std::vector<float> got(static_cast<size_t>(shape.n));
   TRY(cudaMemcpy(got.data(), y, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
   // the chain's reference of one GEMV stage (normed as the glue norms)
-  *ok = matches(gemv_reference({cluster_gemv::Stage{nullptr, shape.n, shape.k, shape.norm, 0}}, wh.f32, x0), got);
+  *ok = matches(gemv_reference({shape}, wh.f32, x0), got);
   TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   cudaError_t launched = cudaSuccess;
   for (int c = 0; c < *copies && launched == cudaSuccess; ++c) {
@@ -453,6 +429,17 @@ int main(int argc, char** argv) {
   std::vector<int> programs_list = {1, 8, 32, 66, 132, 264}, cluster_list = {2, 4, 8, 16};
   std::vector<int> stream_list = {1, 8, 16, 132}, wide_list = {128};
   int n = 2048, stages = 32, replays = 40, repeats = 7;
+  // the layers and GEMVs of the "gemv" and "wide_gemv" rows: none unless given (bench_stage_boundary.py writes
+  // them from the drafters' shapes)
+  cluster_gemv::Chain sliding_layer{}, full_layer{}, wide{};
+  std::vector<std::string> step;
+  auto chain_arg = [](const std::string& key, const std::string& value, cluster_gemv::Chain* c) {
+    *c = cluster_gemv::Chain{};
+    if (cluster_gemv::append_stages(value, c)) return true;
+    std::fprintf(stderr, "%s=%s: expected n:k:norm:glu[:window],... (at most %d)\n", key.c_str(), value.c_str(),
+                 cluster_gemv::kMaxStages);
+    return false;
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const size_t eq = arg.find('=');
@@ -465,7 +452,21 @@ int main(int argc, char** argv) {
     else if (key == "stages") stages = std::atoi(value.c_str());
     else if (key == "replays") replays = std::atoi(value.c_str());
     else if (key == "repeats") repeats = std::atoi(value.c_str());
-    else {
+    else if (key == "sliding_layer" || key == "full_layer" || key == "wide") {
+      cluster_gemv::Chain* c = key == "wide" ? &wide : key == "full_layer" ? &full_layer : &sliding_layer;
+      if (!chain_arg(key, value, c)) return 2;
+    } else if (key == "step") {
+      step.clear();
+      for (size_t pos = 0; pos <= value.size();) {
+        const size_t comma = std::min(value.find(',', pos), value.size());
+        step.push_back(value.substr(pos, comma - pos));
+        if (step.back() != "sliding" && step.back() != "full") {
+          std::fprintf(stderr, "step=%s: expected layer kinds, sliding or full, comma-separated\n", value.c_str());
+          return 2;
+        }
+        pos = comma + 1;
+      }
+    } else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);
       return 2;
     }
@@ -588,43 +589,63 @@ int main(int argc, char** argv) {
     }
   }
   CHECK(cudaFree(sums));
-  // E2B layers' GEMVs in one cluster, then whole sliding layers: 1 and 4 layers (the slope is a layer
-  // without the launch)
+  // E2B's layers in one cluster: the full layer's GEMVs (its attention is the whole GPU's), whole sliding layers,
+  // 1 and 4 of each (the slope is a layer without the launch), then the step's layers in order in one chain
   std::printf("\n], \"gemv\": [");
   first = true;
-  for (int attention : {0, 1}) {
+  struct GemvRow {
+    const char* layer;
+    int layers;
+    std::vector<cluster_gemv::Stage> stages;
+  };
+  std::vector<GemvRow> gemv_rows;
+  auto layer_stages = [&](const std::string& kind) {
+    const cluster_gemv::Chain& l = kind == "full" ? full_layer : sliding_layer;
+    return std::vector<cluster_gemv::Stage>(l.stage, l.stage + l.stages);
+  };
+  for (const char* kind : {"full", "sliding"})
+    for (int layers : {1, 4}) {
+      GemvRow row{kind, layers, {}};
+      for (int l = 0; l < layers; ++l)
+        for (const auto& st : layer_stages(kind)) row.stages.push_back(st);
+      if (!row.stages.empty()) gemv_rows.push_back(row);
+    }
+  if (!step.empty()) {
+    GemvRow row{"step", static_cast<int>(step.size()), {}};
+    for (const std::string& kind : step)
+      for (const auto& st : layer_stages(kind)) row.stages.push_back(st);
+    gemv_rows.push_back(row);
+  }
+  for (const GemvRow& row : gemv_rows) {
+    size_t bytes = 0;
+    for (const auto& st : row.stages) bytes += cluster_gemv::weight_count(st) * sizeof(__nv_bfloat16);
     for (int programs : cluster_list) {
-      for (int layers : {1, 4}) {
-        std::printf("%s\n  {\"programs\": %d, \"layers\": %d, \"attention\": %s", first ? "" : ",", programs,
-                    layers, attention ? "true" : "false");
-        first = false;
-        const cluster_gemv::Chain shape = [&] {
-          cluster_gemv::Chain c{};
-          const auto st = e2b_layers(layers, attention);
-          for (size_t i = 0; i < st.size(); ++i) c.stage[i] = st[i];
-          c.stages = static_cast<int>(st.size());
-          return c;
-        }();
-        const char* skip =
-            !cluster_gemv::valid(shape, programs)
-                ? "E2B's shapes do not split over this many programs"
-                : cluster_unfit(reinterpret_cast<const void*>(cluster_gemv::chain_kernel), programs,
-                                cluster_gemv::kThreads, cluster_gemv::smem_bytes(shape, programs), major);
-        if (skip != nullptr) {
-          std::printf(", \"skipped\": \"%s\"}", skip);
-          continue;
-        }
-        double us = 0;
-        bool ok = false;
-        std::string error = time_gemv(layers, attention, programs, replays, repeats, stream, &us, &ok);
-        if (print_error(error)) {
-          all_ok = false;
-          continue;
-        }
-        all_ok = all_ok && ok;
-        std::printf(", \"ok\": %s, \"us\": %.3f}", ok ? "true" : "false", us);
-        std::fflush(stdout);
+      std::printf("%s\n  {\"layer\": \"%s\", \"programs\": %d, \"layers\": %d, \"bytes\": %zu", first ? "" : ",",
+                  row.layer, programs, row.layers, bytes);
+      first = false;
+      cluster_gemv::Chain shape{};
+      const bool fits = row.stages.size() <= static_cast<size_t>(cluster_gemv::kMaxStages);
+      for (size_t i = 0; fits && i < row.stages.size(); ++i) shape.stage[i] = row.stages[i];
+      shape.stages = static_cast<int>(row.stages.size());
+      const char* skip =
+          !fits || !cluster_gemv::valid(shape, programs)
+              ? "the layers do not split over this many programs (or exceed the chain's stages)"
+              : cluster_unfit(reinterpret_cast<const void*>(cluster_gemv::chain_kernel), programs,
+                              cluster_gemv::kThreads, cluster_gemv::smem_bytes(shape, programs), major);
+      if (skip != nullptr) {
+        std::printf(", \"skipped\": \"%s\"}", skip);
+        continue;
       }
+      double us = 0;
+      bool ok = false;
+      std::string error = time_gemv(row.stages, programs, replays, repeats, stream, &us, &ok);
+      if (print_error(error)) {
+        all_ok = false;
+        continue;
+      }
+      all_ok = all_ok && ok;
+      std::printf(", \"ok\": %s, \"us\": %.3f}", ok ? "true" : "false", us);
+      std::fflush(stdout);
     }
   }
   // the drafters' glue GEMVs, each on every SM (one program an SM) from a ring of bulk copies
@@ -632,14 +653,16 @@ int main(int argc, char** argv) {
   CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
   std::printf("\n], \"wide_gemv\": [");
   first = true;
-  for (const WideShape& shape : kWideShapes) {
+  for (int i = 0; i < wide.stages; ++i) {
+    const cluster_gemv::Stage& shape = wide.stage[i];
     for (int programs : wide_list) {
-      std::printf("%s\n  {\"shape\": \"%s\", \"n\": %d, \"k\": %d, \"programs\": %d, \"bytes\": %zu",
-                  first ? "" : ",", shape.name, shape.n, shape.k, programs,
+      std::printf("%s\n  {\"n\": %d, \"k\": %d, \"norm\": %d, \"programs\": %d, \"bytes\": %zu", first ? "" : ",",
+                  shape.n, shape.k, shape.norm, programs,
                   static_cast<size_t>(shape.n) * shape.k * sizeof(__nv_bfloat16));
       first = false;
       const stream_gemv::Gemv g{nullptr, nullptr, nullptr, shape.n, shape.k, shape.norm};
-      const char* skip = major < 9                                ? "needs sm_90 (bulk copies)"
+      const char* skip = shape.glu || shape.window                ? "a GEMV has no glu or window"
+                         : major < 9                              ? "needs sm_90 (bulk copies)"
                          : !stream_gemv::valid(g, programs)        ? "the shape does not split over this many programs"
                          : stream_gemv::smem_bytes(g, programs) > static_cast<size_t>(prop.sharedMemPerBlockOptin)
                              ? "its shared memory exceeds the device's"

@@ -74,15 +74,12 @@ int main(int argc, char** argv) {
   }
   if (mode_name == "gemv") {
     cluster_gemv::Chain c{};
-    const std::string spec = a.str("chain");
-    size_t pos = 0, weights = 0;
-    while (pos < spec.size() && c.stages < cluster_gemv::kMaxStages) {
-      const size_t end = std::min(spec.find(',', pos), spec.size());
-      cluster_gemv::Stage& st = c.stage[c.stages++];
-      std::sscanf(spec.substr(pos, end - pos).c_str(), "%d:%d:%d:%d:%d", &st.n, &st.k, &st.norm, &st.glu, &st.window);
-      weights += cluster_gemv::weight_count(st);
-      pos = end + 1;
+    if (!cluster_gemv::append_stages(a.str("chain"), &c) || c.stages == 0) {
+      std::printf("FAIL chain=%s is not n:k:norm:glu[:window],...\n", a.str("chain").c_str());
+      return 1;
     }
+    size_t weights = 0;
+    for (int i = 0; i < c.stages; ++i) weights += cluster_gemv::weight_count(c.stage[i]);
     const int in = cluster_gemv::input_len(c.stage[0]), out = c.stage[c.stages - 1].n;
     Buffer x = load(dir, "x", 1, in, in, 4);
     Buffer w = load(dir, "w", 1, static_cast<int64_t>(weights), static_cast<int64_t>(weights), 2);
