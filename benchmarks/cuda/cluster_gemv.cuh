@@ -34,6 +34,7 @@
 #include "gemma4_mtp/rms_norm_linear.cuh"  // glue::gelu_tanh, the drafter MLP's GELU
 
 #include "block_sum.cuh"
+#include "bulk_ring.cuh"
 
 namespace cluster_gemv {
 
@@ -46,6 +47,7 @@ constexpr int kChunkBytes = 16 * 1024;
 constexpr int kRing = 8;
 constexpr int kMaxK = 4096;   // input entries of a stage (a glu stage receives 2 k <= 2 kMaxK)
 constexpr float kEps = 1e-6f;
+using Ring = BulkRing<kRing, kChunkBytes>;
 
 struct Stage {
   const __nv_bfloat16* w;  // [n, k], 16-byte aligned (attention: keys then values, [2, window, k])
@@ -171,7 +173,7 @@ __host__ __device__ inline Extent extent(const Chain& c, int programs) {
 // partials' mbarriers.
 inline size_t smem_bytes(const Chain& c, int programs) {
   const Extent e = extent(c, programs);
-  return static_cast<size_t>(kRing) * kChunkBytes + 2 * static_cast<size_t>(e.vec) * 4 +
+  return Ring::kBytes + 2 * static_cast<size_t>(e.vec) * 4 +
          static_cast<size_t>(e.rows) * 4 + static_cast<size_t>(e.attention) * 4 + (kRing * kMaxUnits + kWarps) * 4 +
          (kRing + 3) * 8;
 }
@@ -192,8 +194,8 @@ __device__ inline bool find_chunk(const Chain& c, int programs, int j, int* stag
   return false;
 }
 
-// Thread 0: bulk-copies chunk j (if any) of this program's weights into ring buffer j % kRing.
-__device__ inline void issue_chunk(const Chain& c, int programs, int rank, int j, unsigned char* ring, uint64_t* full) {
+// Thread 0: bulk-copies chunk j (if any) of this program's weights into the ring.
+__device__ inline void issue_chunk(const Chain& c, int programs, int rank, int j, const Ring& ring) {
   int s, row0, rows;
   if (!find_chunk(c, programs, j, &s, &row0, &rows)) return;
   const Stage& st = c.stage[s];
@@ -202,11 +204,7 @@ __device__ inline void issue_chunk(const Chain& c, int programs, int rank, int j
     const int keys = st.window / programs;
     first = (row0 < keys ? 0 : st.window) + rank * keys + row0 % keys;
   }
-  const unsigned bytes = static_cast<unsigned>(rows * st.k * 2);
-  uint64_t* bar = &full[j % kRing];
-  mbarrier_arrive_expect_tx(bar, bytes);
-  bulk_copy_g2s(ring + static_cast<size_t>(j % kRing) * kChunkBytes, st.w + static_cast<size_t>(first) * st.k,
-                bytes, bar);
+  ring.fill(j, st.w + static_cast<size_t>(first) * st.k, static_cast<unsigned>(rows * st.k * 2));
 }
 
 // An attention stage's scores and partial output for H heads (x: H * kHeadDim query entries) over the
@@ -215,18 +213,17 @@ __device__ inline void issue_chunk(const Chain& c, int programs, int rank, int j
 // scores first), its exp-weighted sum of the values to out (H * kHeadDim). Ends with the ring's buffers read
 // and out, stat written.
 template <int H>
-__device__ void attend(const float* x, const unsigned char* ring, uint64_t* full, int j, int cr, int keys,
+__device__ void attend(const float* x, const Ring& ring, int j, int cr, int keys,
                        float* scores, float* stat, float* out) {
   static_assert(32 % H == 0 && kHeadDim == kThreads, "32 / H keys a transposed reduction; a column a thread");
   constexpr int kPer = 32 / H;
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int kc = keys / cr;  // chunks of keys (as many of values follow)
   auto row = [&](int chunk, int r) {  // row r of the stream's chunk j + chunk in the ring
-    return reinterpret_cast<const __nv_bfloat16*>(ring + static_cast<size_t>((j + chunk) % kRing) * kChunkBytes) +
-           static_cast<size_t>(r) * kHeadDim;
+    return ring.slot<const __nv_bfloat16>(j + chunk) + static_cast<size_t>(r) * kHeadDim;
   };
   for (int g = 0; g < 2 * kc; ++g)  // every chunk's bytes first, as a GEMV's group
-    mbarrier_wait(&full[(j + g) % kRing], static_cast<unsigned>((j + g) / kRing) & 1u);
+    ring.wait(j + g);
   // scores: a warp takes every kWarps-th key, 8 columns a lane, kPer keys' H dot products summed at once
   float q[H][8];
 #pragma unroll
@@ -306,8 +303,7 @@ __device__ void attend(const float* x, const unsigned char* ring, uint64_t* full
 // phase `phase`: the program's merged entries of the output to y_rows. x is the program's copy of the input
 // (each head's q_norm applied in place); att, attention_floats(st) floats.
 __device__ void attention_stage(const Chain& c, const Stage& st, int programs, int rank, int j, unsigned phase,
-                                float* x, float* att, float* y_rows, unsigned char* ring, uint64_t* full,
-                                uint64_t* abar) {
+                                float* x, float* att, float* y_rows, const Ring& ring, uint64_t* abar) {
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int rows = st.n / programs;
   const int heads = st.n / st.k, keys = st.window / programs, cr = stage_chunk_rows(st, programs);
@@ -329,13 +325,13 @@ __device__ void attention_stage(const Chain& c, const Stage& st, int programs, i
     __syncthreads();
   }
   switch (heads) {  // valid() admits these
-    case 1: attend<1>(x, ring, full, j, cr, keys, scores, stat, own); break;
-    case 2: attend<2>(x, ring, full, j, cr, keys, scores, stat, own); break;
-    case 4: attend<4>(x, ring, full, j, cr, keys, scores, stat, own); break;
-    default: attend<8>(x, ring, full, j, cr, keys, scores, stat, own); break;
+    case 1: attend<1>(x, ring, j, cr, keys, scores, stat, own); break;
+    case 2: attend<2>(x, ring, j, cr, keys, scores, stat, own); break;
+    case 4: attend<4>(x, ring, j, cr, keys, scores, stat, own); break;
+    default: attend<8>(x, ring, j, cr, keys, scores, stat, own); break;
   }
   if (threadIdx.x == 0)  // the keys' and values' buffers refilled with the chunks kRing further on
-    for (int g = 0; g < stage_chunks(st, programs); ++g) issue_chunk(c, programs, rank, j + g + kRing, ring, full);
+    for (int g = 0; g < stage_chunks(st, programs); ++g) issue_chunk(c, programs, rank, j + g + kRing, ring);
   // to each program its entries of this partial output, and every head's statistics
   const int per = rows / 4 + stats / 4;
   for (int t = static_cast<int>(threadIdx.x); t < programs * per; t += kThreads) {
@@ -365,7 +361,7 @@ __device__ void attention_stage(const Chain& c, const Stage& st, int programs, i
 // A GEMV stage (the header says how), chunks j, j + 1, ... of the stream its weights: the program's rows
 // of the output to y_rows. x is the program's copy of the input (the GLU folded in place).
 __device__ void gemv_stage(const Chain& c, const Stage& st, int programs, int rank, int j, float* x, float* y_rows,
-                           float* partial, float* red, unsigned char* ring, uint64_t* full) {
+                           float* partial, float* red, const Ring& ring) {
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   if (st.glu) {  // in place: entry i reads i and k + i, and only i is written
     for (int i = static_cast<int>(threadIdx.x); i < st.k; i += kThreads) x[i] = glue::gelu_tanh(x[i]) * x[st.k + i];
@@ -386,7 +382,7 @@ __device__ void gemv_stage(const Chain& c, const Stage& st, int programs, int ra
   for (int c0 = 0; c0 < chunks; c0 += kRing) {
     const int group = min(kRing, chunks - c0), units = group * cr * upr;
     for (int g = 0; g < group; ++g)  // the group's bytes first: then its loads need no wait between them
-      mbarrier_wait(&full[(j + c0 + g) % kRing], static_cast<unsigned>((j + c0 + g) / kRing) & 1u);
+      ring.wait(j + c0 + g);
     float acc[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
@@ -396,8 +392,7 @@ __device__ void gemv_stage(const Chain& c, const Stage& st, int programs, int ra
         const int r = u % (cr * upr) / upr, col = u % upr * 256 + 8 * lane;
         const int jc = j + c0 + u / (cr * upr);  // the unit's chunk's place in the weight stream
         if (col < st.k) {
-          const auto* w =
-              reinterpret_cast<const __nv_bfloat16*>(ring + static_cast<size_t>(jc % kRing) * kChunkBytes);
+          const __nv_bfloat16* w = ring.slot<const __nv_bfloat16>(jc);
           const uint4 wv = *reinterpret_cast<const uint4*>(w + static_cast<size_t>(r) * st.k + col);
           const __nv_bfloat16* we = reinterpret_cast<const __nv_bfloat16*>(&wv);
 #pragma unroll
@@ -414,7 +409,7 @@ __device__ void gemv_stage(const Chain& c, const Stage& st, int programs, int ra
       y_rows[c0 * cr + t] = scale * sum;
     }
     if (threadIdx.x == 0)  // the group's buffers refilled with the chunks kRing further on
-      for (int g = 0; g < group; ++g) issue_chunk(c, programs, rank, j + c0 + g + kRing, ring, full);
+      for (int g = 0; g < group; ++g) issue_chunk(c, programs, rank, j + c0 + g + kRing, ring);
     __syncthreads();  // partial is rewritten by the next group
   }
 }
@@ -426,9 +421,7 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(Chain c) {
   const Extent e = extent(c, programs);
   const int vec = e.vec;
   unsigned char* smem = dynamic_smem();
-  unsigned char* ring = smem;
-  float* xbuf[2] = {reinterpret_cast<float*>(smem + static_cast<size_t>(kRing) * kChunkBytes),
-                    reinterpret_cast<float*>(smem + static_cast<size_t>(kRing) * kChunkBytes) + vec};
+  float* xbuf[2] = {reinterpret_cast<float*>(smem + Ring::kBytes), reinterpret_cast<float*>(smem + Ring::kBytes) + vec};
   float* y_rows = xbuf[1] + vec;
   float* att = y_rows + e.rows;  // an attention stage's buffers (attention_floats)
   float* partial = att + e.attention;
@@ -436,13 +429,14 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(Chain c) {
   uint64_t* full = reinterpret_cast<uint64_t*>(red + kWarps);  // 8-byte aligned: an even count of floats before
   uint64_t* xbar = full + kRing;
   uint64_t* abar = xbar + 2;  // the attention partials received
+  const Ring ring{smem, full};
   if (threadIdx.x == 0) {
-    for (int b = 0; b < kRing; ++b) mbarrier_init(&full[b], 1);
+    ring.init();
     mbarrier_init(&xbar[0], 1);
     mbarrier_init(&xbar[1], 1);
     mbarrier_init(abar, 1);
     fence_mbarrier_init();
-    for (int j = 0; j < kRing; ++j) issue_chunk(c, programs, rank, j, ring, full);
+    for (int j = 0; j < kRing; ++j) issue_chunk(c, programs, rank, j, ring);
   }
   for (int i = static_cast<int>(threadIdx.x); i < input_len(c.stage[0]); i += kThreads) xbuf[0][i] = c.x[i];
   cluster_sync();  // every program's mbarriers initialised before anyone pushes into it
@@ -457,10 +451,9 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(Chain c) {
     if (s > 0) mbarrier_wait<Scope::kCluster>((s & 1) ? &xbar[1] : &xbar[0], static_cast<unsigned>((s - 1) >> 1) & 1u);
     const int rows = st.n / programs;
     if (st.window) {
-      attention_stage(c, st, programs, rank, j, static_cast<unsigned>(attentions++) & 1u, x, att, y_rows, ring, full,
-                      abar);
+      attention_stage(c, st, programs, rank, j, static_cast<unsigned>(attentions++) & 1u, x, att, y_rows, ring, abar);
     } else {
-      gemv_stage(c, st, programs, rank, j, x, y_rows, partial, red, ring, full);
+      gemv_stage(c, st, programs, rank, j, x, y_rows, partial, red, ring);
     }
     j += stage_chunks(st, programs);
     // this program's rows of y_s to every program's copy of the next input (itself included)

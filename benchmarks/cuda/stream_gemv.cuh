@@ -18,6 +18,7 @@
 #include "gemma4_mtp/launch.cuh"
 
 #include "block_sum.cuh"
+#include "bulk_ring.cuh"
 
 namespace stream_gemv {
 
@@ -30,6 +31,7 @@ constexpr int kChunkElems = kChunkBytes / 2;
 constexpr int kRing = 8;
 constexpr int kMaxK = 16384;
 constexpr float kEps = 1e-6f;
+using Ring = BulkRing<kRing, kChunkBytes>;
 
 struct Gemv {
   const __nv_bfloat16* w;  // [n, k], 16-byte aligned
@@ -57,7 +59,7 @@ inline bool valid(const Gemv& g, int programs) {
 // Shared memory: the ring, x, the program's row totals, two chunks' unit sums, a norm's warp sums, the
 // ring's and x's mbarriers.
 inline size_t smem_bytes(const Gemv& g, int programs) {
-  return static_cast<size_t>(kRing) * kChunkBytes + static_cast<size_t>(g.k) * 4 +
+  return Ring::kBytes + static_cast<size_t>(g.k) * 4 +
          static_cast<size_t>((g.n / programs + 1) / 2 * 2) * 4 + (2 * kUnits + kWarps) * 4 + (kRing + 1) * 8;
 }
 
@@ -67,20 +69,18 @@ __global__ void __launch_bounds__(kThreads) wide_kernel(Gemv g) {
   const int chunks = rows * g.k / elems, units_per_chunk = elems / 256;
   const __nv_bfloat16* block = g.w + static_cast<size_t>(blockIdx.x) * rows * g.k;
   unsigned char* smem = dynamic_smem();
-  unsigned char* ring = smem;
-  float* x = reinterpret_cast<float*>(smem + static_cast<size_t>(kRing) * kChunkBytes);
+  float* x = reinterpret_cast<float*>(smem + Ring::kBytes);
   float* total = x + g.k;
   float* units = total + (rows + 1) / 2 * 2;  // [2][kUnits]
   float* red = units + 2 * kUnits;
   uint64_t* full = reinterpret_cast<uint64_t*>(red + kWarps);  // 8-byte aligned: even float counts before
   uint64_t* xbar = full + kRing;
-  auto issue = [&](int c) {  // thread 0: chunk c of the block into its ring buffer
-    mbarrier_arrive_expect_tx(&full[c % kRing], static_cast<unsigned>(elems) * 2u);
-    bulk_copy_g2s(ring + static_cast<size_t>(c % kRing) * kChunkBytes, block + static_cast<size_t>(c) * elems,
-                  static_cast<unsigned>(elems) * 2u, &full[c % kRing]);
+  const Ring ring{smem, full};
+  auto issue = [&](int c) {  // thread 0: chunk c of the block
+    ring.fill(c, block + static_cast<size_t>(c) * elems, static_cast<unsigned>(elems) * 2u);
   };
   if (threadIdx.x == 0) {  // x by a bulk copy too: one request, not a round trip per thread's loads
-    for (int b = 0; b < kRing; ++b) mbarrier_init(&full[b], 1);
+    ring.init();
     mbarrier_init(xbar, 1);
     fence_mbarrier_init();
     mbarrier_arrive_expect_tx(xbar, static_cast<unsigned>(g.k) * 4u);
@@ -100,8 +100,8 @@ __global__ void __launch_bounds__(kThreads) wide_kernel(Gemv g) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int upr = min(g.k / 256, units_per_chunk);  // a row's units in one chunk (a chunk may hold part of a row)
   for (int c = 0; c < chunks; ++c) {
-    mbarrier_wait(&full[c % kRing], static_cast<unsigned>(c / kRing) & 1u);
-    const auto* buf = reinterpret_cast<const __nv_bfloat16*>(ring + static_cast<size_t>(c % kRing) * kChunkBytes);
+    ring.wait(c);
+    const __nv_bfloat16* buf = ring.slot<const __nv_bfloat16>(c);
     float* sums = units + (c & 1) * kUnits;
     uint4 wv[kPasses];
 #pragma unroll
