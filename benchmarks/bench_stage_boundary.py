@@ -68,6 +68,22 @@ def layer_stages(drafter: str, layer_type: str) -> list[tuple[int, ...]]:
     return [(q, hd, 1, 0), *attention, (hd, q, 0, 0), (2 * inter, hd, 1, 0), (hd, inter, 0, 1)]
 
 
+def step_stages(drafter: str) -> list[tuple[int, ...]]:
+    """`drafter`'s step as one cluster would run it, less what the cluster hands elsewhere (the full layers'
+    attention, the whole GPU's) and the centroid head's selection of its tokens: the concat-down-projection
+    (its input the token's embedding row and the target's hidden state, 2 Hb entries), every layer in order
+    (layer_stages), then one stage of the GEMVs that read the final normed hidden state, side by side: the
+    post-projection (Hb rows) and the centroid scores."""
+    from gemma4_mtp.drafter import real_shape_config
+
+    config = real_shape_config(drafter)
+    if not config.use_ordered_embeddings:
+        raise ValueError(f"{drafter}: a dense LM head (262144 rows) is not one cluster's stage")
+    t, hb = config.text, config.backbone_hidden_size
+    layers = [st for lt in t.layer_types for st in layer_stages(drafter, lt)]
+    return [(t.hidden_size, 2 * hb, 0, 0), *layers, (hb + config.num_centroids, t.hidden_size, 1, 0)]
+
+
 def glue_gemvs(drafter: str) -> dict[tuple[int, int, int], str]:
     """`drafter`'s distinct glue GEMVs at one token, (n, k, norm) -> name ("31B o_proj sliding / down_proj": the
     projections of that shape)."""
@@ -90,18 +106,15 @@ WIDE_DRAFTERS = ("31B", "E2B")  # 31B's GEMVs are bandwidth (8-32 MiB), E2B's la
 
 
 def shape_args() -> list[str]:
-    """The binary's layers and GEMVs: E2B's sliding and full layers and its step's layer order ("gemv" rows),
-    31B's and E2B's glue GEMVs ("wide_gemv" rows)."""
+    """The binary's layers and GEMVs: E2B's sliding and full layers and its step's stages ("gemv" rows), 31B's and
+    E2B's glue GEMVs ("wide_gemv" rows)."""
     from gemma4_mtp.config import FULL, SLIDING
-    from gemma4_mtp.drafter import real_shape_config
 
     def stages(st):
         return ",".join(":".join(map(str, s)) for s in st)
-    kinds = {SLIDING: "sliding", FULL: "full"}
     wide = [shape for d in WIDE_DRAFTERS for shape in glue_gemvs(d)]
     return [f"sliding_layer={stages(layer_stages('E2B', SLIDING))}", f"full_layer={stages(layer_stages('E2B', FULL))}",
-            "step=" + ",".join(kinds[lt] for lt in real_shape_config("E2B").text.layer_types),
-            f"wide={stages((n, k, norm, 0) for n, k, norm in wide)}"]
+            f"step={stages(step_stages('E2B'))}", f"wide={stages((n, k, norm, 0) for n, k, norm in wide)}"]
 
 
 def name_wide_rows(results: dict) -> None:
@@ -149,18 +162,21 @@ def table(results: dict, *, markdown: bool = False) -> str:
     gemv = results.get("gemv") or []
     g_title = ("E2B's layers in one cluster: the full layer's GEMVs (q_proj, o_proj, gate_up, down_proj; its attention "
                "is the whole GPU's), whole sliding layers (q_norm and the attention over the window's keys and values "
-               "between q_proj and o_proj), and the step's layers in order, activations pushed between programs: one "
-               "graph replay, and a layer (the slope from 1 to 4 layers)")
-    g_head = ("layer", "programs", "layers", "MiB", "µs", "µs/layer", "check")
+               "between q_proj and o_proj), and the step (the concat-down-projection, the four layers, the post-"
+               "projection and centroid scores), activations pushed between programs: one graph replay, and a layer "
+               "(the slope from 1 to 4 layers)")
+    g_head = ("layer", "programs", "layers", "stages", "MiB", "µs", "µs/layer", "check")
     one = {(r["layer"], r["programs"]): r["us"] for r in gemv if r.get("layers") == 1 and "us" in r}
     g_rows = []
     for r in gemv:
-        head = (r["layer"], str(r["programs"]), str(r["layers"]), f"{r['bytes'] / 2**20:.2f}")
+        head = (r["layer"], str(r["programs"]), str(r.get("layers", "-")), str(r["stages"]),
+                f"{r['bytes'] / 2**20:.2f}")
         if "skipped" in r or "error" in r:
             g_rows.append((*head, "-", "-", _why(r)))
             continue
-        base = one.get((r["layer"], r["programs"])) if r["layer"] != "step" else None
-        per = f"{(r['us'] - base) / (r['layers'] - 1):.2f}" if r["layers"] > 1 and base is not None else "-"
+        base = one.get((r["layer"], r["programs"]))
+        layers = r.get("layers", 1)
+        per = f"{(r['us'] - base) / (layers - 1):.2f}" if layers > 1 and base is not None else "-"
         g_rows.append((*head, f"{r['us']:.2f}", per, _check(r)))
     wide = results.get("wide_gemv") or []  # runs before 2026-12-06 (evening) had none
     w_title = ("31B's and E2B's glue GEMVs at one token, each on every SM from a ring of bulk copies: µs a launch, "
@@ -191,7 +207,7 @@ def table(results: dict, *, markdown: bool = False) -> str:
     if s_rows:
         out += ["", s_title, *(line(r, (6, 8, 11, 8, 12, 6)) for r in (s_head, *s_rows))]
     if g_rows:
-        out += ["", g_title, *(line(r, (7, 8, 6, 6, 8, 8)) for r in (g_head, *g_rows))]
+        out += ["", g_title, *(line(r, (7, 8, 6, 6, 6, 8, 8)) for r in (g_head, *g_rows))]
     if w_rows:
         out += ["", w_title, *(line(r, (30, 8, 4, 7, 5)) for r in (w_head, *w_rows))]
     return "\n".join(out + (["", cut] if cut else []))

@@ -324,10 +324,10 @@ STAGE_PREDICTIONS = (
       for n, lo, hi in ((16, 4, 7.5), (8, 6, 11))),
     StagePrediction("E2B 4 sliding layers in one cluster of 16, one replay", "gemv",
                     (("layer", "sliding"), ("programs", 16), ("layers", 4)), "us", 18, 33, "µs", "-", SLIDING),
-    *(StagePrediction(f"E2B step's layers (3 sliding, the full one's GEMVs) in one cluster of {n}, one replay",
-                      "gemv", (("layer", "step"), ("programs", n)), "us", lo, hi, "µs",
-                      "126 (3 x 33.8 + 24.6: today's kernels, the full attention left out)", SLIDING)
-      for n, lo, hi in ((16, 17, 32), (8, 25, 45))),
+    *(StagePrediction(f"E2B step in one cluster of {n} (less the full attention and the head's selection), one "
+                      "replay", "gemv", (("layer", "step"), ("programs", n)), "us", lo, hi, "µs",
+                      "~134 (171 less the full attention's 23.4 and the centroid head's 13.7)", SLIDING)
+      for n, lo, hi in ((16, 20, 37), (8, 29, 52))),
     *(StagePrediction(f"{shape}, 128 programs", "wide_gemv", (("shape", shape), ("programs", 128)), "us", lo, hi,
                       "µs", today, WIDE)
       for shape, lo, hi, today in (("31B q_proj full / gate_up", 10.5, 12.5, "q_proj 25.9, gate_up 22.3"),

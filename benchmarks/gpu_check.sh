@@ -86,11 +86,12 @@ stage build 60 "$OUT/build.log" "$PY" setup.py build_ext --inplace
 # Stage boundaries while the GPU is otherwise idle: a launch, PDL and a grid barrier again (8 and 132
 # programs, the same run's reference) against one cluster of 2-16 programs (a cluster barrier over global
 # or distributed shared memory, or stores pushed between its SMs), what 1-132 SMs stream from L2 and DRAM,
-# E2B layers' GEMVs and whole sliding layers in one cluster: what decides whether a drafter step in one
-# cluster is worth writing (benchmarks/README.md, "A drafter step in one cluster"); and 31B's and E2B's
-# glue GEMVs each on 64 and 128 SMs from a ring of bulk copies, L2 cold: what a rewrite of the glue's
-# weight path would reach ("31B's GEMVs from a ring of bulk copies"). ~22 s (its own nvcc build for 90a, ~40
-# chains of a few ms, ~1 GiB of stream buffers filled on the host, 16-32 MiB weights for the GEMVs).
+# E2B layers' GEMVs, whole sliding layers and the step's 21 stages in one cluster (the shapes from
+# drafter_shapes): what decides whether a drafter step in one cluster is worth writing (benchmarks/README.md,
+# "A drafter step in one cluster"); and 31B's and E2B's glue GEMVs each on 64 and 128 SMs from a ring of bulk
+# copies, L2 cold: what a rewrite of the glue's weight path would reach ("31B's GEMVs from a ring of bulk
+# copies"). ~22 s (its own nvcc build for 90a, ~60 chains of a few ms, ~1 GiB of stream buffers filled on the
+# host, 0.5-32 MiB weights for the GEMVs).
 # Stopped by its own --time-limit before the box: a row that hangs costs only itself and the rows after it
 # (stage_boundary.json keeps the rows before, "cut_short_in" names it).
 stage stage-boundary 50 "$OUT/stage_boundary.log" "$PY" -m benchmarks.bench_stage_boundary \

@@ -443,7 +443,7 @@ def test_stage_boundary_builds_and_fails_cleanly_without_a_gpu(tmp_path):
     # and names an argument it cannot read before touching the device
     done = subprocess.run([str(exe), *bench_stage_boundary.shape_args()], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "cudaGetDevice" in done.stderr, done.stderr
-    for bad, named in (("step=sliding,dense", "step=sliding,dense: expected layer kinds"),
+    for bad, named in (("step=256:3072:0:0,sliding", "step=256:3072:0:0,sliding: expected n:k:norm:glu[:window]"),
                        ("wide=1024:256:1", "wide=1024:256:1: expected n:k:norm:glu[:window]"),
                        ("sliding_layer=" + ",".join(["8:8:0:0"] * 33), "(at most 32)")):
         done = subprocess.run([str(exe), bad], capture_output=True, text=True, timeout=60)
@@ -464,8 +464,8 @@ def test_stage_boundary_keeps_the_rows_of_a_run_that_hangs(tmp_path, monkeypatch
                     "printf '\\n  {\"mode\": \"pdl\", \"programs\": 8, \"graph\": true, \"ok\": true, "
                     "\"us_per_stage\": 1.3, \"us_one_stage\": 3.1}'\n"
                     "printf '\\n], \"gemv\": ['\n"
-                    "printf '\\n  {\"layer\": \"sliding\", \"programs\": 16, \"layers\": 1, \"bytes\": 4718592, "
-                    "\"ok\": true, \"us\": 7.5}'\n"
+                    "printf '\\n  {\"layer\": \"sliding\", \"programs\": 16, \"layers\": 1, \"stages\": 5, "
+                    "\"bytes\": 4718592, \"ok\": true, \"us\": 7.5}'\n"
                     "printf ',\\n  {\"layer\": \"sliding\", \"programs\": 16, \"layers\": 4'\n"
                     "exec sleep 60\n")
     fake.chmod(0o755)
@@ -474,7 +474,8 @@ def test_stage_boundary_keeps_the_rows_of_a_run_that_hangs(tmp_path, monkeypatch
     assert bench_stage_boundary.main(["--out", str(out), "--time-limit", "6"]) == 124
     got = json.loads(out.read_text())
     assert [r["mode"] for r in got["results"]] == ["pdl"]
-    assert got["gemv"] == [{"layer": "sliding", "programs": 16, "layers": 1, "bytes": 4718592, "ok": True, "us": 7.5}]
+    assert got["gemv"] == [{"layer": "sliding", "programs": 16, "layers": 1, "stages": 5, "bytes": 4718592, "ok": True,
+                           "us": 7.5}]
     assert got["cut_short_in"] == '{"layer": "sliding", "programs": 16, "layers": 4'
     assert got["exit_status"] == 124
     assert "stopped in the row" in bench_stage_boundary.table(got, markdown=True)

@@ -134,7 +134,7 @@ def test_stage_verdicts_of_a_hand_written_run(capsys, tmp_path):
                    {"layer": "full", "programs": 16, "layers": 4, "ok": True, "us": 20.0},
                    {"layer": "sliding", "programs": 16, "layers": 1, "ok": True, "us": 9.0},
                    {"layer": "sliding", "programs": 16, "layers": 4, "error": "launch failed"},
-                   {"layer": "step", "programs": 16, "layers": 4, "ok": True, "us": 40.0}],
+                   {"layer": "step", "programs": 16, "stages": 21, "ok": True, "us": 40.0}],
           "wide_gemv": [{"shape": "31B o_proj full", "programs": 128, "ok": True, "us": 13.0},
                         {"shape": "31B o_proj full", "programs": 64, "ok": True, "us": 11.0}]}
     by_what = {p.what: p for p in checklist.STAGE_PREDICTIONS}
@@ -144,7 +144,7 @@ def test_stage_verdicts_of_a_hand_written_run(capsys, tmp_path):
     assert value("`stream` DRAM, 132 programs") == 3.0
     assert value("E2B full layer's GEMVs in one cluster of 16, a layer") == 4.0  # (20 - 8) / 3
     assert value("E2B sliding layer in one cluster of 16, a layer") is None  # its 4-layer row failed
-    assert value("E2B step's layers (3 sliding, the full one's GEMVs) in one cluster of 16, one replay") == 40.0
+    assert value("E2B step in one cluster of 16 (less the full attention and the head's selection), one replay") == 40.0
     assert value("31B o_proj full, 128 programs") == 13.0
     path = tmp_path / "stage_boundary.json"
     path.write_text(json.dumps(sb))
@@ -152,4 +152,4 @@ def test_stage_verdicts_of_a_hand_written_run(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "| `cluster_push`, 16 programs, a stage | 0.35-0.6 µs |" in out and "| 0.50 | in range |" in out
     assert "| 3.00 | below |" in out and "| 13.00 | above |" in out and "| 4.00 | in range |" in out
-    assert "| 40.00 | above |" in out  # the step's layers: 17-32 µs predicted
+    assert "| 40.00 | above |" in out  # the step in one cluster: 20-37 µs predicted

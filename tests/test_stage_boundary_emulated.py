@@ -23,7 +23,6 @@ import torch
 import emulated
 from benchmarks import bench_stage_boundary
 from gemma4_mtp.config import FULL, SLIDING
-from gemma4_mtp.drafter import real_shape_config
 
 
 @pytest.fixture(scope="module")
@@ -206,13 +205,13 @@ def test_gemv_chain_attention(binary, tmp_path, programs, stages, schedule):
     run_gemv_chain(binary, tmp_path, programs, stages, schedule)
 
 
-def test_gemv_chain_e2b_step_layers(binary, tmp_path):
-    """E2B's four layers in the step's order, three sliding layers and then the full layer's GEMVs, in one
-    chain of 19 stages on 16 programs (the benchmark's "step" row): the ring and the partials' mbarriers
-    carried across layers of both kinds."""
-    stages = [st for lt in real_shape_config("E2B").text.layer_types
-              for st in bench_stage_boundary.layer_stages("E2B", lt)]
-    assert len(stages) == 19
+def test_gemv_chain_e2b_step(binary, tmp_path):
+    """E2B's step as the benchmark's "step" row runs it, 21 stages on 16 programs: the concat-down-projection
+    (3072 inputs), three sliding layers and the full layer's GEMVs in the step's order, then the post-projection
+    and centroid scores side by side (3584 rows): the ring and the partials' mbarriers carried across stages of
+    every kind."""
+    stages = bench_stage_boundary.step_stages("E2B")
+    assert len(stages) == 21 and stages[0][:2] == (256, 3072) and stages[-1][:2] == (1536 + 2048, 256)
     run_gemv_chain(binary, tmp_path, 16, stages, "ahead")
 
 

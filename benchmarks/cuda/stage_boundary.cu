@@ -3,7 +3,7 @@
 //
 //   stage_boundary [programs=1,8,32,66,132,264] [cluster_programs=2,4,8,16] [n=2048] [stages=32] [replays=40]
 //                  [repeats=7] [stream_programs=1,8,16,132] [wide_programs=128] [sliding_layer=STAGES]
-//                  [full_layer=STAGES] [step=KIND,...] [wide=STAGES]
+//                  [full_layer=STAGES] [step=STAGES] [wide=STAGES]
 //
 // STAGES: n:k:norm:glu[:window],... (cluster_gemv::append_stages). The drafters' shapes are not written here:
 // bench_stage_boundary.py passes them, from gemma4_mtp_kernels.drafter_shapes.
@@ -21,8 +21,8 @@
 // (a 256 KiB slice each, re-read) and from DRAM (8 MiB each at least, 128 MiB in all at least), the slope
 // between 1 and 9 passes (L2) or 1 and 3 (DRAM), each program's sums checked. Then "gemv": layers in one
 // cluster of each of cluster_programs (cluster_gemv.cuh): 1 and 4 of full_layer (a full layer's GEMVs) and of
-// sliding_layer (a whole sliding layer), then the layers of `step` in order in one chain, checked against
-// float64. Then "wide_gemv": each GEMV of `wide` on each of wide_programs (stream_gemv.cuh), µs a launch with
+// sliding_layer (a whole sliding layer), then the chain `step` (a drafter step's stages in order), checked
+// against float64. Then "wide_gemv": each GEMV of `wide` on each of wide_programs (stream_gemv.cuh), µs a launch with
 // every launch's weights cold in L2, checked against float64.
 #include <cuda_runtime.h>
 
@@ -33,6 +33,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cluster_gemv.cuh"
@@ -431,8 +432,7 @@ int main(int argc, char** argv) {
   int n = 2048, stages = 32, replays = 40, repeats = 7;
   // the layers and GEMVs of the "gemv" and "wide_gemv" rows: none unless given (bench_stage_boundary.py writes
   // them from the drafters' shapes)
-  cluster_gemv::Chain sliding_layer{}, full_layer{}, wide{};
-  std::vector<std::string> step;
+  cluster_gemv::Chain sliding_layer{}, full_layer{}, step{}, wide{};
   auto chain_arg = [](const std::string& key, const std::string& value, cluster_gemv::Chain* c) {
     *c = cluster_gemv::Chain{};
     if (cluster_gemv::append_stages(value, c)) return true;
@@ -452,20 +452,12 @@ int main(int argc, char** argv) {
     else if (key == "stages") stages = std::atoi(value.c_str());
     else if (key == "replays") replays = std::atoi(value.c_str());
     else if (key == "repeats") repeats = std::atoi(value.c_str());
-    else if (key == "sliding_layer" || key == "full_layer" || key == "wide") {
-      cluster_gemv::Chain* c = key == "wide" ? &wide : key == "full_layer" ? &full_layer : &sliding_layer;
+    else if (key == "sliding_layer" || key == "full_layer" || key == "step" || key == "wide") {
+      cluster_gemv::Chain* c = key == "wide"         ? &wide
+                               : key == "step"       ? &step
+                               : key == "full_layer" ? &full_layer
+                                                     : &sliding_layer;
       if (!chain_arg(key, value, c)) return 2;
-    } else if (key == "step") {
-      step.clear();
-      for (size_t pos = 0; pos <= value.size();) {
-        const size_t comma = std::min(value.find(',', pos), value.size());
-        step.push_back(value.substr(pos, comma - pos));
-        if (step.back() != "sliding" && step.back() != "full") {
-          std::fprintf(stderr, "step=%s: expected layer kinds, sliding or full, comma-separated\n", value.c_str());
-          return 2;
-        }
-        pos = comma + 1;
-      }
     } else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);
       return 2;
@@ -590,38 +582,29 @@ int main(int argc, char** argv) {
   }
   CHECK(cudaFree(sums));
   // E2B's layers in one cluster: the full layer's GEMVs (its attention is the whole GPU's), whole sliding layers,
-  // 1 and 4 of each (the slope is a layer without the launch), then the step's layers in order in one chain
+  // 1 and 4 of each (the slope is a layer without the launch), then the step's stages in order in one chain
   std::printf("\n], \"gemv\": [");
   first = true;
   struct GemvRow {
     const char* layer;
-    int layers;
+    int layers;  // of a layer repeated; 0 for the step, a chain of its own
     std::vector<cluster_gemv::Stage> stages;
   };
   std::vector<GemvRow> gemv_rows;
-  auto layer_stages = [&](const std::string& kind) {
-    const cluster_gemv::Chain& l = kind == "full" ? full_layer : sliding_layer;
-    return std::vector<cluster_gemv::Stage>(l.stage, l.stage + l.stages);
-  };
-  for (const char* kind : {"full", "sliding"})
+  for (const auto& [kind, l] : {std::make_pair("full", &full_layer), std::make_pair("sliding", &sliding_layer)})
     for (int layers : {1, 4}) {
       GemvRow row{kind, layers, {}};
-      for (int l = 0; l < layers; ++l)
-        for (const auto& st : layer_stages(kind)) row.stages.push_back(st);
+      for (int r = 0; r < layers; ++r) row.stages.insert(row.stages.end(), l->stage, l->stage + l->stages);
       if (!row.stages.empty()) gemv_rows.push_back(row);
     }
-  if (!step.empty()) {
-    GemvRow row{"step", static_cast<int>(step.size()), {}};
-    for (const std::string& kind : step)
-      for (const auto& st : layer_stages(kind)) row.stages.push_back(st);
-    gemv_rows.push_back(row);
-  }
+  if (step.stages > 0) gemv_rows.push_back({"step", 0, {step.stage, step.stage + step.stages}});
   for (const GemvRow& row : gemv_rows) {
     size_t bytes = 0;
     for (const auto& st : row.stages) bytes += cluster_gemv::weight_count(st) * sizeof(__nv_bfloat16);
     for (int programs : cluster_list) {
-      std::printf("%s\n  {\"layer\": \"%s\", \"programs\": %d, \"layers\": %d, \"bytes\": %zu", first ? "" : ",",
-                  row.layer, programs, row.layers, bytes);
+      std::printf("%s\n  {\"layer\": \"%s\", \"programs\": %d", first ? "" : ",", row.layer, programs);
+      if (row.layers > 0) std::printf(", \"layers\": %d", row.layers);
+      std::printf(", \"stages\": %zu, \"bytes\": %zu", row.stages.size(), bytes);
       first = false;
       cluster_gemv::Chain shape{};
       const bool fits = row.stages.size() <= static_cast<size_t>(cluster_gemv::kMaxStages);
@@ -629,7 +612,7 @@ int main(int argc, char** argv) {
       shape.stages = static_cast<int>(row.stages.size());
       const char* skip =
           !fits || !cluster_gemv::valid(shape, programs)
-              ? "the layers do not split over this many programs (or exceed the chain's stages)"
+              ? "the stages do not split over this many programs (or exceed the chain's stages)"
               : cluster_unfit(reinterpret_cast<const void*>(cluster_gemv::chain_kernel), programs,
                               cluster_gemv::kThreads, cluster_gemv::smem_bytes(shape, programs), major);
       if (skip != nullptr) {
