@@ -1,9 +1,10 @@
 """What one dependent stage boundary costs on this GPU: a kernel launch, a programmatic dependent launch,
 a grid-wide barrier inside one persistent kernel, or a cluster barrier inside one thread block cluster
 (the vectors in global or in distributed shared memory) or stores pushed between its SMs; what a group of
-SMs streams from L2 and DRAM; E2B layers' GEMVs, whole sliding layers and the step's four layers run in one
-cluster; and 31B's and E2B's glue GEMVs streamed by every SM from a ring of bulk copies
-(benchmarks/cuda/stage_boundary.cuh, cluster_gemv.cuh and stream_gemv.cuh say how).
+SMs streams from L2 and DRAM; E2B layers' GEMVs, whole sliding layers and the step's stages run in one
+cluster; 31B's and E2B's glue GEMVs, and E2B's full-layer attention, streamed by every SM from a ring of bulk
+copies (benchmarks/cuda/stage_boundary.cuh, cluster_gemv.cuh, stream_gemv.cuh and stream_attention.cuh say
+how).
 
 A drafter step is 27 dependent stages (launch_count); at E2B's sizes its bytes take ~10 µs, so the
 cost of a boundary decides how close a step can get to issue 11's 20 µs, and whether a persistent
@@ -178,18 +179,25 @@ def table(results: dict, *, markdown: bool = False) -> str:
         layers = r.get("layers", 1)
         per = f"{(r['us'] - base) / (layers - 1):.2f}" if layers > 1 and base is not None else "-"
         g_rows.append((*head, f"{r['us']:.2f}", per, _check(r)))
-    wide = results.get("wide_gemv") or []  # runs before 2026-12-06 (evening) had none
+    def streamed(rows, name):  # a row per launch shape: what it reads, µs a launch, the rate
+        out = []
+        for r in rows:
+            mib = f"{r['bytes'] / 2**20:g}"
+            if "skipped" in r or "error" in r:
+                out.append((str(r[name]), str(r["programs"]), mib, "-", "-", _why(r)))
+                continue
+            out.append((str(r[name]), str(r["programs"]), mib, f"{r['us']:.2f}", f"{r['bytes'] / r['us'] / 1e6:.2f}",
+                        _check(r)))
+        return out
     w_title = ("31B's and E2B's glue GEMVs at one token, each on every SM from a ring of bulk copies: µs a launch, "
                "back to back in one graph, every launch over its own copy of the weights (L2 cold)")
     w_head = ("shape", "programs", "MiB", "µs", "TB/s", "check")
-    w_rows = []
-    for r in wide:
-        mib = f"{r['bytes'] / 2**20:g}"
-        if "skipped" in r or "error" in r:
-            w_rows.append((r["shape"], str(r["programs"]), mib, "-", "-", _why(r)))
-            continue
-        w_rows.append((r["shape"], str(r["programs"]), mib, f"{r['us']:.2f}", f"{r['bytes'] / r['us'] / 1e6:.2f}",
-                       _check(r)))
+    w_rows = streamed(results.get("wide_gemv") or [], "shape")  # runs before 2026-12-06 (evening) had none
+    a_title = ("E2B's full-layer attention at B = 1 (4 heads of 512, one key-value head, pages of 16 keys) on every "
+               "SM from a ring of bulk copies, merged in clusters of 8: µs a launch, back to back in one graph, every "
+               "launch over its own copy of the cache (L2 cold)")
+    a_head = ("keys", "programs", "MiB", "µs", "TB/s", "check")
+    a_rows = streamed(results.get("attention") or [], "ctx")  # runs before 2026-12-07 had none
     cut = (f"The run stopped in the row {results['cut_short_in']} (a hang or a crash): it and every row after it "
            "are missing." if results.get("cut_short_in") else None)
     if markdown:
@@ -198,7 +206,8 @@ def table(results: dict, *, markdown: bool = False) -> str:
                     *("| " + " | ".join(r) + " |" for r in rs)]
         return "\n".join(md(title, head, rows) + (["", *md(s_title, s_head, s_rows)] if s_rows else [])
                          + (["", *md(g_title, g_head, g_rows)] if g_rows else [])
-                         + (["", *md(w_title, w_head, w_rows)] if w_rows else []) + (["", cut] if cut else []))
+                         + (["", *md(w_title, w_head, w_rows)] if w_rows else [])
+                         + (["", *md(a_title, a_head, a_rows)] if a_rows else []) + (["", cut] if cut else []))
 
     def line(row, widths):
         cells = (f"{c:{'<' if i == 0 else '>'}{w}}" for i, (c, w) in enumerate(zip(row, widths)))
@@ -210,6 +219,8 @@ def table(results: dict, *, markdown: bool = False) -> str:
         out += ["", g_title, *(line(r, (7, 8, 6, 6, 6, 8, 8)) for r in (g_head, *g_rows))]
     if w_rows:
         out += ["", w_title, *(line(r, (30, 8, 4, 7, 5)) for r in (w_head, *w_rows))]
+    if a_rows:
+        out += ["", a_title, *(line(r, (6, 8, 4, 7, 5)) for r in (a_head, *a_rows))]
     return "\n".join(out + (["", cut] if cut else []))
 
 

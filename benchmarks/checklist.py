@@ -298,6 +298,7 @@ class StagePrediction(NamedTuple):
 CLUSTER = "A drafter step in one cluster"
 SLIDING = "A drafter step in one cluster (whole sliding layers)"
 WIDE = "31B's GEMVs from a ring of bulk copies"
+ATTENTION = "Full attention from a ring of bulk copies"
 STAGE_PREDICTIONS = (
     *(StagePrediction(f"`{mode}`, {n} programs, a stage", "results", (("mode", mode), ("programs", n)),
                       "us_per_stage", lo, hi, "µs", "`pdl` 1.27-1.40, `barrier` 1.43-1.73", CLUSTER)
@@ -339,6 +340,11 @@ STAGE_PREDICTIONS = (
                                    ("E2B q_proj sliding", 2.3, 3.3, "-"),
                                    ("E2B o_proj sliding", 2.3, 3.3, "-"),
                                    ("E2B gate_up", 2.7, 3.8, "6.1"))),
+    *(StagePrediction(f"E2B full attention, {ctx // 1024}K keys, {n} programs", "attention",
+                      (("ctx", ctx), ("programs", n)), "us", lo, hi, "µs", today, ATTENTION)
+      for ctx, n, lo, hi, today in ((8192, 128, 7.5, 11, "23.4 (17-21 predicted)"),
+                                    (8192, 64, 7.5, 13, "23.4 (17-21 predicted)"),
+                                    (32768, 128, 20, 24, "45.7 (30-40 predicted)"))),
 )
 
 

@@ -481,6 +481,38 @@ def test_stage_boundary_keeps_the_rows_of_a_run_that_hangs(tmp_path, monkeypatch
     assert "stopped in the row" in bench_stage_boundary.table(got, markdown=True)
 
 
+def test_stage_boundary_table_shows_every_section():
+    """bench_stage_boundary.table renders each section's rows (text and markdown): the cluster chains, the stream
+    rates, the layers in one cluster with their per-layer slope, the ring GEMVs named by drafter_shapes, the
+    attention rows, and a skipped or failed row's reason."""
+    from benchmarks import bench_stage_boundary as bsb
+
+    results = {"device": "X", "sms": 132, "cc": "9.0", "n": 2048, "stages": 32,
+               "results": [{"mode": "cluster_push", "programs": 16, "graph": True, "ok": True, "us_per_stage": 0.45,
+                            "us_one_stage": 2.0}],
+               "stream": [{"source": "l2", "programs": 16, "bytes_per_program": 262144, "ok": True,
+                           "us_per_pass": 2.0, "gb_per_s_per_program": 131.1, "tb_per_s": 2.1}],
+               "gemv": [{"layer": "sliding", "programs": 16, "layers": 1, "stages": 5, "bytes": 4718592, "ok": True,
+                         "us": 8.0},
+                        {"layer": "sliding", "programs": 16, "layers": 4, "stages": 20, "bytes": 18874368,
+                         "ok": True, "us": 20.0},
+                        {"layer": "step", "programs": 16, "stages": 21, "bytes": 1, "ok": False, "us": 30.0},
+                        {"layer": "step", "programs": 2, "stages": 21, "bytes": 1, "skipped": "too few"}],
+               "wide_gemv": [{"n": 1024, "k": 16384, "norm": 0, "programs": 128, "bytes": 33554432, "copies": 5,
+                              "ok": True, "us": 11.0}],
+               "attention": [{"ctx": 8192, "programs": 128, "bytes": 16777216, "copies": 10, "ok": True, "us": 8.0},
+                             {"ctx": 8192, "programs": 120, "bytes": 16777216, "skipped": "not whole clusters"}]}
+    bsb.name_wide_rows(results)
+    assert results["wide_gemv"][0]["shape"] == "31B o_proj full"
+    for markdown in (False, True):
+        out = bsb.table(results, markdown=markdown)
+        assert "31B o_proj full" in out and "3.05" in out  # 32 MiB in 11 µs: 3.05 TB/s
+        assert "4.00" in out  # the sliding layer's slope: (20 - 8) / 3
+        assert "WRONG RESULT" in out and "skipped: too few" in out and "skipped: not whole clusters" in out
+        assert "131" in out and "0.45" in out  # the stream row's GB/s a program, the push chain's µs a stage
+    assert "| 8192 | 128 | 16 | 8.00 | 2.10 | ok |" in bsb.table(results, markdown=True)  # 16 MiB in 8 µs
+
+
 def test_the_drafter_step_module_gets_half_the_budget():
     from benchmarks import run_all
     mods = list(run_all.MODULES)

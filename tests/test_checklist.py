@@ -136,7 +136,9 @@ def test_stage_verdicts_of_a_hand_written_run(capsys, tmp_path):
                    {"layer": "sliding", "programs": 16, "layers": 4, "error": "launch failed"},
                    {"layer": "step", "programs": 16, "stages": 21, "ok": True, "us": 40.0}],
           "wide_gemv": [{"shape": "31B o_proj full", "programs": 128, "ok": True, "us": 13.0},
-                        {"shape": "31B o_proj full", "programs": 64, "ok": True, "us": 11.0}]}
+                        {"shape": "31B o_proj full", "programs": 64, "ok": True, "us": 11.0}],
+          "attention": [{"ctx": 8192, "programs": 128, "ok": True, "us": 9.0},
+                        {"ctx": 32768, "programs": 128, "ok": False, "us": 21.0}]}
     by_what = {p.what: p for p in checklist.STAGE_PREDICTIONS}
     value = lambda what: checklist.stage_value(sb, by_what[what])  # noqa: E731
     assert value("`cluster_push`, 16 programs, a stage") == 0.5
@@ -146,6 +148,8 @@ def test_stage_verdicts_of_a_hand_written_run(capsys, tmp_path):
     assert value("E2B sliding layer in one cluster of 16, a layer") is None  # its 4-layer row failed
     assert value("E2B step in one cluster of 16 (less the full attention and the head's selection), one replay") == 40.0
     assert value("31B o_proj full, 128 programs") == 13.0
+    assert value("E2B full attention, 8K keys, 128 programs") == 9.0
+    assert value("E2B full attention, 32K keys, 128 programs") is None  # its check failed
     path = tmp_path / "stage_boundary.json"
     path.write_text(json.dumps(sb))
     assert checklist.main(["--stage-boundary", str(path)]) == 0

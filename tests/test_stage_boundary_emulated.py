@@ -292,3 +292,60 @@ def test_wide_gemv_refused(binary, tmp_path, programs, n, k, major):
     out = emulated.run(binary, f"dir={tmp_path} mode=wide programs={programs} n={n} k={k} major={major}",
                        ok_prefix="REFUSED")
     assert int(out["launches"]) == 0
+
+
+def run_attention(binary, tmp_path, programs, ctx, schedule, launches=1, extra_pages=5, scale=1.0):
+    """stream_attention.cuh on the emulated GPU against float64: 4 heads of 512 over `ctx` keys of one key-value
+    head in pages of 16 scattered through a larger cache (the block table a permutation)."""
+    rng = np.random.default_rng(programs + ctx)
+    pages = ctx // 16 + extra_pages
+    q = (rng.standard_normal((4, 512)) * scale / np.sqrt(512)).astype(np.float32)
+    k = torch.from_numpy(rng.standard_normal((pages, 16, 512)).astype(np.float32)).to(torch.bfloat16)
+    v = torch.from_numpy(rng.standard_normal((pages, 16, 512)).astype(np.float32)).to(torch.bfloat16)
+    table = rng.permutation(pages)[:ctx // 16].astype(np.int32)
+    for name, t in (("q", torch.from_numpy(q)), ("k", k), ("v", v), ("table", torch.from_numpy(table))):
+        emulated.write(tmp_path / f"{name}.bin", t)
+    emulated.run(binary, f"dir={tmp_path} mode=attention programs={programs} ctx={ctx} pages={pages} "
+                         f"launches={launches} sms=16 schedule={schedule}")
+    got = emulated.read(tmp_path / "result.bin", torch.float32, (4, 512)).numpy()
+    keys = k.double().numpy()[table].reshape(ctx, 512)
+    values = v.double().numpy()[table].reshape(ctx, 512)
+    s = q.astype(np.float64) @ keys.T
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    want = (p / p.sum(axis=1, keepdims=True)) @ values
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("programs,ctx,schedule,launches", [
+    (8, 128, "rr", 1),      # one cluster, a page a program: no cross-cluster merge
+    (8, 640, "ahead", 1),   # five pages a program: the ring refilled
+    (16, 1024, "behind", 2),  # two clusters, 4 pages a program (the ring full), launched twice
+    (32, 512, "ahead", 3),  # four clusters, a page a program, launched three times: the counters reset
+])
+def test_stream_attention(binary, tmp_path, programs, ctx, schedule, launches):
+    """The attention of one query (4 heads, one key-value head) over a paged context on every program, merged
+    in clusters and then across them by the last program r to arrive (stream_attention.cuh), against float64.
+    Without the wait for a page's keys or values, the running max's rescale of the accumulators, the owners'
+    rescale to the common max, the cross-cluster rescale, or the counters' reset, it fails; the emulation
+    checks that the merging program reads the workspace only after every cluster wrote it."""
+    run_attention(binary, tmp_path, programs, ctx, schedule, launches)
+
+
+def test_stream_attention_peaked_scores(binary, tmp_path):
+    """Scores far apart (a query 40x larger): the pages' and clusters' maxima differ by hundreds, so a partial
+    rescaled to the wrong max underflows or overflows."""
+    run_attention(binary, tmp_path, 16, 1024, "rr", scale=40.0)
+
+
+@pytest.mark.parametrize("programs,ctx", [(4, 64), (12, 192), (8, 120), (16, 128), (8, 0)])
+def test_stream_attention_refused(binary, tmp_path, programs, ctx):
+    """Fewer programs than a cluster, programs that are not whole clusters, keys that are not whole pages a
+    program, no keys: the launcher refuses, nothing launches."""
+    pages = max(ctx // 16, 1)
+    emulated.write(tmp_path / "q.bin", torch.zeros(4 * 512, dtype=torch.float32))
+    for name in ("k", "v"):
+        emulated.write(tmp_path / f"{name}.bin", torch.zeros(pages * 16 * 512, dtype=torch.bfloat16))
+    emulated.write(tmp_path / "table.bin", torch.zeros(max(ctx // 16, 0), dtype=torch.int32))
+    out = emulated.run(binary, f"dir={tmp_path} mode=attention programs={programs} ctx={ctx} pages={pages} sms=16",
+                       ok_prefix="REFUSED")
+    assert int(out["launches"]) == 0

@@ -3,7 +3,8 @@
 //
 //   stage_boundary [programs=1,8,32,66,132,264] [cluster_programs=2,4,8,16] [n=2048] [stages=32] [replays=40]
 //                  [repeats=7] [stream_programs=1,8,16,132] [wide_programs=128] [sliding_layer=STAGES]
-//                  [full_layer=STAGES] [step=STAGES] [wide=STAGES]
+//                  [full_layer=STAGES] [step=STAGES] [wide=STAGES] [attention_ctx=8192,32768]
+//                  [attention_programs=128]
 //
 // STAGES: n:k:norm:glu[:window],... (cluster_gemv::append_stages). The drafters' shapes are not written here:
 // bench_stage_boundary.py passes them, from gemma4_mtp_kernels.drafter_shapes.
@@ -22,8 +23,10 @@
 // between 1 and 9 passes (L2) or 1 and 3 (DRAM), each program's sums checked. Then "gemv": layers in one
 // cluster of each of cluster_programs (cluster_gemv.cuh): 1 and 4 of full_layer (a full layer's GEMVs) and of
 // sliding_layer (a whole sliding layer), then the chain `step` (a drafter step's stages in order), checked
-// against float64. Then "wide_gemv": each GEMV of `wide` on each of wide_programs (stream_gemv.cuh), µs a launch with
-// every launch's weights cold in L2, checked against float64.
+// against float64. Then "wide_gemv": each GEMV of `wide` on each of wide_programs (stream_gemv.cuh), µs a
+// launch with every launch's weights cold in L2, checked against float64. Then "attention": E2B's full-layer
+// attention at B = 1 over each of attention_ctx keys on each of attention_programs (stream_attention.cuh), µs
+// a launch with every launch's cache cold in L2, checked against float64.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,11 +35,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <numeric>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cluster_gemv.cuh"
+#include "stream_attention.cuh"
 #include "stream_gemv.cuh"
 #include "stage_boundary.cuh"
 
@@ -145,12 +151,12 @@ std::string time_chain(Mode mode, Chain c, int programs, int replays, int repeat
   return "";
 }
 
-// Why a cluster mode cannot run `programs` here, or nullptr.
-// Why one cluster of `programs` blocks of `threads` threads and `smem` bytes of `kernel` cannot run here
-// (nullptr: it can).
-const char* cluster_unfit(const void* kernel, int programs, int threads, size_t smem, int major) {
+// Why `programs` blocks of `threads` threads and `smem` bytes of `kernel`, in clusters of `cluster` (default: one
+// cluster of them all), cannot run here (nullptr: they can).
+const char* cluster_unfit(const void* kernel, int programs, int threads, size_t smem, int major, int cluster = 0) {
+  cluster = cluster > 0 ? cluster : programs;
   if (major < 9) return "thread block clusters need sm_90";
-  if (programs < 1 || programs > gemma4_mtp::kMaxCluster) return "a cluster has 1 to 16 programs";
+  if (cluster < 1 || cluster > gemma4_mtp::kMaxCluster) return "a cluster has 1 to 16 programs";
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
           cudaSuccess) {
@@ -158,7 +164,7 @@ const char* cluster_unfit(const void* kernel, int programs, int threads, size_t 
     return "the kernel's cluster or shared memory attribute was refused";
   }
   cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1] = {gemma4_mtp::cluster_dimension(programs)};
+  cudaLaunchAttribute attr[1] = {gemma4_mtp::cluster_dimension(cluster)};
   cfg.gridDim = dim3(static_cast<unsigned>(programs));
   cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = smem;
@@ -405,6 +411,75 @@ std::string time_wide(const cluster_gemv::Stage& shape, int programs, size_t l2_
   return timed;
 }
 
+// E2B's full-layer attention at B = 1 over `ctx` keys on `programs` (stream_attention.cuh): µs a launch, in a graph
+// of `copies` back-to-back launches each over its own copy of the cache (together >= 3x the L2, at most 64: the
+// launches read DRAM), the pages of each copy in a shuffled order (a request's pages are scattered in a cache),
+// and whether the first launch matches the host's float64 attention (relative 1e-3 of the largest entry).
+std::string time_attention(int ctx, int programs, size_t l2_bytes, int replays, int repeats, cudaStream_t stream,
+                           double* us, int* copies, bool* ok) {
+  namespace sa = stream_attention;
+  const int pages = ctx / sa::kPage;
+  const size_t page_elems = static_cast<size_t>(sa::kPage) * sa::kDim, count = pages * page_elems;
+  const size_t bytes = 2 * count * sizeof(__nv_bfloat16);  // keys and values of one copy
+  *copies = static_cast<int>(std::min<size_t>(64, std::max<size_t>(2, (3 * l2_bytes + bytes - 1) / bytes)));
+  const HostWeights kv = host_weights(2 * count);  // keys, then values, in the cache's (physical) page order
+  const std::vector<float> q0 = host_input(sa::kHeads * sa::kDim);
+  std::vector<int32_t> perm(static_cast<size_t>(pages));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(12345));
+  std::vector<int32_t> tables(static_cast<size_t>(*copies) * pages);  // copy c's pages follow copy c - 1's
+  for (int c = 0; c < *copies; ++c)
+    for (int i = 0; i < pages; ++i) tables[static_cast<size_t>(c) * pages + i] = c * pages + perm[i];
+  __nv_bfloat16 *k = nullptr, *v = nullptr;
+  float *q = nullptr, *out = nullptr, *workspace = nullptr;
+  int32_t *table = nullptr, *counters = nullptr;
+  TRY(cudaMalloc(&k, bytes / 2 * *copies));
+  TRY(cudaMalloc(&v, bytes / 2 * *copies));
+  TRY(cudaMalloc(&q, q0.size() * sizeof(float)));
+  TRY(cudaMalloc(&out, q0.size() * sizeof(float)));
+  TRY(cudaMalloc(&workspace, static_cast<size_t>(programs) * sa::kSlot * sizeof(float)));
+  TRY(cudaMalloc(&table, tables.size() * sizeof(int32_t)));
+  TRY(cudaMalloc(&counters, sa::kCluster * sizeof(int32_t)));
+  // on the timed stream: a non-blocking stream does not wait for the legacy stream's copies and memsets
+  TRY(cudaMemcpyAsync(k, kv.bf16.data(), bytes / 2, cudaMemcpyHostToDevice, stream));
+  TRY(cudaMemcpyAsync(v, kv.bf16.data() + count, bytes / 2, cudaMemcpyHostToDevice, stream));
+  for (int c = 1; c < *copies; ++c) {
+    TRY(cudaMemcpyAsync(k + c * count, k, bytes / 2, cudaMemcpyDeviceToDevice, stream));
+    TRY(cudaMemcpyAsync(v + c * count, v, bytes / 2, cudaMemcpyDeviceToDevice, stream));
+  }
+  TRY(cudaMemcpyAsync(q, q0.data(), q0.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+  TRY(cudaMemcpyAsync(table, tables.data(), tables.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  TRY(cudaMemsetAsync(counters, 0, sa::kCluster * sizeof(int32_t), stream));
+  TRY(cudaMemsetAsync(out, 0xFF, q0.size() * sizeof(float), stream));  // NaN until written
+  sa::Attention a{q, k, v, table, ctx, out, workspace, counters};
+  TRY(sa::run(a, programs, stream));  // the first launch, checked
+  TRY(cudaStreamSynchronize(stream));
+  std::vector<float> got(q0.size());
+  TRY(cudaMemcpy(got.data(), out, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  std::vector<float> logical(2 * count);  // keys then values in the request's order, as attention_reference reads
+  for (int i = 0; i < pages; ++i)
+    for (int half = 0; half < 2; ++half)
+      std::copy_n(kv.f32.begin() + half * count + static_cast<size_t>(perm[i]) * page_elems, page_elems,
+                  logical.begin() + half * count + static_cast<size_t>(i) * page_elems);
+  const cluster_gemv::Stage shape{nullptr, sa::kHeads * sa::kDim, sa::kDim, 0, 0, ctx};
+  *ok = matches(attention_reference(shape, logical.data(), std::vector<double>(q0.begin(), q0.end())), got);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  cudaError_t launched = cudaSuccess;
+  for (int c = 0; c < *copies && launched == cudaSuccess; ++c) {
+    a.block_table = table + static_cast<size_t>(c) * pages;
+    launched = sa::run(a, programs, stream);
+  }
+  TRY(cudaStreamEndCapture(stream, &graph));
+  TRY(launched);
+  TRY(cudaGraphInstantiate(&exec, graph, 0));
+  const std::string timed = time_graph(graph, exec, 3, replays, repeats, stream, us, {k, v, q, out, workspace, table,
+                                                                                         counters});
+  *us /= *copies;
+  return timed;
+}
+
 // Closes a result row with what failed ("error", quotes made JSON-safe); false when nothing did.
 bool print_error(std::string error) {
   if (error.empty()) return false;
@@ -429,6 +504,7 @@ std::vector<int> parse_list(const std::string& s) {
 int main(int argc, char** argv) {
   std::vector<int> programs_list = {1, 8, 32, 66, 132, 264}, cluster_list = {2, 4, 8, 16};
   std::vector<int> stream_list = {1, 8, 16, 132}, wide_list = {128};
+  std::vector<int> attention_ctx = {8192, 32768}, attention_list = {128};
   int n = 2048, stages = 32, replays = 40, repeats = 7;
   // the layers and GEMVs of the "gemv" and "wide_gemv" rows: none unless given (bench_stage_boundary.py writes
   // them from the drafters' shapes)
@@ -448,6 +524,8 @@ int main(int argc, char** argv) {
     else if (key == "cluster_programs") cluster_list = parse_list(value);
     else if (key == "stream_programs") stream_list = parse_list(value);
     else if (key == "wide_programs") wide_list = parse_list(value);
+    else if (key == "attention_ctx") attention_ctx = parse_list(value);
+    else if (key == "attention_programs") attention_list = parse_list(value);
     else if (key == "n") n = std::atoi(value.c_str());
     else if (key == "stages") stages = std::atoi(value.c_str());
     else if (key == "replays") replays = std::atoi(value.c_str());
@@ -659,6 +737,39 @@ int main(int argc, char** argv) {
       bool ok = false;
       const std::string error =
           time_wide(shape, programs, static_cast<size_t>(l2), replays, repeats, stream, &us, &copies, &ok);
+      if (print_error(error)) {
+        all_ok = false;
+        continue;
+      }
+      all_ok = all_ok && ok;
+      std::printf(", \"copies\": %d, \"ok\": %s, \"us\": %.3f}", copies, ok ? "true" : "false", us);
+      std::fflush(stdout);
+    }
+  }
+  // E2B's full-layer attention at B = 1 on every SM, merged in clusters
+  std::printf("\n], \"attention\": [");
+  first = true;
+  for (int ctx : attention_ctx) {
+    for (int programs : attention_list) {
+      std::printf("%s\n  {\"ctx\": %d, \"programs\": %d, \"bytes\": %zu", first ? "" : ",", ctx, programs,
+                  static_cast<size_t>(ctx) * 2 * stream_attention::kDim * sizeof(__nv_bfloat16));
+      first = false;
+      const stream_attention::Attention shape{nullptr, nullptr, nullptr, nullptr, ctx, nullptr, nullptr, nullptr};
+      const char* skip =
+          !stream_attention::valid(shape, programs)
+              ? "the keys do not split into whole pages over whole clusters of this many programs"
+              : cluster_unfit(reinterpret_cast<const void*>(stream_attention::attention_kernel), programs,
+                              stream_attention::kThreads, stream_attention::smem_bytes(), major,
+                              stream_attention::kCluster);
+      if (skip != nullptr) {
+        std::printf(", \"skipped\": \"%s\"}", skip);
+        continue;
+      }
+      double us = 0;
+      int copies = 0;
+      bool ok = false;
+      const std::string error =
+          time_attention(ctx, programs, static_cast<size_t>(l2), replays, repeats, stream, &us, &copies, &ok);
       if (print_error(error)) {
         all_ok = false;
         continue;

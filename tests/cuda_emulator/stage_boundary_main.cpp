@@ -16,6 +16,10 @@
 //   to DIR/result.bin; a chain the launcher refuses prints "REFUSED".
 //   dir=PATH mode=wide programs= n= k= norm=: stream_gemv's GEMV of DIR/w.bin ([n, k] bf16) and DIR/x.bin
 //   (fp32), its output to DIR/result.bin; a shape or device the launcher refuses prints "REFUSED".
+//   dir=PATH mode=attention programs= ctx= pages= launches=: stream_attention's attention of DIR/q.bin (fp32
+//   [4, 512]) over DIR/k.bin and DIR/v.bin (bf16 [pages, 16, 512]) through DIR/table.bin (int32 [ctx / 16]),
+//   `launches` times (each must leave the merge's counters zero for the next), the last output to
+//   DIR/result.bin; what the launcher refuses prints "REFUSED".
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -24,6 +28,7 @@
 #include "io.h"
 #include "cluster_gemv.cuh"
 #include "stage_boundary.cuh"
+#include "stream_attention.cuh"
 #include "stream_gemv.cuh"
 
 using namespace emu_io;
@@ -71,6 +76,35 @@ int main(int argc, char** argv) {
     g.x = static_cast<const float*>(x.data());
     g.y = static_cast<float*>(y.data());
     return one_launch(a, dir, stream_gemv::run(g, programs, nullptr), y);
+  }
+  if (mode_name == "attention") {
+    namespace sa = stream_attention;
+    const int ctx = static_cast<int>(a.num("ctx", 16)), pages = static_cast<int>(a.num("pages", 1));
+    const int launches = static_cast<int>(a.num("launches", 1));
+    Buffer q = load(dir, "q", 1, sa::kHeads * sa::kDim, sa::kHeads * sa::kDim, 4);
+    Buffer k = load(dir, "k", pages, sa::kPage * sa::kDim, sa::kPage * sa::kDim, 2);
+    Buffer v = load(dir, "v", pages, sa::kPage * sa::kDim, sa::kPage * sa::kDim, 2);
+    Buffer table = load(dir, "table", 1, ctx / sa::kPage, ctx / sa::kPage, 4);
+    Buffer out = strided(1, sa::kHeads * sa::kDim, sa::kHeads * sa::kDim, 4);
+    const int64_t slots = static_cast<int64_t>(programs) * sa::kSlot;
+    Buffer workspace = strided(1, slots, slots, 4);
+    std::vector<int32_t> counters(sa::kCluster, 0);
+    sa::Attention att{static_cast<const float*>(q.data()), static_cast<const __nv_bfloat16*>(k.data()),
+                      static_cast<const __nv_bfloat16*>(v.data()), static_cast<const int32_t*>(table.data()), ctx,
+                      static_cast<float*>(out.data()), static_cast<float*>(workspace.data()), counters.data()};
+    for (int l = 0; l + 1 < launches; ++l) {  // the earlier launches, each checked; the last is one_launch's
+      const cudaError_t err = sa::run(att, programs, nullptr);
+      if (!launched_as_expected(err, 1, false, {})) return 1;
+      emu::launch_log().clear();
+      std::memset(out.data(), 0xFF, out.bytes.size());  // NaN again: the next launch must write every entry
+    }
+    const int rc = one_launch(a, dir, sa::run(att, programs, nullptr), out);
+    for (int32_t c : counters)
+      if (c != 0) {
+        std::printf("FAIL a launch left a merge counter at %d\n", c);
+        return 1;
+      }
+    return rc;
   }
   if (mode_name == "gemv") {
     cluster_gemv::Chain c{};
