@@ -34,6 +34,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <numeric>
 #include <random>
@@ -488,6 +489,23 @@ bool print_error(std::string error) {
   return true;
 }
 
+// Closes a row whose opening is printed: "skipped" and why (skip), or what its timing returned: an error, or its
+// result ("copies" where the timing rotates copies of its inputs, "ok", "us"). False when it failed.
+bool close_row(const char* skip, const std::function<std::string(double* us, int* copies, bool* ok)>& time) {
+  if (skip != nullptr) {
+    std::printf(", \"skipped\": \"%s\"}", skip);
+    return true;
+  }
+  double us = 0;
+  int copies = 0;
+  bool ok = false;
+  if (print_error(time(&us, &copies, &ok))) return false;
+  if (copies > 0) std::printf(", \"copies\": %d", copies);
+  std::printf(", \"ok\": %s, \"us\": %.3f}", ok ? "true" : "false", us);
+  std::fflush(stdout);
+  return ok;
+}
+
 std::vector<int> parse_list(const std::string& s) {
   std::vector<int> out;
   size_t pos = 0;
@@ -693,20 +711,9 @@ int main(int argc, char** argv) {
               ? "the stages do not split over this many programs (or exceed the chain's stages)"
               : cluster_unfit(reinterpret_cast<const void*>(cluster_gemv::chain_kernel), programs,
                               cluster_gemv::kThreads, cluster_gemv::smem_bytes(shape, programs), major);
-      if (skip != nullptr) {
-        std::printf(", \"skipped\": \"%s\"}", skip);
-        continue;
-      }
-      double us = 0;
-      bool ok = false;
-      std::string error = time_gemv(row.stages, programs, replays, repeats, stream, &us, &ok);
-      if (print_error(error)) {
-        all_ok = false;
-        continue;
-      }
-      all_ok = all_ok && ok;
-      std::printf(", \"ok\": %s, \"us\": %.3f}", ok ? "true" : "false", us);
-      std::fflush(stdout);
+      all_ok = close_row(skip, [&](double* us, int*, bool* ok) {
+                 return time_gemv(row.stages, programs, replays, repeats, stream, us, ok);
+               }) && all_ok;
     }
   }
   // the drafters' glue GEMVs, each on every SM (one program an SM) from a ring of bulk copies
@@ -728,22 +735,9 @@ int main(int argc, char** argv) {
                          : stream_gemv::smem_bytes(g, programs) > static_cast<size_t>(prop.sharedMemPerBlockOptin)
                              ? "its shared memory exceeds the device's"
                              : nullptr;
-      if (skip != nullptr) {
-        std::printf(", \"skipped\": \"%s\"}", skip);
-        continue;
-      }
-      double us = 0;
-      int copies = 0;
-      bool ok = false;
-      const std::string error =
-          time_wide(shape, programs, static_cast<size_t>(l2), replays, repeats, stream, &us, &copies, &ok);
-      if (print_error(error)) {
-        all_ok = false;
-        continue;
-      }
-      all_ok = all_ok && ok;
-      std::printf(", \"copies\": %d, \"ok\": %s, \"us\": %.3f}", copies, ok ? "true" : "false", us);
-      std::fflush(stdout);
+      all_ok = close_row(skip, [&](double* us, int* copies, bool* ok) {
+                 return time_wide(shape, programs, static_cast<size_t>(l2), replays, repeats, stream, us, copies, ok);
+               }) && all_ok;
     }
   }
   // E2B's full-layer attention at B = 1 on every SM, merged in clusters
@@ -761,22 +755,10 @@ int main(int argc, char** argv) {
               : cluster_unfit(reinterpret_cast<const void*>(stream_attention::attention_kernel), programs,
                               stream_attention::kThreads, stream_attention::smem_bytes(), major,
                               stream_attention::kCluster);
-      if (skip != nullptr) {
-        std::printf(", \"skipped\": \"%s\"}", skip);
-        continue;
-      }
-      double us = 0;
-      int copies = 0;
-      bool ok = false;
-      const std::string error =
-          time_attention(ctx, programs, static_cast<size_t>(l2), replays, repeats, stream, &us, &copies, &ok);
-      if (print_error(error)) {
-        all_ok = false;
-        continue;
-      }
-      all_ok = all_ok && ok;
-      std::printf(", \"copies\": %d, \"ok\": %s, \"us\": %.3f}", copies, ok ? "true" : "false", us);
-      std::fflush(stdout);
+      all_ok = close_row(skip, [&](double* us, int* copies, bool* ok) {
+                 return time_attention(ctx, programs, static_cast<size_t>(l2), replays, repeats, stream, us, copies,
+                                       ok);
+               }) && all_ok;
     }
   }
   std::printf("\n]}\n");
