@@ -108,7 +108,8 @@ WIDE_DRAFTERS = ("31B", "E2B")  # 31B's GEMVs are bandwidth (8-32 MiB), E2B's la
 
 def shape_args() -> list[str]:
     """The binary's layers and GEMVs: E2B's sliding and full layers and its step's stages ("gemv" rows), 31B's and
-    E2B's glue GEMVs ("wide_gemv" rows)."""
+    E2B's glue GEMVs ("wide_gemv" rows). (The "attention" rows' kernel is E2B's full layer by its constants,
+    stream_attention.cuh's, which tests/test_stage_boundary_emulated.py holds to drafter_shapes.)"""
     from gemma4_mtp.config import FULL, SLIDING
 
     def stages(st):
@@ -179,6 +180,7 @@ def table(results: dict, *, markdown: bool = False) -> str:
         layers = r.get("layers", 1)
         per = f"{(r['us'] - base) / (layers - 1):.2f}" if layers > 1 and base is not None else "-"
         g_rows.append((*head, f"{r['us']:.2f}", per, _check(r)))
+
     def streamed(rows, name):  # a row per launch shape: what it reads, µs a launch, the rate
         out = []
         for r in rows:

@@ -7,13 +7,15 @@ so these runs also check that the launcher orders the stages and that the grid b
 programs of a cooperative launch (the emulation runs them at once), and the cluster barrier the programs
 of one thread block cluster, with the vectors in global memory or in the programs' shared memory, read
 through distributed shared memory (the emulation runs a cluster's programs at once, each at the same
-offset of the others' shared memory). The stream kernel's sums are checked too, a layer's GEMVs and a whole
-sliding layer run in one cluster (cluster_gemv.cuh) against float64, and one GEMV on every program from a
-ring of bulk copies (stream_gemv.cuh). The benchmark itself checks each
+offset of the others' shared memory). The stream kernel's sums are checked too, a layer's GEMVs, a whole
+sliding layer and E2B's step run in one cluster (cluster_gemv.cuh) against float64, one GEMV on every program
+from a ring of bulk copies (stream_gemv.cuh), and one query's attention over a paged context on every program,
+merged in clusters (stream_attention.cuh). The benchmark itself checks each
 graph's first replay on the GPU the same way; nvcc compiling it for every target is
 tests/test_cuda_build.py's."""
 from __future__ import annotations
 
+import inspect
 import subprocess
 
 import numpy as np
@@ -292,6 +294,22 @@ def test_wide_gemv_refused(binary, tmp_path, programs, n, k, major):
     out = emulated.run(binary, f"dir={tmp_path} mode=wide programs={programs} n={n} k={k} major={major}",
                        ok_prefix="REFUSED")
     assert int(out["launches"]) == 0
+
+
+def test_stream_attention_is_e2b_full_layer():
+    """stream_attention.cuh's constants are E2B's full layer (drafter_shapes) and the cache's block size (the
+    target's default): the attention rows price that layer, not a shape of their own."""
+    import re
+    from pathlib import Path
+
+    from gemma4_mtp.target import Gemma4Target
+    from gemma4_mtp_kernels.drafter_shapes import DRAFTERS
+
+    header = (Path(bench_stage_boundary.__file__).parent / "cuda" / "stream_attention.cuh").read_text()
+    const = {m[0]: int(m[1]) for m in re.findall(r"constexpr int (k\w+) = (\d+);", header)}
+    e2b = DRAFTERS["E2B"]
+    assert (const["kHeads"], const["kDim"], e2b["Hkv_full"]) == (e2b["Hq"], e2b["D_full"], 1)
+    assert const["kPage"] == inspect.signature(Gemma4Target.__init__).parameters["block_size"].default
 
 
 def run_attention(binary, tmp_path, programs, ctx, schedule, launches=1, extra_pages=5, scale=1.0):

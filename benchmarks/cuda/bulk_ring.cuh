@@ -1,5 +1,5 @@
-// The ring of bulk-copied shared-memory buffers through which both benchmark GEMV kernels stream their weights
-// (cluster_gemv.cuh, stream_gemv.cuh).
+// The ring of bulk-copied shared-memory buffers through which the benchmark's streaming kernels read their
+// weights, keys and values (cluster_gemv.cuh, stream_gemv.cuh, stream_attention.cuh).
 #pragma once
 
 #include <cstddef>
