@@ -367,3 +367,26 @@ def test_stream_attention_refused(binary, tmp_path, programs, ctx):
     out = emulated.run(binary, f"dir={tmp_path} mode=attention programs={programs} ctx={ctx} pages={pages} sms=16",
                        ok_prefix="REFUSED")
     assert int(out["launches"]) == 0
+
+
+@pytest.mark.parametrize("mode,args,pointer", [
+    ("gemv", "chain=64:32:0:0", "w"),
+    ("wide", "n=64 k=256 norm=0", "w"),
+    ("wide", "n=64 k=256 norm=0", "x"),
+    ("attention", "ctx=128 pages=8", "q"),
+    ("attention", "ctx=128 pages=8", "k"),
+    ("attention", "ctx=128 pages=8", "v"),
+])
+def test_misaligned_pointers_refused(binary, tmp_path, mode, args, pointer):
+    """A weight, key or value pointer that a bulk copy cannot take (or a query the vector loads cannot), 4 bytes
+    off 16: the benchmark's launchers refuse it before anything launches, instead of a fault on the device (on the
+    CPU the alignment check of the emulation would stop the run)."""
+    sizes = {"gemv": {"x": (32, torch.float32), "w": (64 * 32, torch.bfloat16)},
+             "wide": {"x": (256, torch.float32), "w": (64 * 256, torch.bfloat16)},
+             "attention": {"q": (4 * 512, torch.float32), "k": (8 * 16 * 512, torch.bfloat16),
+                           "v": (8 * 16 * 512, torch.bfloat16), "table": (8, torch.int32)}}[mode]
+    for name, (count, dtype) in sizes.items():
+        emulated.write(tmp_path / f"{name}.bin", torch.zeros(count, dtype=dtype))
+    out = emulated.run(binary, f"dir={tmp_path} mode={mode} programs=8 {args} misalign={pointer} sms=16",
+                       ok_prefix="REFUSED")
+    assert int(out["launches"]) == 0

@@ -127,11 +127,12 @@ inline bool append_stages(const std::string& spec, Chain* c) {
 }
 
 // Whether the chain can run on `programs`: the shapes above, each stage's input what the one before
-// it pushes, at most kMaxStages stages.
+// it pushes, at most kMaxStages stages, every stage's weights 16-byte aligned (bulk copies' sources).
 inline bool valid(const Chain& c, int programs) {
   if (c.stages < 1 || c.stages > kMaxStages || programs < 1 || programs > kMaxCluster) return false;
   for (int s = 0; s < c.stages; ++s) {
     const Stage& st = c.stage[s];
+    if (!host_aligned16(st.w)) return false;
     if (st.n < 4 * programs || st.n % (4 * programs) != 0 || st.k < 8 || st.k % 8 != 0 || st.k > kMaxK)
       return false;
     if (st.n > 2 * kMaxK || (s > 0 && input_len(st) != c.stage[s - 1].n)) return false;

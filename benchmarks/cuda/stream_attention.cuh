@@ -56,8 +56,10 @@ struct Attention {
   int32_t* counters;             // [kCluster], zero before the first launch; each launch leaves them zero
 };
 
-// What the kernel takes: whole clusters, whole pages a program.
+// What the kernel takes: whole clusters, whole pages a program, the query and the caches 16-byte aligned
+// (vector loads, bulk copies' sources).
 inline bool valid(const Attention& a, int programs) {
+  if (!host_aligned16(a.q) || !host_aligned16(a.k_cache) || !host_aligned16(a.v_cache)) return false;
   return programs >= kCluster && programs % kCluster == 0 && a.ctx > 0 && a.ctx % (kPage * programs) == 0;
 }
 

@@ -49,10 +49,11 @@ __host__ __device__ inline int chunk_elems(const Gemv& g, int programs) {
 }
 
 // What the kernel takes: rows split evenly, k a multiple of 256 (a warp's 256 weights in one row) and
-// at most kMaxK, each program's block whole chunks.
+// at most kMaxK, each program's block whole chunks, W and x 16-byte aligned (bulk copies' sources).
 inline bool valid(const Gemv& g, int programs) {
   if (programs < 1 || g.n < programs || g.n % programs != 0 || g.k < 256 || g.k % 256 != 0 || g.k > kMaxK)
     return false;
+  if (!host_aligned16(g.w) || !host_aligned16(g.x)) return false;
   return static_cast<int64_t>(g.n / programs) * g.k % chunk_elems(g, programs) == 0;
 }
 

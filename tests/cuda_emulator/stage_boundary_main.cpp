@@ -16,6 +16,7 @@
 //   to DIR/result.bin; a chain the launcher refuses prints "REFUSED".
 //   dir=PATH mode=wide programs= n= k= norm=: stream_gemv's GEMV of DIR/w.bin ([n, k] bf16) and DIR/x.bin
 //   (fp32), its output to DIR/result.bin; a shape or device the launcher refuses prints "REFUSED".
+//   misalign=NAME (gemv: w; wide: w, x; attention: q, k, v): that pointer 4 bytes off its buffer's start.
 //   dir=PATH mode=attention programs= ctx= pages= launches=: stream_attention's attention of DIR/q.bin (fp32
 //   [4, 512]) over DIR/k.bin and DIR/v.bin (bf16 [pages, 16, 512]) through DIR/table.bin (int32 [ctx / 16]),
 //   `launches` times (each must leave the merge's counters zero for the next), the last output to
@@ -51,6 +52,11 @@ int main(int argc, char** argv) {
   const std::string dir = a.str("dir"), mode_name = a.str("mode");
   const int programs = static_cast<int>(a.num("programs", 1)), n = static_cast<int>(a.num("n", 4));
   const int stages = static_cast<int>(a.num("stages", 1));
+  // misalign=NAME: that pointer 4 bytes past its buffer's (16-byte aligned) start, which the launcher must refuse
+  const std::string misalign = a.str("misalign", "");
+  auto at = [&](const char* name, const void* p) {
+    return static_cast<const void*>(static_cast<const unsigned char*>(p) + (misalign == name ? 4 : 0));
+  };
   use_device(kH100SmemOptin, static_cast<int>(a.num("major", 9)), static_cast<int>(a.num("sms", 8)),
              a.str("schedule", "rr"));
   if (mode_name == "stream") {
@@ -72,8 +78,8 @@ int main(int argc, char** argv) {
     Buffer x = load(dir, "x", 1, g.k, g.k, 4);
     Buffer w = load(dir, "w", g.n, g.k, g.k, 2);
     Buffer y = strided(1, g.n, g.n, 4);
-    g.w = static_cast<const __nv_bfloat16*>(w.data());
-    g.x = static_cast<const float*>(x.data());
+    g.w = static_cast<const __nv_bfloat16*>(at("w", w.data()));
+    g.x = static_cast<const float*>(at("x", x.data()));
     g.y = static_cast<float*>(y.data());
     return one_launch(a, dir, stream_gemv::run(g, programs, nullptr), y);
   }
@@ -89,8 +95,9 @@ int main(int argc, char** argv) {
     const int64_t slots = static_cast<int64_t>(programs) * sa::kSlot;
     Buffer workspace = strided(1, slots, slots, 4);
     std::vector<int32_t> counters(sa::kCluster, 0);
-    sa::Attention att{static_cast<const float*>(q.data()), static_cast<const __nv_bfloat16*>(k.data()),
-                      static_cast<const __nv_bfloat16*>(v.data()), static_cast<const int32_t*>(table.data()), ctx,
+    sa::Attention att{static_cast<const float*>(at("q", q.data())),
+                      static_cast<const __nv_bfloat16*>(at("k", k.data())),
+                      static_cast<const __nv_bfloat16*>(at("v", v.data())), static_cast<const int32_t*>(table.data()), ctx,
                       static_cast<float*>(out.data()), static_cast<float*>(workspace.data()), counters.data()};
     for (int l = 0; l + 1 < launches; ++l) {  // the earlier launches, each checked; the last is one_launch's
       const cudaError_t err = sa::run(att, programs, nullptr);
@@ -120,7 +127,7 @@ int main(int argc, char** argv) {
     Buffer y = strided(1, out, out, 4);
     size_t off = 0;
     for (int i = 0; i < c.stages; ++i) {
-      c.stage[i].w = static_cast<const __nv_bfloat16*>(w.data()) + off;
+      c.stage[i].w = static_cast<const __nv_bfloat16*>(at("w", w.data())) + off;
       off += cluster_gemv::weight_count(c.stage[i]);
     }
     c.x = static_cast<const float*>(x.data());
