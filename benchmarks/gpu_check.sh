@@ -8,7 +8,7 @@
 #
 # Every stage is time-boxed so that one hang cannot eat the device budget (a device command may run
 # 10 minutes, 600 s; with every box spent, kill grace included, the script ends by ~580 s): build 60 s,
-# stage boundaries 50 s (~22 s: benchmarks/bench_stage_boundary.py, with the cluster modes), GPU suite
+# stage boundaries 60 s (~25 s: benchmarks/bench_stage_boundary.py, with the cluster modes), GPU suite
 # 200 s (eight files at a time, each at most 120 s; 160 s measured at four on 2026-12-04), main command
 # 110 s, the launch-configuration sweep at most 70 s while 120 s are left for the benchmarks after it
 # (skipped under 30 s), the benchmarks what is left before 425 s (benchmarks/checklist.py's cases first: the
@@ -95,8 +95,8 @@ stage build 60 "$OUT/build.log" "$PY" setup.py build_ext --inplace
 # filled on the host, 0.5-32 MiB weights for the GEMVs, 16-64 MiB caches and their float64 attention).
 # Stopped by its own --time-limit before the box: a row that hangs costs only itself and the rows after it
 # (stage_boundary.json keeps the rows before, "cut_short_in" names it).
-stage stage-boundary 50 "$OUT/stage_boundary.log" "$PY" -m benchmarks.bench_stage_boundary \
-    --out "$OUT/stage_boundary.json" --time-limit 42 \
+stage stage-boundary 60 "$OUT/stage_boundary.log" "$PY" -m benchmarks.bench_stage_boundary \
+    --out "$OUT/stage_boundary.json" --time-limit 52 \
     --args "programs=8,132 cluster_programs=2,4,8,16 stream_programs=1,8,16,132 wide_programs=64,128 \
 attention_programs=64,128"
 
