@@ -367,15 +367,37 @@ std::string time_gemv(const std::vector<cluster_gemv::Stage>& st, int programs, 
   return time_graph(graph, exec, 10, replays, repeats, stream, us, {w, x, y});
 }
 
+// How many copies of a launch's `bytes` of inputs its timing rotates through: together >= 3x the L2, so that the
+// launches read DRAM, at least 2 and at most 64 (as benchmarks/timer.py rotates its input sets).
+int rotation_copies(size_t bytes, size_t l2_bytes) {
+  return static_cast<int>(std::min<size_t>(64, std::max<size_t>(2, (3 * l2_bytes + bytes - 1) / bytes)));
+}
+
+// µs a launch of `copies` back-to-back launches captured in one graph, launch(c) enqueuing the one over copy c of
+// its inputs; `buffers` freed after.
+std::string time_rotated(int copies, const std::function<cudaError_t(int)>& launch, int replays, int repeats,
+                         cudaStream_t stream, double* us, std::initializer_list<void*> buffers) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  cudaError_t launched = cudaSuccess;
+  for (int c = 0; c < copies && launched == cudaSuccess; ++c) launched = launch(c);
+  TRY(cudaStreamEndCapture(stream, &graph));
+  TRY(launched);
+  TRY(cudaGraphInstantiate(&exec, graph, 0));
+  const std::string timed = time_graph(graph, exec, 3, replays, repeats, stream, us, buffers);
+  *us /= copies;
+  return timed;
+}
+
 // One wide GEMV (a stage of n, k and norm: a drafter's glue GEMV at one token, as bench_stage_boundary.py writes
-// them) on `programs`: µs a launch, in a graph of `copies` back-to-back launches each over its own
-// copy of the weights (together >= 3x the L2, at most 64, as benchmarks/timer.py rotates inputs: the
-// launches read DRAM), and whether the first launch matches the host's float64 GEMV (relative 1e-3 of the
-// largest entry).
+// them) on `programs`: µs a launch, rotating through `copies` copies of the weights (rotation_copies,
+// time_rotated), and whether the first launch matches the host's float64 GEMV (relative 1e-3 of the largest
+// entry).
 std::string time_wide(const cluster_gemv::Stage& shape, int programs, size_t l2_bytes, int replays, int repeats,
                       cudaStream_t stream, double* us, int* copies, bool* ok) {
   const size_t count = static_cast<size_t>(shape.n) * shape.k, bytes = count * sizeof(__nv_bfloat16);
-  *copies = static_cast<int>(std::min<size_t>(64, std::max<size_t>(2, (3 * l2_bytes + bytes - 1) / bytes)));
+  *copies = rotation_copies(bytes, l2_bytes);
   const HostWeights wh = host_weights(count);
   const std::vector<float> x0 = host_input(shape.k);
   __nv_bfloat16* w = nullptr;
@@ -390,39 +412,29 @@ std::string time_wide(const cluster_gemv::Stage& shape, int programs, size_t l2_
   TRY(cudaMemcpyAsync(x, x0.data(), x0.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
   TRY(cudaMemsetAsync(y, 0xFF, static_cast<size_t>(shape.n) * sizeof(float), stream));  // NaN until written
   stream_gemv::Gemv g{w, x, y, shape.n, shape.k, shape.norm};
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
   TRY(stream_gemv::run(g, programs, stream));  // the first launch, checked
   TRY(cudaStreamSynchronize(stream));
   std::vector<float> got(static_cast<size_t>(shape.n));
   TRY(cudaMemcpy(got.data(), y, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
   // the chain's reference of one GEMV stage (normed as the glue norms)
   *ok = matches(gemv_reference({shape}, wh.f32, x0), got);
-  TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  cudaError_t launched = cudaSuccess;
-  for (int c = 0; c < *copies && launched == cudaSuccess; ++c) {
-    g.w = w + c * count;
-    launched = stream_gemv::run(g, programs, stream);
-  }
-  TRY(cudaStreamEndCapture(stream, &graph));
-  TRY(launched);
-  TRY(cudaGraphInstantiate(&exec, graph, 0));
-  const std::string timed = time_graph(graph, exec, 3, replays, repeats, stream, us, {w, x, y});
-  *us /= *copies;
-  return timed;
+  return time_rotated(*copies, [&](int c) {
+           g.w = w + c * count;
+           return stream_gemv::run(g, programs, stream);
+         }, replays, repeats, stream, us, {w, x, y});
 }
 
-// E2B's full-layer attention at B = 1 over `ctx` keys on `programs` (stream_attention.cuh): µs a launch, in a graph
-// of `copies` back-to-back launches each over its own copy of the cache (together >= 3x the L2, at most 64: the
-// launches read DRAM), the pages of each copy in a shuffled order (a request's pages are scattered in a cache),
-// and whether the first launch matches the host's float64 attention (relative 1e-3 of the largest entry).
+// E2B's full-layer attention at B = 1 over `ctx` keys on `programs` (stream_attention.cuh): µs a launch, rotating
+// through `copies` copies of the cache (rotation_copies, time_rotated), the pages of each copy in a shuffled order
+// (a request's pages are scattered in a cache), and whether the first launch matches the host's float64
+// attention (relative 1e-3 of the largest entry).
 std::string time_attention(int ctx, int programs, size_t l2_bytes, int replays, int repeats, cudaStream_t stream,
                            double* us, int* copies, bool* ok) {
   namespace sa = stream_attention;
   const int pages = ctx / sa::kPage;
   const size_t page_elems = static_cast<size_t>(sa::kPage) * sa::kDim, count = pages * page_elems;
   const size_t bytes = 2 * count * sizeof(__nv_bfloat16);  // keys and values of one copy
-  *copies = static_cast<int>(std::min<size_t>(64, std::max<size_t>(2, (3 * l2_bytes + bytes - 1) / bytes)));
+  *copies = rotation_copies(bytes, l2_bytes);
   const HostWeights kv = host_weights(2 * count);  // keys, then values, in the cache's (physical) page order
   const std::vector<float> q0 = host_input(sa::kHeads * sa::kDim);
   std::vector<int32_t> perm(static_cast<size_t>(pages));
@@ -464,21 +476,10 @@ std::string time_attention(int ctx, int programs, size_t l2_bytes, int replays, 
                   logical.begin() + half * count + static_cast<size_t>(i) * page_elems);
   const cluster_gemv::Stage shape{nullptr, sa::kHeads * sa::kDim, sa::kDim, 0, 0, ctx};
   *ok = matches(attention_reference(shape, logical.data(), std::vector<double>(q0.begin(), q0.end())), got);
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  cudaError_t launched = cudaSuccess;
-  for (int c = 0; c < *copies && launched == cudaSuccess; ++c) {
-    a.block_table = table + static_cast<size_t>(c) * pages;
-    launched = sa::run(a, programs, stream);
-  }
-  TRY(cudaStreamEndCapture(stream, &graph));
-  TRY(launched);
-  TRY(cudaGraphInstantiate(&exec, graph, 0));
-  const std::string timed = time_graph(graph, exec, 3, replays, repeats, stream, us, {k, v, q, out, workspace, table,
-                                                                                         counters});
-  *us /= *copies;
-  return timed;
+  return time_rotated(*copies, [&](int c) {
+           a.block_table = table + static_cast<size_t>(c) * pages;
+           return sa::run(a, programs, stream);
+         }, replays, repeats, stream, us, {k, v, q, out, workspace, table, counters});
 }
 
 // Closes a result row with what failed ("error", quotes made JSON-safe); false when nothing did.
