@@ -49,24 +49,33 @@ def build(out_dir: Path) -> Path:
     return exe
 
 
-def layer_stages(drafter: str, layer_type: str) -> list[tuple[int, ...]]:
-    """One layer of `drafter` (gemma4_mtp.drafter.real_shape_config, from drafter_shapes) as cluster_gemv stages
-    (n, k, norm, glu[, window]): q_proj (its input normed), for a sliding layer the attention of its query heads
-    over the window of its one key-value head, o_proj, gate_up (normed), down_proj (the GLU folded in). A full
-    layer's attention is left out: a one-cluster step hands it to the whole GPU."""
-    from gemma4_mtp.config import SLIDING
+def layer_gemvs(drafter: str, layer_type: str) -> list[tuple[str, tuple[int, int, int, int]]]:
+    """The GEMVs of one layer of `drafter` (gemma4_mtp.drafter.real_shape_config, from drafter_shapes) at one
+    token, in order, as (projection, cluster_gemv stage (n, k, norm, glu)): q_proj (its input normed), o_proj,
+    gate_up (normed), down_proj (the GLU folded into its input)."""
     from gemma4_mtp.drafter import real_shape_config
 
     t = real_shape_config(drafter).text
-    spec, hd, inter = t.attention[layer_type], t.hidden_size, t.intermediate_size
-    q = t.num_heads * spec.head_dim
-    attention = []
-    if layer_type == SLIDING:
-        if spec.num_kv_heads != 1:
-            raise ValueError(f"{drafter}: the cluster's attention stage reads one key-value head, not "
-                             f"{spec.num_kv_heads}")
-        attention = [(q, spec.head_dim, 1, 0, spec.window)]
-    return [(q, hd, 1, 0), *attention, (hd, q, 0, 0), (2 * inter, hd, 1, 0), (hd, inter, 0, 1)]
+    hd, inter, q = t.hidden_size, t.intermediate_size, t.num_heads * t.attention[layer_type].head_dim
+    return [("q_proj", (q, hd, 1, 0)), ("o_proj", (hd, q, 0, 0)), ("gate_up", (2 * inter, hd, 1, 0)),
+            ("down_proj", (hd, inter, 0, 1))]
+
+
+def layer_stages(drafter: str, layer_type: str) -> list[tuple[int, ...]]:
+    """One layer of `drafter` as cluster_gemv stages (n, k, norm, glu[, window]): its GEMVs (layer_gemvs) and, for
+    a sliding layer, between q_proj and o_proj the attention of its query heads over the window of its one
+    key-value head. A full layer's attention is left out: a one-cluster step hands it to the whole GPU."""
+    from gemma4_mtp.config import SLIDING
+    from gemma4_mtp.drafter import real_shape_config
+
+    (_, q_proj), *rest = layer_gemvs(drafter, layer_type)
+    if layer_type != SLIDING:
+        return [q_proj, *(st for _, st in rest)]
+    spec = real_shape_config(drafter).text.attention[layer_type]
+    if spec.num_kv_heads != 1:
+        raise ValueError(f"{drafter}: the cluster's attention stage reads one key-value head, not "
+                         f"{spec.num_kv_heads}")
+    return [q_proj, (q_proj[0], spec.head_dim, 1, 0, spec.window), *(st for _, st in rest)]
 
 
 def step_stages(drafter: str) -> list[tuple[int, ...]]:
@@ -86,20 +95,17 @@ def step_stages(drafter: str) -> list[tuple[int, ...]]:
 
 
 def glue_gemvs(drafter: str) -> dict[tuple[int, int, int], str]:
-    """`drafter`'s distinct glue GEMVs at one token, (n, k, norm) -> name ("31B o_proj sliding / down_proj": the
-    projections of that shape)."""
+    """`drafter`'s distinct glue GEMVs at one token (layer_gemvs of both layer types; the ring GEMV has no GLU),
+    (n, k, norm) -> name ("31B o_proj sliding / down_proj": the projections of that shape; the attention
+    projections named by their layer type, the MLP's, the same in both, once)."""
     from gemma4_mtp.config import FULL, SLIDING
-    from gemma4_mtp.drafter import real_shape_config
 
-    t = real_shape_config(drafter).text
-    hd, inter = t.hidden_size, t.intermediate_size
     roles = {}
     for lt, kind in ((FULL, "full"), (SLIDING, "sliding")):
-        q = t.num_heads * t.attention[lt].head_dim
-        roles.setdefault((q, hd, 1), []).append(f"q_proj {kind}")
-        roles.setdefault((hd, q, 0), []).append(f"o_proj {kind}")
-    roles.setdefault((2 * inter, hd, 1), []).append("gate_up")
-    roles.setdefault((hd, inter, 0), []).append("down_proj")
+        for name, (n, k, norm, _) in layer_gemvs(drafter, lt)[:2]:  # q_proj, o_proj
+            roles.setdefault((n, k, norm), []).append(f"{name} {kind}")
+    for name, (n, k, norm, _) in layer_gemvs(drafter, FULL)[2:]:  # gate_up, down_proj
+        roles.setdefault((n, k, norm), []).append(name)
     return {shape: f"{drafter} " + " / ".join(names) for shape, names in roles.items()}
 
 
