@@ -6,7 +6,8 @@ and unsplit paths, A100 and H100/H200 SM counts) on meta tensors, with `record.r
 kernel launch: what it collects is what the launchers really launch, as Triton's JIT would specialise it
 on a GPU.
 `compile_launch` builds one for a `GPUTarget` and reads registers, shared memory and local memory
-(spills) from `cuobjdump -res-usage` of the cubin. Used by tests/test_triton_aot.py (under Triton 3.8
+(spills) from `cuobjdump -res-usage` of the cubin; `front_end` takes a launch through Triton's front end
+only (the torch.compile check, INDUCTOR_FLOAT). Used by tests/test_triton_aot.py (under Triton 3.8
 and the Triton 3.6 of `.ci/setup`'s second environment) and benchmarks/triton_resources.py.
 """
 from __future__ import annotations
@@ -500,17 +501,23 @@ def pdl_problem(ptx: str) -> str | None:
     return None
 
 
-def _compile_row(launch: Launch, arch: int) -> dict:
+def _row(launch: Launch, arch: int) -> dict:
+    """What a report row says of the launch before anything is compiled."""
     rec = launch.launch
     names = [p.name for p in rec.kernel.params]
     constexprs = {names[path[0]]: v if isinstance(v, (bool, int, float, str)) else str(v)
                   for path, v in rec.constexprs.items() if v is not None}
-    row = dict(name=launch.name, kernel=launch.kernel.__name__, arch=f"sm_{arch}", dtype=launch.dtype,
-               num_warps=rec.options.get("num_warps", 4), num_stages=rec.options.get("num_stages", 3),
-               signature={k: v for k, v in rec.signature.items() if v != "constexpr"}, constexprs=constexprs,
-               none_args=[names[path[0]] for path, v in rec.constexprs.items() if v is None],
-               pdl=bool(rec.options.get("launch_pdl")), registers=0, shared_bytes=0, local_bytes=0, stack_bytes=0,
-               problems=[])
+    return dict(name=launch.name, kernel=launch.kernel.__name__, arch=f"sm_{arch}", dtype=launch.dtype,
+                num_warps=rec.options.get("num_warps", 4), num_stages=rec.options.get("num_stages", 3),
+                signature={k: v for k, v in rec.signature.items() if v != "constexpr"}, constexprs=constexprs,
+                none_args=[names[path[0]] for path, v in rec.constexprs.items() if v is None],
+                pdl=bool(rec.options.get("launch_pdl")), problems=[])
+
+
+def _compile_row(launch: Launch, arch: int) -> dict:
+    rec = launch.launch
+    row = dict(_row(launch, arch), stage="cubin", registers=0, shared_bytes=0, local_bytes=0, stack_bytes=0)
+    constexprs = row["constexprs"]
     try:
         compiled, res = compile_launch(launch, arch)
     except Exception as e:  # a launch that does not compile fails on the first GPU: report, keep going
@@ -549,8 +556,12 @@ def _compile_row(launch: Launch, arch: int) -> dict:
 
 # torch.compile (inductor, torch 2.11) launches a user Triton kernel with its Python float arguments typed
 # fp64, where Triton's own launcher types them fp32: on the H200 (2026-12-04) a compiled step's fp64
-# softmax scale made the attention's probabilities fp64, which tl.dot refused. Each specialisation of a
-# kernel with float scalars is also compiled that way (on sm_90, the type rules are the same on sm_80).
+# softmax scale made the attention's probabilities fp64, which tl.dot refused. The kernels cast their float
+# scalars to fp32 before any use, so each specialisation of a kernel with float scalars is checked that way
+# (on sm_90, the type rules are the same on sm_80) in Triton's front end only: it must lower to TTIR, and
+# there each fp64 parameter may only be truncated to fp32. What follows the casts is then the fp32
+# launch's own IR, which `_compile_row` compiles to a cubin (a full compile of each fp64 twin as well cost
+# a quarter of the CI's compile time and could find nothing more).
 INDUCTOR_FLOAT = "fp64"
 
 
@@ -566,6 +577,54 @@ def inductor_launches(recorded: list[Launch]) -> list[Launch]:
         seen.setdefault(key, launch._replace(name=f"{launch.name} [float scalars {INDUCTOR_FLOAT}, as torch.compile]",
                                              launch=rec._replace(signature=sig), archs=(90,)))
     return list(seen.values())
+
+
+def front_end(launch: Launch, arch: int) -> str:
+    """The launch's Triton IR after Triton's TTIR passes (the AST lowered for `arch`; no GPU stage runs)."""
+    from triton._C.libtriton import ir
+    from triton.compiler.compiler import make_backend
+
+    rec = launch.launch
+    src = ASTSource(rec.kernel, rec.signature, rec.constexprs, rec.attrs)
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    options = backend.parse_options(dict(rec.options))
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    module = src.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(),
+                         context)
+    stages = {}
+    backend.add_stages(stages, options, src.language)
+    return str(stages["ttir"](module, {}))
+
+
+_F64_PARAM = re.compile(r"%(\w+): f64\b")
+
+
+def uncast_float_scalars(ttir: str) -> list[str]:
+    """The kernel's fp64 scalar parameters that its TTIR uses other than in `arith.truncf %p : f64 to f32`."""
+    signature, _, body = ttir.partition("tt.func public @")[2].partition("\n")
+    bad = []
+    for name in _F64_PARAM.findall(signature):
+        uses = [line for line in body.splitlines() if re.search(rf"%{name}(?![\w])", line)]
+        if any(not re.search(rf"= arith\.truncf %{name} : f64 to f32\b", line) for line in uses):
+            bad.append(name)
+    return bad
+
+
+def _front_end_row(launch: Launch, arch: int) -> dict:
+    row = dict(_row(launch, arch), stage="ttir")
+    try:
+        ttir = front_end(launch, arch)
+    except Exception as e:  # what torch.compile's launch would fail on
+        detail = " ".join(str(e).split())
+        row["problems"].append(f"does not compile ({type(e).__name__}): {detail[:600]}")
+        return row
+    if uncast := uncast_float_scalars(ttir):
+        row["problems"].append(f"uses its {INDUCTOR_FLOAT} scalars {uncast} other than to cast them to fp32: "
+                               "torch.compile's launch computes in fp64")
+    return row
 
 
 def step_sass(name: str, B: int = 1, ctx: int = 8192, arch: int = 90, sms: int = 132) -> list[dict]:
@@ -595,14 +654,39 @@ def step_sass(name: str, B: int = 1, ctx: int = 8192, arch: int = 90, sms: int =
     return rows
 
 
-def report(archs=ARCHS) -> list[dict]:
-    """Every recorded launch compiled for each of `archs` that makes it, and on sm_90 each specialisation
-    with float scalars once more as torch.compile types them: resources, and what is wrong (does not
-    compile, spills in bf16/fp16, more shared memory than a block may have, a programmatic dependent
-    launch that touches global memory before it waits for the kernel before it)."""
+def _jit_function(module: str, name: str):
+    import importlib
+    return getattr(importlib.import_module(module), name)
+
+
+def _run_job(job: tuple) -> dict:
+    row, launch, arch = job
+    return row(launch, arch)
+
+
+def report(archs=ARCHS, jobs: int = 1) -> list[dict]:
+    """Every recorded launch compiled for each of `archs` that makes it (rows of stage "cubin"), and on sm_90
+    each specialisation with float scalars once more as torch.compile types them (stage "ttir": the front
+    end only, see INDUCTOR_FLOAT): resources, and what is wrong (does not compile, spills in bf16/fp16, more
+    shared memory than a block may have, a programmatic dependent launch that touches global memory before
+    it waits for the kernel before it, fp64 arithmetic under torch.compile). The launches are recorded
+    once; `jobs` processes compile them."""
     recorded = launches()
-    extra = inductor_launches(recorded) if 90 in archs else []
-    return [_compile_row(launch, arch) for launch in recorded + extra for arch in archs if arch in launch.archs]
+    work = [(_compile_row, launch, arch) for launch in recorded for arch in archs if arch in launch.archs]
+    if 90 in archs:
+        work += [(_front_end_row, launch, 90) for launch in inductor_launches(recorded)]
+    if jobs <= 1:
+        return [_run_job(job) for job in work]
+    import copyreg
+    import multiprocessing
+
+    from triton.runtime.jit import JITFunction
+
+    # a launch travels to a worker with its kernel named (module, function), not pickled whole
+    copyreg.pickle(JITFunction, lambda f: (_jit_function, (f.__module__, f.__name__)))
+    # spawn, not fork: the workers compile in fresh processes, not in a copy of one that ran torch
+    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+        return pool.map(_run_job, work, chunksize=1)
 
 
 if __name__ == "__main__":
@@ -615,6 +699,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, action="append", choices=ARCHS,
                         help="compile for this SM architecture only (repeatable; default: all)")
+    parser.add_argument("--jobs", type=int, default=1, help="compile in this many processes (default 1)")
     parser.add_argument("--kernels", action="store_true", help="list the package's Triton kernels instead")
     parser.add_argument("--step-compiles", action="store_true",
                         help="instead, the distinct compiles per kernel of each drafter's chain steps over "
@@ -625,5 +710,5 @@ if __name__ == "__main__":
     elif args.step_compiles:
         result = {name: step_compiles(name) for name in DRAFTERS}
     else:
-        result = report(tuple(args.arch or ARCHS))
+        result = report(tuple(args.arch or ARCHS), args.jobs)
     json.dump(result, sys.stdout, indent=1)
