@@ -7,10 +7,13 @@ JIT specialises it (`gemma4_mtp_kernels.triton.record`). Each distinct launch mu
 shared memory of an A100 / H100 block (a launch over it fails on the GPU) and, for bf16/fp16, not spill
 (aot.STACK_SLOT_BYTES: one saved predicate slot is allowed).
 
-Each launch under torch.compile's types (fp64 float scalars) is checked in Triton's front end (`aot.INDUCTOR_FLOAT`).
+Each launch with float scalars is checked once more, typed as torch.compile types them (fp64), in Triton's
+front end (`aot.INDUCTOR_FLOAT`).
+
 The compiles run in a subprocess (the launches recorded once, compiled in two worker processes): under
-TRITON_INTERPRET=1 (set for the CPU tests) the kernels are interpreter objects that cannot be compiled. Triton 3.6 is the second
-environment `.ci/setup` installs into `.triton36/` (triton only; torch and the project from `.venv`).
+TRITON_INTERPRET=1 (set for the CPU tests) the kernels are interpreter objects that cannot be compiled.
+Triton 3.6 is the second environment `.ci/setup` installs into `.triton36/` (triton only; torch and the
+project from `.venv`).
 """
 import json
 import os
@@ -234,8 +237,8 @@ def test_the_pdl_check_finds_an_early_global_access():
 # The TTIR of a kernel whose fp64 scalars (as torch.compile types them) are cast before use: the shape of
 # Triton's output (3.6 and 3.8), cut down.
 _TTIR = """module {
-  tt.func public @_k(%x_ptr: !tt.ptr<bf16> {tt.divisibility = 16 : i32} loc("x_ptr"(#loc)), %scale: f64 loc("scale"(#loc)), \
-%scale2: f64 loc("scale2"(#loc)), %n: i32 loc("n"(#loc))) attributes {noinline = false} {
+  tt.func public @_k(%x_ptr: !tt.ptr<bf16> {tt.divisibility = 16 : i32} loc("x_ptr"(#loc)), \
+%scale: f64 loc("scale"(#loc)), %scale2: f64 loc("scale2"(#loc)), %n: i32 loc("n"(#loc))) attributes {noinline = false} {
     %scale_0 = arith.truncf %scale : f64 to f32 loc(#loc2)
     %scale2_1 = arith.truncf %scale2 : f64 to f32 loc(#loc3)
     %0 = tt.splat %scale_0 : f32 -> tensor<16xf32> loc(#loc4)
