@@ -514,6 +514,13 @@ def _row(launch: Launch, arch: int) -> dict:
                 pdl=bool(rec.options.get("launch_pdl")), problems=[])
 
 
+def _does_not_compile(row: dict, error: Exception) -> dict:
+    """The row with the compiler's error (on one line, cut) as its problem."""
+    detail = " ".join(str(error).split())
+    row["problems"].append(f"does not compile ({type(error).__name__}): {detail[:600]}")
+    return row
+
+
 def _compile_row(launch: Launch, arch: int) -> dict:
     rec = launch.launch
     row = dict(_row(launch, arch), stage="cubin", registers=0, shared_bytes=0, local_bytes=0, stack_bytes=0)
@@ -521,9 +528,7 @@ def _compile_row(launch: Launch, arch: int) -> dict:
     try:
         compiled, res = compile_launch(launch, arch)
     except Exception as e:  # a launch that does not compile fails on the first GPU: report, keep going
-        detail = " ".join(str(e).split())
-        row["problems"].append(f"does not compile ({type(e).__name__}): {detail[:600]}")
-        return row
+        return _does_not_compile(row, e)
     row.update(res._asdict())
     if (res.local_bytes or res.stack_bytes > STACK_SLOT_BYTES) and launch.dtype != "fp32":
         row["problems"].append(f"spills: {res.local_bytes} B local, {res.stack_bytes} B stack per thread")
@@ -618,9 +623,7 @@ def _front_end_row(launch: Launch, arch: int) -> dict:
     try:
         ttir = front_end(launch, arch)
     except Exception as e:  # what torch.compile's launch would fail on
-        detail = " ".join(str(e).split())
-        row["problems"].append(f"does not compile ({type(e).__name__}): {detail[:600]}")
-        return row
+        return _does_not_compile(row, e)
     if uncast := uncast_float_scalars(ttir):
         row["problems"].append(f"uses its {INDUCTOR_FLOAT} scalars {uncast} other than to cast them to fp32: "
                                "torch.compile's launch computes in fp64")
