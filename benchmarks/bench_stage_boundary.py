@@ -2,8 +2,8 @@
 a grid-wide barrier inside one persistent kernel, or a cluster barrier inside one thread block cluster
 (the vectors in global or in distributed shared memory) or stores pushed between its SMs; what a group of
 SMs streams from L2 and DRAM; E2B layers' GEMVs, whole sliding layers and the step's stages run in one
-cluster; 31B's and E2B's glue GEMVs, and E2B's full-layer attention, streamed by every SM from a ring of bulk
-copies (benchmarks/cuda/stage_boundary.cuh, cluster_gemv.cuh, stream_gemv.cuh and stream_attention.cuh say
+cluster; 31B's and E2B's glue GEMVs, and E2B's and 31B's attention at B = 1, streamed by every SM from a ring of
+bulk copies (benchmarks/cuda/stage_boundary.cuh, cluster_gemv.cuh, stream_gemv.cuh and stream_attention.cuh say
 how).
 
 A drafter step is 27 dependent stages (launch_count); at E2B's sizes its bytes take ~10 µs, so the
@@ -110,19 +110,35 @@ def glue_gemvs(drafter: str) -> dict[tuple[int, int, int], str]:
 
 
 WIDE_DRAFTERS = ("31B", "E2B")  # 31B's GEMVs are bandwidth (8-32 MiB), E2B's latency (0.5-2 MiB)
+# the "attention" rows' layers and keys: E2B's full layer at 8K and 32K, 31B's full layer at 8K, 31B's sliding
+# layer over its window
+ATTENTION_LAYERS = (("E2B", "full", 8192), ("E2B", "full", 32768), ("31B", "full", 8192), ("31B", "sliding", None))
+
+
+def attention_layers() -> list[tuple[str, int, int, int, int]]:
+    """The "attention" rows' layers: (name, query heads on a key-value head, head dimension, key-value heads,
+    keys attended; a sliding layer its window) from drafter_shapes."""
+    from gemma4_mtp_kernels.drafter_shapes import DRAFTERS
+
+    out = []
+    for drafter, kind, ctx in ATTENTION_LAYERS:
+        d, kv = DRAFTERS[drafter], "Hkv_full" if kind == "full" else "Hkv_swa"
+        dim = d["D_full"] if kind == "full" else d["D_swa"]
+        out.append((f"{drafter} {kind}", d["Hq"] // d[kv], dim, d[kv], ctx or d["window"]))
+    return out
 
 
 def shape_args() -> list[str]:
     """The binary's layers and GEMVs: E2B's sliding and full layers and its step's stages ("gemv" rows), 31B's and
-    E2B's glue GEMVs ("wide_gemv" rows). (The "attention" rows' kernel is E2B's full layer by its constants,
-    stream_attention.cuh's, which tests/test_stage_boundary_emulated.py holds to drafter_shapes.)"""
+    E2B's glue GEMVs ("wide_gemv" rows), E2B's and 31B's attention layers ("attention" rows)."""
     from gemma4_mtp.config import FULL, SLIDING
 
     def stages(st):
         return ",".join(":".join(map(str, s)) for s in st)
     wide = [shape for d in WIDE_DRAFTERS for shape in glue_gemvs(d)]
     return [f"sliding_layer={stages(layer_stages('E2B', SLIDING))}", f"full_layer={stages(layer_stages('E2B', FULL))}",
-            f"step={stages(step_stages('E2B'))}", f"wide={stages((n, k, norm, 0) for n, k, norm in wide)}"]
+            f"step={stages(step_stages('E2B'))}", f"wide={stages((n, k, norm, 0) for n, k, norm in wide)}",
+            "attention=" + ",".join(":".join(map(str, layer[1:])) for layer in attention_layers())]
 
 
 def name_wide_rows(results: dict) -> None:
@@ -130,6 +146,15 @@ def name_wide_rows(results: dict) -> None:
     names = {shape: name for d in WIDE_DRAFTERS for shape, name in glue_gemvs(d).items()}
     for r in results.get("wide_gemv") or []:
         r.setdefault("shape", names.get((r["n"], r["k"], r.get("norm")), f"{r['n']} x {r['k']}"))
+
+
+def name_attention_rows(results: dict) -> None:
+    """Each attention row's "layer": its drafter and layer kind ("31B full"), from its heads, dimension and key-value
+    heads (runs of 2026-12-07 and before had E2B's full layer only, and no such fields)."""
+    names = {layer[1:4]: layer[0] for layer in attention_layers()}
+    for r in results.get("attention") or []:
+        shape = (r.get("heads", 4), r.get("dim", 512), r.get("kv_heads", 1))
+        r.setdefault("layer", names.get(shape, "{} heads of {} on each of {} key-value heads".format(*shape)))
 
 
 def _why(r: dict) -> str:
@@ -201,11 +226,13 @@ def table(results: dict, *, markdown: bool = False) -> str:
                "back to back in one graph, every launch over its own copy of the weights (L2 cold)")
     w_head = ("shape", "programs", "MiB", "µs", "TB/s", "check")
     w_rows = streamed(results.get("wide_gemv") or [], "shape")  # runs before 2026-12-06 (evening) had none
-    a_title = ("E2B's full-layer attention at B = 1 (4 heads of 512, one key-value head, pages of 16 keys) on every "
-               "SM from a ring of bulk copies, merged in clusters of 8: µs a launch, back to back in one graph, every "
-               "launch over its own copy of the cache (L2 cold)")
-    a_head = ("keys", "programs", "MiB", "µs", "TB/s", "check")
-    a_rows = streamed(results.get("attention") or [], "ctx")  # runs before 2026-12-07 had none
+    a_title = ("Attention at B = 1 (E2B's full layer: 4 query heads of 512 on one key-value head; 31B's full: 8 of 512 "
+               "on each of 4; 31B's sliding: 2 of 256 on each of 16, its window; pages of 16 keys) on every SM from a "
+               "ring of bulk copies, merged in clusters of 8: µs a launch, back to back in one graph, every launch over "
+               "its own copy of the cache (L2 cold)")
+    a_head = ("layer", "keys", "programs", "MiB", "µs", "TB/s", "check")
+    attention = results.get("attention") or []  # runs before 2026-12-07 had none; "layer": name_attention_rows
+    a_rows = [(r.get("layer", "-"), *row) for r, row in zip(attention, streamed(attention, "ctx"))]
     cut = (f"The run stopped in the row {results['cut_short_in']} (a hang or a crash): it and every row after it "
            "are missing." if results.get("cut_short_in") else None)
     if markdown:
@@ -228,7 +255,7 @@ def table(results: dict, *, markdown: bool = False) -> str:
     if w_rows:
         out += ["", w_title, *(line(r, (30, 8, 4, 7, 5)) for r in (w_head, *w_rows))]
     if a_rows:
-        out += ["", a_title, *(line(r, (6, 8, 4, 7, 5)) for r in (a_head, *a_rows))]
+        out += ["", a_title, *(line(r, (11, 6, 8, 4, 7, 5)) for r in (a_head, *a_rows))]
     return "\n".join(out + (["", cut] if cut else []))
 
 
@@ -282,6 +309,7 @@ def main(argv=None) -> int:
             return 1
         status = status or 1
     name_wide_rows(results)
+    name_attention_rows(results)
     results["shape_args"] = shapes  # the layers and GEMVs it ran (before --args, which may replace them)
     results["env"] = environment(torch)
     results["exit_status"] = status

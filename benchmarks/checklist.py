@@ -299,6 +299,7 @@ CLUSTER = "A drafter step in one cluster"
 SLIDING = "A drafter step in one cluster (whole sliding layers)"
 WIDE = "31B's GEMVs from a ring of bulk copies"
 ATTENTION = "Full attention from a ring of bulk copies"
+ATTENTION_31B = "31B's attention from a ring of bulk copies"
 STAGE_PREDICTIONS = (
     *(StagePrediction(f"`{mode}`, {n} programs, a stage", "results", (("mode", mode), ("programs", n)),
                       "us_per_stage", lo, hi, "µs", "`pdl` 1.27-1.40, `barrier` 1.43-1.73", CLUSTER)
@@ -341,10 +342,16 @@ STAGE_PREDICTIONS = (
                                    ("E2B o_proj sliding", 2.3, 3.3, "-"),
                                    ("E2B gate_up", 2.7, 3.8, "6.1"))),
     *(StagePrediction(f"E2B full attention, {ctx // 1024}K keys, {n} programs", "attention",
-                      (("ctx", ctx), ("programs", n)), "us", lo, hi, "µs", today, ATTENTION)
+                      (("layer", "E2B full"), ("ctx", ctx), ("programs", n)), "us", lo, hi, "µs", today, ATTENTION)
       for ctx, n, lo, hi, today in ((8192, 128, 7.5, 11, "23.4 (17-21 predicted)"),
                                     (8192, 64, 7.5, 13, "23.4 (17-21 predicted)"),
                                     (32768, 128, 20, 24, "45.7 (30-40 predicted)"))),
+    *(StagePrediction(f"31B full attention, 8K keys, {n} programs", "attention",
+                      (("layer", "31B full"), ("ctx", 8192), ("programs", n)), "us", lo, hi, "µs",
+                      "not measured (24-40 predicted)", ATTENTION_31B)
+      for n, lo, hi in ((128, 23, 30), (64, 42, 55))),
+    StagePrediction("31B sliding attention, its 1024-key window, 128 programs", "attention",
+                    (("layer", "31B sliding"), ("programs", 128)), "us", 7, 10, "µs", "not measured", ATTENTION_31B),
 )
 
 
@@ -357,6 +364,9 @@ def _row(sb: dict, section: str, match: tuple) -> dict | None:
 
 def stage_value(sb: dict, p: StagePrediction) -> float | None:
     """p's measured value in a stage_boundary.json (None if its rows did not run or failed their check)."""
+    if p.section == "attention":
+        from .bench_stage_boundary import name_attention_rows
+        name_attention_rows(sb)  # the rows' "layer", where the JSON has none
     if p.field == "per_layer":
         one, four = (_row(sb, p.section, (*p.match, ("layers", n))) for n in (1, 4))
         return None if one is None or four is None else (four["us"] - one["us"]) / 3

@@ -445,6 +445,7 @@ def test_stage_boundary_builds_and_fails_cleanly_without_a_gpu(tmp_path):
     assert done.returncode == 1 and "cudaGetDevice" in done.stderr, done.stderr
     for bad, named in (("step=256:3072:0:0,sliding", "step=256:3072:0:0,sliding: expected n:k:norm:glu[:window]"),
                        ("wide=1024:256:1", "wide=1024:256:1: expected n:k:norm:glu[:window]"),
+                       ("attention=8:512:4", "attention=8:512:4: expected heads:dim:kv_heads:ctx"),
                        ("sliding_layer=" + ",".join(["8:8:0:0"] * 33), "(at most 32)")):
         done = subprocess.run([str(exe), bad], capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and named in done.stderr, (bad, done.stderr)
@@ -483,8 +484,8 @@ def test_stage_boundary_keeps_the_rows_of_a_run_that_hangs(tmp_path, monkeypatch
 
 def test_stage_boundary_table_shows_every_section():
     """bench_stage_boundary.table renders each section's rows (text and markdown): the cluster chains, the stream
-    rates, the layers in one cluster with their per-layer slope, the ring GEMVs named by drafter_shapes, the
-    attention rows, and a skipped or failed row's reason."""
+    rates, the layers in one cluster with their per-layer slope, the ring GEMVs and the attention rows named by
+    drafter_shapes, and a skipped or failed row's reason."""
     from benchmarks import bench_stage_boundary as bsb
 
     results = {"device": "X", "sms": 132, "cc": "9.0", "n": 2048, "stages": 32,
@@ -500,17 +501,25 @@ def test_stage_boundary_table_shows_every_section():
                         {"layer": "step", "programs": 2, "stages": 21, "bytes": 1, "skipped": "too few"}],
                "wide_gemv": [{"n": 1024, "k": 16384, "norm": 0, "programs": 128, "bytes": 33554432, "copies": 5,
                               "ok": True, "us": 11.0}],
-               "attention": [{"ctx": 8192, "programs": 128, "bytes": 16777216, "copies": 10, "ok": True, "us": 8.0},
-                             {"ctx": 8192, "programs": 120, "bytes": 16777216, "skipped": "not whole clusters"}]}
+               "attention": [{"heads": 4, "dim": 512, "kv_heads": 1, "ctx": 8192, "programs": 128, "bytes": 16777216,
+                              "copies": 10, "ok": True, "us": 8.0},
+                             {"heads": 4, "dim": 512, "kv_heads": 1, "ctx": 8192, "programs": 120, "bytes": 16777216,
+                              "skipped": "not whole clusters"},
+                             {"heads": 8, "dim": 512, "kv_heads": 4, "ctx": 8192, "programs": 128, "bytes": 67108864,
+                              "copies": 2, "ok": True, "us": 20.0}]}
     bsb.name_wide_rows(results)
+    bsb.name_attention_rows(results)
     assert results["wide_gemv"][0]["shape"] == "31B o_proj full"
+    assert [r["layer"] for r in results["attention"]] == ["E2B full", "E2B full", "31B full"]
     for markdown in (False, True):
         out = bsb.table(results, markdown=markdown)
         assert "31B o_proj full" in out and "3.05" in out  # 32 MiB in 11 µs: 3.05 TB/s
         assert "4.00" in out  # the sliding layer's slope: (20 - 8) / 3
         assert "WRONG RESULT" in out and "skipped: too few" in out and "skipped: not whole clusters" in out
         assert "131" in out and "0.45" in out  # the stream row's GB/s a program, the push chain's µs a stage
-    assert "| 8192 | 128 | 16 | 8.00 | 2.10 | ok |" in bsb.table(results, markdown=True)  # 16 MiB in 8 µs
+    md = bsb.table(results, markdown=True)
+    assert "| E2B full | 8192 | 128 | 16 | 8.00 | 2.10 | ok |" in md  # 16 MiB in 8 µs
+    assert "| 31B full | 8192 | 128 | 64 | 20.00 | 3.36 | ok |" in md  # 64 MiB in 20 µs
 
 
 def test_the_drafter_step_module_gets_half_the_budget():

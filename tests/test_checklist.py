@@ -102,8 +102,9 @@ def test_run_all_times_the_checklist_cases_before_the_others(tmp_path, monkeypat
 
 def test_every_stage_prediction_names_rows_the_benchmark_prints():
     """Each stage-boundary prediction reads rows stage_boundary.cu prints: its section, its keys, and its
-    string values (modes, stream sources, layer kinds) among the program's own strings; a wide GEMV's shape is
-    the name bench_stage_boundary gives one of the drafters' glue GEMVs it passes the program."""
+    string values (modes, stream sources, layer kinds) among the program's own strings; a wide GEMV's shape and an
+    attention row's layer are the names bench_stage_boundary gives the drafters' glue GEMVs and attention layers it
+    passes the program."""
     import re
     from pathlib import Path
 
@@ -117,6 +118,9 @@ def test_every_stage_prediction_names_rows_the_benchmark_prints():
         for key, value in p.match:
             if (p.section, key) == ("wide_gemv", "shape"):
                 assert value in wide, (p, value)
+                continue
+            if (p.section, key) == ("attention", "layer"):
+                assert value in {layer[0] for layer in bsb.attention_layers()}, (p, value)
                 continue
             assert f'\\"{key}\\": ' in source, (p, key)
             if isinstance(value, str):
@@ -138,7 +142,9 @@ def test_stage_verdicts_of_a_hand_written_run(capsys, tmp_path):
           "wide_gemv": [{"shape": "31B o_proj full", "programs": 128, "ok": True, "us": 13.0},
                         {"shape": "31B o_proj full", "programs": 64, "ok": True, "us": 11.0}],
           "attention": [{"ctx": 8192, "programs": 128, "ok": True, "us": 9.0},
-                        {"ctx": 32768, "programs": 128, "ok": False, "us": 21.0}]}
+                        {"ctx": 32768, "programs": 128, "ok": False, "us": 21.0},
+                        {"heads": 8, "dim": 512, "kv_heads": 4, "ctx": 8192, "programs": 128, "ok": True, "us": 26.0},
+                        {"heads": 2, "dim": 256, "kv_heads": 16, "ctx": 1024, "programs": 128, "ok": True, "us": 12.0}]}
     by_what = {p.what: p for p in checklist.STAGE_PREDICTIONS}
     value = lambda what: checklist.stage_value(sb, by_what[what])  # noqa: E731
     assert value("`cluster_push`, 16 programs, a stage") == 0.5
@@ -150,6 +156,9 @@ def test_stage_verdicts_of_a_hand_written_run(capsys, tmp_path):
     assert value("31B o_proj full, 128 programs") == 13.0
     assert value("E2B full attention, 8K keys, 128 programs") == 9.0
     assert value("E2B full attention, 32K keys, 128 programs") is None  # its check failed
+    assert value("31B full attention, 8K keys, 128 programs") == 26.0  # not the E2B row of the same keys
+    assert value("31B full attention, 8K keys, 64 programs") is None
+    assert value("31B sliding attention, its 1024-key window, 128 programs") == 12.0
     path = tmp_path / "stage_boundary.json"
     path.write_text(json.dumps(sb))
     assert checklist.main(["--stage-boundary", str(path)]) == 0

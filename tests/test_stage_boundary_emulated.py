@@ -16,6 +16,7 @@ tests/test_cuda_build.py's."""
 from __future__ import annotations
 
 import inspect
+import os
 import subprocess
 
 import numpy as np
@@ -296,41 +297,47 @@ def test_wide_gemv_refused(binary, tmp_path, programs, n, k, major):
     assert int(out["launches"]) == 0
 
 
-def test_stream_attention_is_e2b_full_layer():
-    """stream_attention.cuh's constants are E2B's full layer (drafter_shapes) and the cache's block size (the
-    target's default): the attention rows price that layer, not a shape of their own."""
+def test_stream_attention_has_the_layers_the_rows_price():
+    """The attention rows' layers (bench_stage_boundary.attention_layers: E2B's full layer, 31B's full and sliding
+    layers, from drafter_shapes) each have a kernel in stream_attention.cuh (a `Layer<heads, dim>` the binaries
+    select by name), and its page is the cache's block size (the target's default)."""
     import re
     from pathlib import Path
 
     from gemma4_mtp.target import Gemma4Target
-    from gemma4_mtp_kernels.drafter_shapes import DRAFTERS
 
     header = (Path(bench_stage_boundary.__file__).parent / "cuda" / "stream_attention.cuh").read_text()
+    kernels = {(int(h), int(d)) for h, d in re.findall(r"using \w+ = Layer<(\d+), (\d+)>;", header)}
+    layers = bench_stage_boundary.attention_layers()
+    assert [name for name, *_ in layers] == ["E2B full", "E2B full", "31B full", "31B sliding"]
+    assert {(heads, dim) for _, heads, dim, _, _ in layers} <= kernels
+    assert ("31B full", 8, 512, 4, 8192) in layers and ("31B sliding", 2, 256, 16, 1024) in layers
     const = {m[0]: int(m[1]) for m in re.findall(r"constexpr int (k\w+) = (\d+);", header)}
-    e2b = DRAFTERS["E2B"]
-    assert (const["kHeads"], const["kDim"], e2b["Hkv_full"]) == (e2b["Hq"], e2b["D_full"], 1)
     assert const["kPage"] == inspect.signature(Gemma4Target.__init__).parameters["block_size"].default
 
 
-def run_attention(binary, tmp_path, programs, ctx, schedule, launches=1, extra_pages=5, scale=1.0):
-    """stream_attention.cuh on the emulated GPU against float64: 4 heads of 512 over `ctx` keys of one key-value
-    head in pages of 16 scattered through a larger cache (the block table a permutation)."""
-    rng = np.random.default_rng(programs + ctx)
+def run_attention(binary, tmp_path, programs, ctx, schedule, launches=1, extra_pages=5, scale=1.0, heads=4, dim=512,
+                  kv_heads=1, cluster_order="index"):
+    """stream_attention.cuh on the emulated GPU against float64: `heads` query heads of `dim` on each of `kv_heads`
+    key-value heads over `ctx` keys in pages of 16 ([pages, 16, kv_heads, dim], the heads' rows interleaved)
+    scattered through a larger cache (the block table a permutation)."""
+    rng = np.random.default_rng(programs + ctx + kv_heads)
     pages = ctx // 16 + extra_pages
-    q = (rng.standard_normal((4, 512)) * scale / np.sqrt(512)).astype(np.float32)
-    k = torch.from_numpy(rng.standard_normal((pages, 16, 512)).astype(np.float32)).to(torch.bfloat16)
-    v = torch.from_numpy(rng.standard_normal((pages, 16, 512)).astype(np.float32)).to(torch.bfloat16)
+    q = (rng.standard_normal((kv_heads, heads, dim)) * scale / np.sqrt(dim)).astype(np.float32)
+    k = torch.from_numpy(rng.standard_normal((pages, 16, kv_heads, dim)).astype(np.float32)).to(torch.bfloat16)
+    v = torch.from_numpy(rng.standard_normal((pages, 16, kv_heads, dim)).astype(np.float32)).to(torch.bfloat16)
     table = rng.permutation(pages)[:ctx // 16].astype(np.int32)
     for name, t in (("q", torch.from_numpy(q)), ("k", k), ("v", v), ("table", torch.from_numpy(table))):
         emulated.write(tmp_path / f"{name}.bin", t)
-    emulated.run(binary, f"dir={tmp_path} mode=attention programs={programs} ctx={ctx} pages={pages} "
-                         f"launches={launches} sms=16 schedule={schedule}")
-    got = emulated.read(tmp_path / "result.bin", torch.float32, (4, 512)).numpy()
-    keys = k.double().numpy()[table].reshape(ctx, 512)
-    values = v.double().numpy()[table].reshape(ctx, 512)
-    s = q.astype(np.float64) @ keys.T
-    p = np.exp(s - s.max(axis=1, keepdims=True))
-    want = (p / p.sum(axis=1, keepdims=True)) @ values
+    emulated.run(binary, f"dir={tmp_path} mode=attention heads={heads} dim={dim} kv_heads={kv_heads} "
+                         f"programs={programs} ctx={ctx} pages={pages} launches={launches} sms=16 schedule={schedule} "
+                         f"cluster_order={cluster_order}")
+    got = emulated.read(tmp_path / "result.bin", torch.float32, (kv_heads, heads, dim)).numpy()
+    keys = k.double().numpy()[table].reshape(ctx, kv_heads, dim)
+    values = v.double().numpy()[table].reshape(ctx, kv_heads, dim)
+    s = np.einsum("ghd,tgd->ght", q.astype(np.float64), keys)
+    p = np.exp(s - s.max(axis=2, keepdims=True))
+    want = np.einsum("ght,tgd->ghd", p / p.sum(axis=2, keepdims=True), values)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
 
 
@@ -349,24 +356,57 @@ def test_stream_attention(binary, tmp_path, programs, ctx, schedule, launches):
     run_attention(binary, tmp_path, programs, ctx, schedule, launches)
 
 
+@pytest.mark.parametrize("heads,dim,kv_heads,programs,ctx,schedule,launches", [
+    (8, 512, 2, 16, 256, "rr", 1),      # 31B's full layer's heads, two key-value heads: a cluster each, 2 pages
+    (8, 512, 2, 32, 1280, "ahead", 2),  # two clusters a head, 5 pages a program (the ring refilled), twice
+    (8, 512, 4, 32, 128, "behind", 1),  # 31B's four key-value heads, a page a program
+    (2, 256, 2, 16, 2048, "ahead", 2),  # 31B's sliding layer's heads: 16 pages a program (a 16-page ring refilled)
+    (2, 256, 4, 64, 512, "behind", 3),  # four heads, two clusters each, launched three times
+])
+@pytest.mark.parametrize("cluster_order", ["index", "evens_first"])
+def test_stream_attention_grouped_heads(binary, tmp_path, heads, dim, kv_heads, programs, ctx, schedule, launches,
+                                        cluster_order):
+    """31B's layers: 8 query heads of 512 (two groups of warps, 4 keys a warp) or 2 of 256 (one value entry a thread)
+    on each of several key-value heads, whose rows interleave in a page (a bulk copy a row): each head's programs
+    merge their own clusters and counters. Reading another head's rows, queries, output, workspace or counters
+    fails it (the counters once the heads' clusters arrive mixed: evens_first)."""
+    run_attention(binary, tmp_path, programs, ctx, schedule, launches, heads=heads, dim=dim, kv_heads=kv_heads,
+                  cluster_order=cluster_order)
+
+
 def test_stream_attention_peaked_scores(binary, tmp_path):
     """Scores far apart (a query 40x larger): the pages' and clusters' maxima differ by hundreds, so a partial
     rescaled to the wrong max underflows or overflows."""
     run_attention(binary, tmp_path, 16, 1024, "rr", scale=40.0)
+    run_attention(binary, tmp_path, 32, 512, "ahead", scale=40.0, heads=8, kv_heads=2)
 
 
-@pytest.mark.parametrize("programs,ctx", [(4, 64), (12, 192), (8, 120), (16, 128), (8, 0)])
-def test_stream_attention_refused(binary, tmp_path, programs, ctx):
+@pytest.mark.parametrize("programs,ctx,kv_heads", [(4, 64, 1), (12, 192, 1), (8, 120, 1), (16, 128, 1), (8, 0, 1),
+                                                   (16, 256, 3), (8, 128, 2), (24, 384, 2), (16, 256, 0)])
+def test_stream_attention_refused(binary, tmp_path, programs, ctx, kv_heads):
     """Fewer programs than a cluster, programs that are not whole clusters, keys that are not whole pages a
-    program, no keys: the launcher refuses, nothing launches."""
-    pages = max(ctx // 16, 1)
-    emulated.write(tmp_path / "q.bin", torch.zeros(4 * 512, dtype=torch.float32))
+    program, no keys; programs that do not split over the key-value heads, a head with fewer than a cluster's or
+    not whole clusters, no key-value head: the launcher refuses, nothing launches."""
+    pages, rows = max(ctx // 16, 1), max(kv_heads, 1)
+    emulated.write(tmp_path / "q.bin", torch.zeros(rows * 4 * 512, dtype=torch.float32))
     for name in ("k", "v"):
-        emulated.write(tmp_path / f"{name}.bin", torch.zeros(pages * 16 * 512, dtype=torch.bfloat16))
+        emulated.write(tmp_path / f"{name}.bin", torch.zeros(pages * 16 * rows * 512, dtype=torch.bfloat16))
     emulated.write(tmp_path / "table.bin", torch.zeros(max(ctx // 16, 0), dtype=torch.int32))
-    out = emulated.run(binary, f"dir={tmp_path} mode=attention programs={programs} ctx={ctx} pages={pages} sms=16",
-                       ok_prefix="REFUSED")
+    out = emulated.run(binary, f"dir={tmp_path} mode=attention programs={programs} ctx={ctx} pages={pages} "
+                               f"kv_heads={kv_heads} sms=16", ok_prefix="REFUSED")
     assert int(out["launches"]) == 0
+
+
+def test_stream_attention_unknown_layer(binary, tmp_path):
+    """A layer the header has no kernel for (8 heads of 256) fails by name, nothing launches."""
+    emulated.write(tmp_path / "q.bin", torch.zeros(8 * 256, dtype=torch.float32))
+    for name in ("k", "v"):
+        emulated.write(tmp_path / f"{name}.bin", torch.zeros(16 * 256, dtype=torch.bfloat16))
+    emulated.write(tmp_path / "table.bin", torch.zeros(1, dtype=torch.int32))
+    env = dict(os.environ, ASAN_OPTIONS="detect_stack_use_after_return=0:detect_leaks=0")
+    done = subprocess.run([str(binary), f"dir={tmp_path}", "mode=attention", "heads=8", "dim=256", "programs=8",
+                           "ctx=16", "pages=1", "sms=16"], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode != 0 and "no layer of stream_attention.cuh has 8 heads of 256" in done.stdout
 
 
 @pytest.mark.parametrize("mode,args,pointer", [

@@ -3,11 +3,11 @@
 //
 //   stage_boundary [programs=1,8,32,66,132,264] [cluster_programs=2,4,8,16] [n=2048] [stages=32] [replays=40]
 //                  [repeats=7] [stream_programs=1,8,16,132] [wide_programs=128] [sliding_layer=STAGES]
-//                  [full_layer=STAGES] [step=STAGES] [wide=STAGES] [attention_ctx=8192,32768]
-//                  [attention_programs=128]
+//                  [full_layer=STAGES] [step=STAGES] [wide=STAGES] [attention=LAYERS] [attention_programs=128]
 //
-// STAGES: n:k:norm:glu[:window],... (cluster_gemv::append_stages). The drafters' shapes are not written here:
-// bench_stage_boundary.py passes them, from gemma4_mtp_kernels.drafter_shapes.
+// STAGES: n:k:norm:glu[:window],... (cluster_gemv::append_stages); LAYERS: heads:dim:kv_heads:ctx,... (a layer's
+// query heads on a key-value head, their dimension, its key-value heads, the keys attended). The drafters' shapes
+// are not written here: bench_stage_boundary.py passes them, from gemma4_mtp_kernels.drafter_shapes.
 //
 // For each mode and program count: the chain with 1 stage and with `stages` stages, each captured in a
 // graph and replayed `replays` times between two events, `repeats` times; us_per_stage is the slope
@@ -24,9 +24,9 @@
 // cluster of each of cluster_programs (cluster_gemv.cuh): 1 and 4 of full_layer (a full layer's GEMVs) and of
 // sliding_layer (a whole sliding layer), then the chain `step` (a drafter step's stages in order), checked
 // against float64. Then "wide_gemv": each GEMV of `wide` on each of wide_programs (stream_gemv.cuh), µs a
-// launch with every launch's weights cold in L2, checked against float64. Then "attention": E2B's full-layer
-// attention at B = 1 over each of attention_ctx keys on each of attention_programs (stream_attention.cuh), µs
-// a launch with every launch's cache cold in L2, checked against float64.
+// launch with every launch's weights cold in L2, checked against float64. Then "attention": each layer of
+// `attention` at B = 1 on each of attention_programs (stream_attention.cuh), µs a launch with every launch's cache
+// cold in L2, checked against float64.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -424,19 +424,21 @@ std::string time_wide(const cluster_gemv::Stage& shape, int programs, size_t l2_
          }, replays, repeats, stream, us, {w, x, y});
 }
 
-// E2B's full-layer attention at B = 1 over `ctx` keys on `programs` (stream_attention.cuh): µs a launch, rotating
-// through `copies` copies of the cache (rotation_copies, time_rotated), the pages of each copy in a shuffled order
-// (a request's pages are scattered in a cache), and whether the first launch matches the host's float64
-// attention (relative 1e-3 of the largest entry).
-std::string time_attention(int ctx, int programs, size_t l2_bytes, int replays, int repeats, cudaStream_t stream,
-                           double* us, int* copies, bool* ok) {
+// Layer L's attention at B = 1 over `ctx` keys of each of `kv_heads` key-value heads on `programs`
+// (stream_attention.cuh): µs a launch, rotating through `copies` copies of the cache (rotation_copies, time_rotated),
+// the pages of each copy in a shuffled order (a request's pages are scattered in a cache), and whether the first
+// launch matches the host's float64 attention (relative 1e-3 of the largest entry).
+template <class L>
+std::string time_attention(int kv_heads, int ctx, int programs, size_t l2_bytes, int replays, int repeats,
+                           cudaStream_t stream, double* us, int* copies, bool* ok) {
   namespace sa = stream_attention;
   const int pages = ctx / sa::kPage;
-  const size_t page_elems = static_cast<size_t>(sa::kPage) * sa::kDim, count = pages * page_elems;
+  const size_t row = static_cast<size_t>(kv_heads) * L::kDim;  // a key's (or value's) row of every head
+  const size_t page_elems = sa::kPage * row, count = pages * page_elems;
   const size_t bytes = 2 * count * sizeof(__nv_bfloat16);  // keys and values of one copy
   *copies = rotation_copies(bytes, l2_bytes);
   const HostWeights kv = host_weights(2 * count);  // keys, then values, in the cache's (physical) page order
-  const std::vector<float> q0 = host_input(sa::kHeads * sa::kDim);
+  const std::vector<float> q0 = host_input(kv_heads * L::kHeads * L::kDim);
   std::vector<int32_t> perm(static_cast<size_t>(pages));
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), std::mt19937(12345));
@@ -446,13 +448,14 @@ std::string time_attention(int ctx, int programs, size_t l2_bytes, int replays, 
   __nv_bfloat16 *k = nullptr, *v = nullptr;
   float *q = nullptr, *out = nullptr, *workspace = nullptr;
   int32_t *table = nullptr, *counters = nullptr;
+  const size_t n_counters = static_cast<size_t>(kv_heads) * sa::kCluster;
   TRY(cudaMalloc(&k, bytes / 2 * *copies));
   TRY(cudaMalloc(&v, bytes / 2 * *copies));
   TRY(cudaMalloc(&q, q0.size() * sizeof(float)));
   TRY(cudaMalloc(&out, q0.size() * sizeof(float)));
-  TRY(cudaMalloc(&workspace, static_cast<size_t>(programs) * sa::kSlot * sizeof(float)));
+  TRY(cudaMalloc(&workspace, static_cast<size_t>(programs) * L::kSlot * sizeof(float)));
   TRY(cudaMalloc(&table, tables.size() * sizeof(int32_t)));
-  TRY(cudaMalloc(&counters, sa::kCluster * sizeof(int32_t)));
+  TRY(cudaMalloc(&counters, n_counters * sizeof(int32_t)));
   // on the timed stream: a non-blocking stream does not wait for the legacy stream's copies and memsets
   TRY(cudaMemcpyAsync(k, kv.bf16.data(), bytes / 2, cudaMemcpyHostToDevice, stream));
   TRY(cudaMemcpyAsync(v, kv.bf16.data() + count, bytes / 2, cudaMemcpyHostToDevice, stream));
@@ -462,23 +465,31 @@ std::string time_attention(int ctx, int programs, size_t l2_bytes, int replays, 
   }
   TRY(cudaMemcpyAsync(q, q0.data(), q0.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
   TRY(cudaMemcpyAsync(table, tables.data(), tables.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
-  TRY(cudaMemsetAsync(counters, 0, sa::kCluster * sizeof(int32_t), stream));
+  TRY(cudaMemsetAsync(counters, 0, n_counters * sizeof(int32_t), stream));
   TRY(cudaMemsetAsync(out, 0xFF, q0.size() * sizeof(float), stream));  // NaN until written
-  sa::Attention a{q, k, v, table, ctx, out, workspace, counters};
-  TRY(sa::run(a, programs, stream));  // the first launch, checked
+  sa::Attention a{q, k, v, table, ctx, kv_heads, out, workspace, counters};
+  TRY(sa::run<L>(a, programs, stream));  // the first launch, checked
   TRY(cudaStreamSynchronize(stream));
   std::vector<float> got(q0.size());
   TRY(cudaMemcpy(got.data(), out, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  std::vector<float> logical(2 * count);  // keys then values in the request's order, as attention_reference reads
-  for (int i = 0; i < pages; ++i)
+  // each key-value head's keys then values in the request's order, as attention_reference reads them
+  *ok = true;
+  const size_t head_elems = static_cast<size_t>(ctx) * L::kDim, q_elems = static_cast<size_t>(L::kHeads) * L::kDim;
+  std::vector<float> logical(2 * head_elems);
+  for (int h = 0; h < kv_heads; ++h) {
     for (int half = 0; half < 2; ++half)
-      std::copy_n(kv.f32.begin() + half * count + static_cast<size_t>(perm[i]) * page_elems, page_elems,
-                  logical.begin() + half * count + static_cast<size_t>(i) * page_elems);
-  const cluster_gemv::Stage shape{nullptr, sa::kHeads * sa::kDim, sa::kDim, 0, 0, ctx};
-  *ok = matches(attention_reference(shape, logical.data(), std::vector<double>(q0.begin(), q0.end())), got);
+      for (int i = 0; i < ctx; ++i)
+        std::copy_n(kv.f32.begin() + half * count + static_cast<size_t>(perm[i / sa::kPage]) * page_elems +
+                        static_cast<size_t>(i % sa::kPage) * row + static_cast<size_t>(h) * L::kDim,
+                    L::kDim, logical.begin() + half * head_elems + static_cast<size_t>(i) * L::kDim);
+    const cluster_gemv::Stage shape{nullptr, L::kHeads * L::kDim, L::kDim, 0, 0, ctx};
+    const std::vector<double> want = attention_reference(
+        shape, logical.data(), std::vector<double>(q0.begin() + h * q_elems, q0.begin() + (h + 1) * q_elems));
+    *ok = matches(want, std::vector<float>(got.begin() + h * q_elems, got.begin() + (h + 1) * q_elems)) && *ok;
+  }
   return time_rotated(*copies, [&](int c) {
            a.block_table = table + static_cast<size_t>(c) * pages;
-           return sa::run(a, programs, stream);
+           return sa::run<L>(a, programs, stream);
          }, replays, repeats, stream, us, {k, v, q, out, workspace, table, counters});
 }
 
@@ -523,11 +534,12 @@ std::vector<int> parse_list(const std::string& s) {
 int main(int argc, char** argv) {
   std::vector<int> programs_list = {1, 8, 32, 66, 132, 264}, cluster_list = {2, 4, 8, 16};
   std::vector<int> stream_list = {1, 8, 16, 132}, wide_list = {128};
-  std::vector<int> attention_ctx = {8192, 32768}, attention_list = {128};
+  std::vector<int> attention_list = {128};
   int n = 2048, stages = 32, replays = 40, repeats = 7;
   // the layers and GEMVs of the "gemv" and "wide_gemv" rows: none unless given (bench_stage_boundary.py writes
   // them from the drafters' shapes)
   cluster_gemv::Chain sliding_layer{}, full_layer{}, step{}, wide{};
+  std::vector<std::vector<int>> attention;  // heads, dim, kv_heads, ctx of each "attention" row's layer
   auto chain_arg = [](const std::string& key, const std::string& value, cluster_gemv::Chain* c) {
     *c = cluster_gemv::Chain{};
     if (cluster_gemv::append_stages(value, c)) return true;
@@ -543,7 +555,20 @@ int main(int argc, char** argv) {
     else if (key == "cluster_programs") cluster_list = parse_list(value);
     else if (key == "stream_programs") stream_list = parse_list(value);
     else if (key == "wide_programs") wide_list = parse_list(value);
-    else if (key == "attention_ctx") attention_ctx = parse_list(value);
+    else if (key == "attention") {
+      attention.clear();
+      for (size_t pos = 0; pos < value.size();) {
+        const size_t comma = std::min(value.find(',', pos), value.size());
+        std::string item = value.substr(pos, comma - pos);
+        std::replace(item.begin(), item.end(), ':', ',');
+        attention.push_back(parse_list(item));
+        pos = comma + 1;
+        if (attention.back().size() != 4) {
+          std::fprintf(stderr, "attention=%s: expected heads:dim:kv_heads:ctx,...\n", value.c_str());
+          return 2;
+        }
+      }
+    }
     else if (key == "attention_programs") attention_list = parse_list(value);
     else if (key == "n") n = std::atoi(value.c_str());
     else if (key == "stages") stages = std::atoi(value.c_str());
@@ -741,25 +766,33 @@ int main(int argc, char** argv) {
                }) && all_ok;
     }
   }
-  // E2B's full-layer attention at B = 1 on every SM, merged in clusters
+  // the drafters' attention at B = 1 on every SM, merged in clusters
   std::printf("\n], \"attention\": [");
   first = true;
-  for (int ctx : attention_ctx) {
+  for (const std::vector<int>& layer : attention) {
+    const int heads = layer[0], dim = layer[1], kv_heads = layer[2], ctx = layer[3];
     for (int programs : attention_list) {
-      std::printf("%s\n  {\"ctx\": %d, \"programs\": %d, \"bytes\": %zu", first ? "" : ",", ctx, programs,
-                  static_cast<size_t>(ctx) * 2 * stream_attention::kDim * sizeof(__nv_bfloat16));
+      std::printf("%s\n  {\"heads\": %d, \"dim\": %d, \"kv_heads\": %d, \"ctx\": %d, \"programs\": %d, "
+                  "\"bytes\": %zu", first ? "" : ",", heads, dim, kv_heads, ctx, programs,
+                  static_cast<size_t>(ctx) * kv_heads * 2 * dim * sizeof(__nv_bfloat16));
       first = false;
-      const stream_attention::Attention shape{nullptr, nullptr, nullptr, nullptr, ctx, nullptr, nullptr, nullptr};
-      const char* skip =
-          !stream_attention::valid(shape, programs)
-              ? "the keys do not split into whole pages over whole clusters of this many programs"
-              : cluster_unfit(reinterpret_cast<const void*>(stream_attention::attention_kernel), programs,
-                              stream_attention::kThreads, stream_attention::smem_bytes(), major,
-                              stream_attention::kCluster);
-      all_ok = close_row(skip, [&](double* us, int* copies, bool* ok) {
-                 return time_attention(ctx, programs, static_cast<size_t>(l2), replays, repeats, stream, us, copies,
-                                       ok);
-               }) && all_ok;
+      const stream_attention::Attention shape{nullptr, nullptr, nullptr, nullptr, ctx, kv_heads,
+                                              nullptr, nullptr, nullptr};
+      bool known = stream_attention::with_layer(heads, dim, [&](auto l) {
+        using L = decltype(l);
+        const char* skip =
+            !stream_attention::valid(shape, programs)
+                ? "the keys do not split into whole pages over whole clusters of each key-value head's programs"
+                : cluster_unfit(reinterpret_cast<const void*>(stream_attention::attention_kernel<L>), programs,
+                                stream_attention::kThreads, stream_attention::smem_bytes<L>(), major,
+                                stream_attention::kCluster);
+        all_ok = close_row(skip, [&](double* us, int* copies, bool* ok) {
+                   return time_attention<L>(kv_heads, ctx, programs, static_cast<size_t>(l2), replays, repeats, stream,
+                                            us, copies, ok);
+                 }) && all_ok;
+      });
+      if (!known) all_ok = close_row("no layer of stream_attention.cuh has this many heads of this dimension",
+                                     nullptr) && all_ok;
     }
   }
   std::printf("\n]}\n");

@@ -150,6 +150,13 @@ inline Schedule& schedule() {
   static Schedule s = Schedule::kRoundRobin;
   return s;
 }
+// A cluster launch's clusters run in index order (reversed under kWarpBehind), or with this set the
+// even-indexed ones first and then the odd ones: clusters that must count on counters of their own (a key-value
+// head's) then arrive mixed with others, as they may on a GPU, and a counter they wrongly share is seen.
+inline bool& clusters_evens_first() {
+  static bool on = false;
+  return on;
+}
 struct LaunchRecord {
   dim3 grid, block;
   size_t smem;
@@ -637,7 +644,9 @@ cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* cfg, void (*kernel)(P..
   if (cluster > 1) {  // each cluster's blocks resident at once, clusters one after another
     const size_t clusters = n / cluster;
     for (size_t k = 0; k < clusters; ++k) {
-      const size_t first = (emu::schedule() == emu::Schedule::kWarpBehind ? clusters - 1 - k : k) * cluster;
+      const size_t half = (clusters + 1) / 2;
+      const size_t c = emu::clusters_evens_first() ? (k < half ? 2 * k : 2 * (k - half) + 1) : k;
+      const size_t first = (emu::schedule() == emu::Schedule::kWarpBehind ? clusters - 1 - c : c) * cluster;
       std::vector<std::unique_ptr<unsigned char[]>> smem(cluster);
       std::vector<emu::Block> blocks(cluster);
       emu::Barrier barrier;

@@ -17,10 +17,14 @@
 //   dir=PATH mode=wide programs= n= k= norm=: stream_gemv's GEMV of DIR/w.bin ([n, k] bf16) and DIR/x.bin
 //   (fp32), its output to DIR/result.bin; a shape or device the launcher refuses prints "REFUSED".
 //   misalign=NAME (gemv: w; wide: w, x; attention: q, k, v): that pointer 4 bytes off its buffer's start.
-//   dir=PATH mode=attention programs= ctx= pages= launches=: stream_attention's attention of DIR/q.bin (fp32
-//   [4, 512]) over DIR/k.bin and DIR/v.bin (bf16 [pages, 16, 512]) through DIR/table.bin (int32 [ctx / 16]),
-//   `launches` times (each must leave the merge's counters zero for the next), the last output to
-//   DIR/result.bin; what the launcher refuses prints "REFUSED".
+//   dir=PATH mode=attention heads= dim= kv_heads= programs= ctx= pages= launches=: stream_attention's attention of
+//   the layer of `heads` query heads of `dim` on a key-value head (default E2B's full layer, 4 of 512, one head) of
+//   DIR/q.bin (fp32 [kv_heads * heads, dim]) over DIR/k.bin and DIR/v.bin (bf16 [pages, 16, kv_heads, dim])
+//   through DIR/table.bin (int32 [ctx / 16]), `launches` times (each must leave the merge's counters zero for the
+//   next), the last output to DIR/result.bin; what the launcher refuses prints "REFUSED", a layer it has no
+//   kernel for "FAIL".
+//   cluster_order=evens_first (any mode): a cluster launch runs its even-indexed clusters first (emu.h).
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -59,6 +63,7 @@ int main(int argc, char** argv) {
   };
   use_device(kH100SmemOptin, static_cast<int>(a.num("major", 9)), static_cast<int>(a.num("sms", 8)),
              a.str("schedule", "rr"));
+  emu::clusters_evens_first() = a.str("cluster_order", "index") == "evens_first";
   if (mode_name == "stream") {
     const int words = static_cast<int>(a.num("words", 1)), passes = static_cast<int>(a.num("passes", 1));
     Buffer buf = load(dir, "start", 1, programs * words * 4, programs * words * 4, 4);
@@ -86,31 +91,42 @@ int main(int argc, char** argv) {
   if (mode_name == "attention") {
     namespace sa = stream_attention;
     const int ctx = static_cast<int>(a.num("ctx", 16)), pages = static_cast<int>(a.num("pages", 1));
-    const int launches = static_cast<int>(a.num("launches", 1));
-    Buffer q = load(dir, "q", 1, sa::kHeads * sa::kDim, sa::kHeads * sa::kDim, 4);
-    Buffer k = load(dir, "k", pages, sa::kPage * sa::kDim, sa::kPage * sa::kDim, 2);
-    Buffer v = load(dir, "v", pages, sa::kPage * sa::kDim, sa::kPage * sa::kDim, 2);
-    Buffer table = load(dir, "table", 1, ctx / sa::kPage, ctx / sa::kPage, 4);
-    Buffer out = strided(1, sa::kHeads * sa::kDim, sa::kHeads * sa::kDim, 4);
-    const int64_t slots = static_cast<int64_t>(programs) * sa::kSlot;
-    Buffer workspace = strided(1, slots, slots, 4);
-    std::vector<int32_t> counters(sa::kCluster, 0);
-    sa::Attention att{static_cast<const float*>(at("q", q.data())),
-                      static_cast<const __nv_bfloat16*>(at("k", k.data())),
-                      static_cast<const __nv_bfloat16*>(at("v", v.data())), static_cast<const int32_t*>(table.data()), ctx,
-                      static_cast<float*>(out.data()), static_cast<float*>(workspace.data()), counters.data()};
-    for (int l = 0; l + 1 < launches; ++l) {  // the earlier launches, each checked; the last is one_launch's
-      const cudaError_t err = sa::run(att, programs, nullptr);
-      if (!launched_as_expected(err, 1, false, {})) return 1;
-      emu::launch_log().clear();
-      std::memset(out.data(), 0xFF, out.bytes.size());  // NaN again: the next launch must write every entry
-    }
-    const int rc = one_launch(a, dir, sa::run(att, programs, nullptr), out);
-    for (int32_t c : counters)
-      if (c != 0) {
-        std::printf("FAIL a launch left a merge counter at %d\n", c);
-        return 1;
+    const int launches = static_cast<int>(a.num("launches", 1)), kv_heads = static_cast<int>(a.num("kv_heads", 1));
+    const int heads = static_cast<int>(a.num("heads", sa::E2bFull::kHeads));
+    const int dim = static_cast<int>(a.num("dim", sa::E2bFull::kDim));
+    int rc = 1;
+    const bool known = sa::with_layer(heads, dim, [&](auto l) {
+      using L = decltype(l);
+      const int64_t rows = std::max(kv_heads, 1);  // the buffers of one head where kv_heads (refused) is not positive
+      const int64_t q_len = rows * L::kHeads * L::kDim, page = rows * sa::kPage * L::kDim;
+      Buffer q = load(dir, "q", 1, q_len, q_len, 4);
+      Buffer k = load(dir, "k", pages, page, page, 2);
+      Buffer v = load(dir, "v", pages, page, page, 2);
+      Buffer table = load(dir, "table", 1, ctx / sa::kPage, ctx / sa::kPage, 4);
+      Buffer out = strided(1, q_len, q_len, 4);
+      const int64_t slots = static_cast<int64_t>(programs) * L::kSlot;
+      Buffer workspace = strided(1, slots, slots, 4);
+      std::vector<int32_t> counters(static_cast<size_t>(rows) * sa::kCluster, 0);
+      sa::Attention att{static_cast<const float*>(at("q", q.data())),
+                        static_cast<const __nv_bfloat16*>(at("k", k.data())),
+                        static_cast<const __nv_bfloat16*>(at("v", v.data())),
+                        static_cast<const int32_t*>(table.data()), ctx, kv_heads, static_cast<float*>(out.data()),
+                        static_cast<float*>(workspace.data()), counters.data()};
+      for (int l = 0; l + 1 < launches; ++l) {  // the earlier launches, each checked; the last is one_launch's
+        const cudaError_t err = sa::run<L>(att, programs, nullptr);
+        if (!launched_as_expected(err, 1, false, {})) return;
+        emu::launch_log().clear();
+        std::memset(out.data(), 0xFF, out.bytes.size());  // NaN again: the next launch must write every entry
       }
+      rc = one_launch(a, dir, sa::run<L>(att, programs, nullptr), out);
+      for (int32_t c : counters)
+        if (c != 0) {
+          std::printf("FAIL a launch left a merge counter at %d\n", c);
+          rc = 1;
+          return;
+        }
+    });
+    if (!known) std::printf("FAIL no layer of stream_attention.cuh has %d heads of %d\n", heads, dim);
     return rc;
   }
   if (mode_name == "gemv") {
