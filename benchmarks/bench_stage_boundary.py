@@ -150,11 +150,12 @@ def name_wide_rows(results: dict) -> None:
 
 def name_attention_rows(results: dict) -> None:
     """Each attention row's "layer": its drafter and layer kind ("31B full"), from its heads, dimension and key-value
-    heads (runs of 2026-12-07 and before had E2B's full layer only, and no such fields)."""
+    heads, and its "kernel" (a program that printed none had E2B's full layer on the CUDA cores only)."""
     names = {layer[1:4]: layer[0] for layer in attention_layers()}
     for r in results.get("attention") or []:
         shape = (r.get("heads", 4), r.get("dim", 512), r.get("kv_heads", 1))
         r.setdefault("layer", names.get(shape, "{} heads of {} on each of {} key-value heads".format(*shape)))
+        r.setdefault("kernel", "scalar")
 
 
 def _why(r: dict) -> str:
@@ -228,11 +229,12 @@ def table(results: dict, *, markdown: bool = False) -> str:
     w_rows = streamed(results.get("wide_gemv") or [], "shape")  # runs before 2026-12-06 (evening) had none
     a_title = ("Attention at B = 1 (E2B's full layer: 4 query heads of 512 on one key-value head; 31B's full: 8 of 512 "
                "on each of 4; 31B's sliding: 2 of 256 on each of 16, its window; pages of 16 keys) on every SM from a "
-               "ring of bulk copies, merged in clusters of 8: µs a launch, back to back in one graph, every launch over "
-               "its own copy of the cache (L2 cold)")
-    a_head = ("layer", "keys", "programs", "MiB", "µs", "TB/s", "check")
+               "ring of bulk copies, merged in clusters of 8, on the CUDA cores (scalar) or tensor cores (mma): µs a "
+               "launch, back to back in one graph, every launch over its own copy of the cache (L2 cold)")
+    a_head = ("layer", "kernel", "keys", "programs", "MiB", "µs", "TB/s", "check")
     attention = results.get("attention") or []  # runs before 2026-12-07 had none; "layer": name_attention_rows
-    a_rows = [(r.get("layer", "-"), *row) for r, row in zip(attention, streamed(attention, "ctx"))]
+    a_rows = [(r.get("layer", "-"), r.get("kernel", "scalar"), *row)
+              for r, row in zip(attention, streamed(attention, "ctx"))]
     cut = (f"The run stopped in the row {results['cut_short_in']} (a hang or a crash): it and every row after it "
            "are missing." if results.get("cut_short_in") else None)
     if markdown:
@@ -255,7 +257,7 @@ def table(results: dict, *, markdown: bool = False) -> str:
     if w_rows:
         out += ["", w_title, *(line(r, (30, 8, 4, 7, 5)) for r in (w_head, *w_rows))]
     if a_rows:
-        out += ["", a_title, *(line(r, (11, 6, 8, 4, 7, 5)) for r in (a_head, *a_rows))]
+        out += ["", a_title, *(line(r, (11, 6, 6, 8, 4, 7, 5)) for r in (a_head, *a_rows))]
     return "\n".join(out + (["", cut] if cut else []))
 
 

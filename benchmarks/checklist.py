@@ -341,17 +341,21 @@ STAGE_PREDICTIONS = (
                                    ("E2B q_proj sliding", 2.3, 3.3, "-"),
                                    ("E2B o_proj sliding", 2.3, 3.3, "-"),
                                    ("E2B gate_up", 2.7, 3.8, "6.1"))),
-    *(StagePrediction(f"E2B full attention, {ctx // 1024}K keys, {n} programs", "attention",
-                      (("layer", "E2B full"), ("ctx", ctx), ("programs", n)), "us", lo, hi, "µs", today, ATTENTION)
+    *(StagePrediction(f"E2B full attention, {ctx // 1024}K keys, {n} programs{' on tensor cores' * (k == 'mma')}",
+                      "attention", (("layer", "E2B full"), ("kernel", k), ("ctx", ctx), ("programs", n)), "us", lo, hi,
+                      "µs", today, ATTENTION if k == "scalar" else ATTENTION_31B)
+      for k in ("scalar", "mma")
       for ctx, n, lo, hi, today in ((8192, 128, 7.5, 11, "23.4 (17-21 predicted)"),
                                     (8192, 64, 7.5, 13, "23.4 (17-21 predicted)"),
                                     (32768, 128, 20, 24, "45.7 (30-40 predicted)"))),
-    *(StagePrediction(f"31B full attention, 8K keys, {n} programs", "attention",
-                      (("layer", "31B full"), ("ctx", 8192), ("programs", n)), "us", lo, hi, "µs",
+    *(StagePrediction(f"31B full attention, 8K keys, {n} programs{' on tensor cores' * (k == 'mma')}", "attention",
+                      (("layer", "31B full"), ("kernel", k), ("ctx", 8192), ("programs", n)), "us", lo, hi, "µs",
                       "not measured (24-40 predicted)", ATTENTION_31B)
-      for n, lo, hi in ((128, 23, 30), (64, 42, 55))),
-    StagePrediction("31B sliding attention, its 1024-key window, 128 programs", "attention",
-                    (("layer", "31B sliding"), ("programs", 128)), "us", 7, 10, "µs", "not measured", ATTENTION_31B),
+      for k, n, lo, hi in (("scalar", 128, 23, 30), ("scalar", 64, 42, 55), ("mma", 128, 20, 24), ("mma", 64, 20, 27))),
+    *(StagePrediction(f"31B sliding attention, its 1024-key window, 128 programs{' on tensor cores' * (k == 'mma')}",
+                      "attention", (("layer", "31B sliding"), ("kernel", k), ("programs", 128)), "us", 7, 10, "µs",
+                      "not measured", ATTENTION_31B)
+      for k in ("scalar", "mma")),
 )
 
 

@@ -91,9 +91,10 @@ stage build 60 "$OUT/build.log" "$PY" setup.py build_ext --inplace
 # "A drafter step in one cluster"); and 31B's and E2B's glue GEMVs each on 64 and 128 SMs from a ring of bulk
 # copies, L2 cold: what a rewrite of the glue's weight path would reach ("31B's GEMVs from a ring of bulk
 # copies"); E2B's full-layer attention at 8K and 32K and 31B's full (8K) and sliding layers the same way, merged
-# in clusters ("Full attention from a ring of bulk copies", "31B's attention from a ring of bulk copies"). ~30 s
-# (its own nvcc build for 90a, ~60 chains of a few ms, ~1 GiB of stream buffers filled on the host, 0.5-32 MiB
-# weights for the GEMVs, 16-64 MiB caches and their float64 attention).
+# in clusters, on the CUDA cores and on tensor cores ("Full attention from a ring of bulk copies", "31B's
+# attention from a ring of bulk copies"). ~35 s (its own nvcc build for 90a, ~60 chains of a few ms, ~1 GiB of
+# stream buffers filled on the host, 0.5-32 MiB weights for the GEMVs, 16-64 MiB caches and their float64
+# attention, 16 attention rows).
 # Stopped by its own --time-limit before the box: a row that hangs costs only itself and the rows after it
 # (stage_boundary.json keeps the rows before, "cut_short_in" names it).
 stage stage-boundary 60 "$OUT/stage_boundary.log" "$PY" -m benchmarks.bench_stage_boundary \

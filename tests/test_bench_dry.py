@@ -505,12 +505,13 @@ def test_stage_boundary_table_shows_every_section():
                               "copies": 10, "ok": True, "us": 8.0},
                              {"heads": 4, "dim": 512, "kv_heads": 1, "ctx": 8192, "programs": 120, "bytes": 16777216,
                               "skipped": "not whole clusters"},
-                             {"heads": 8, "dim": 512, "kv_heads": 4, "ctx": 8192, "programs": 128, "bytes": 67108864,
-                              "copies": 2, "ok": True, "us": 20.0}]}
+                             {"heads": 8, "dim": 512, "kv_heads": 4, "ctx": 8192, "kernel": "mma", "programs": 128,
+                              "bytes": 67108864, "copies": 2, "ok": True, "us": 20.0}]}
     bsb.name_wide_rows(results)
     bsb.name_attention_rows(results)
     assert results["wide_gemv"][0]["shape"] == "31B o_proj full"
-    assert [r["layer"] for r in results["attention"]] == ["E2B full", "E2B full", "31B full"]
+    assert [(r["layer"], r["kernel"]) for r in results["attention"]] == [("E2B full", "scalar"), ("E2B full", "scalar"),
+                                                                           ("31B full", "mma")]
     for markdown in (False, True):
         out = bsb.table(results, markdown=markdown)
         assert "31B o_proj full" in out and "3.05" in out  # 32 MiB in 11 µs: 3.05 TB/s
@@ -518,8 +519,8 @@ def test_stage_boundary_table_shows_every_section():
         assert "WRONG RESULT" in out and "skipped: too few" in out and "skipped: not whole clusters" in out
         assert "131" in out and "0.45" in out  # the stream row's GB/s a program, the push chain's µs a stage
     md = bsb.table(results, markdown=True)
-    assert "| E2B full | 8192 | 128 | 16 | 8.00 | 2.10 | ok |" in md  # 16 MiB in 8 µs
-    assert "| 31B full | 8192 | 128 | 64 | 20.00 | 3.36 | ok |" in md  # 64 MiB in 20 µs
+    assert "| E2B full | scalar | 8192 | 128 | 16 | 8.00 | 2.10 | ok |" in md  # 16 MiB in 8 µs
+    assert "| 31B full | mma | 8192 | 128 | 64 | 20.00 | 3.36 | ok |" in md  # 64 MiB in 20 µs
 
 
 def test_the_drafter_step_module_gets_half_the_budget():

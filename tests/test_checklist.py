@@ -144,7 +144,9 @@ def test_stage_verdicts_of_a_hand_written_run(capsys, tmp_path):
           "attention": [{"ctx": 8192, "programs": 128, "ok": True, "us": 9.0},
                         {"ctx": 32768, "programs": 128, "ok": False, "us": 21.0},
                         {"heads": 8, "dim": 512, "kv_heads": 4, "ctx": 8192, "programs": 128, "ok": True, "us": 26.0},
-                        {"heads": 2, "dim": 256, "kv_heads": 16, "ctx": 1024, "programs": 128, "ok": True, "us": 12.0}]}
+                        {"heads": 2, "dim": 256, "kv_heads": 16, "ctx": 1024, "programs": 128, "ok": True, "us": 12.0},
+                        {"heads": 8, "dim": 512, "kv_heads": 4, "ctx": 8192, "kernel": "mma", "programs": 128,
+                         "ok": True, "us": 21.0}]}
     by_what = {p.what: p for p in checklist.STAGE_PREDICTIONS}
     value = lambda what: checklist.stage_value(sb, by_what[what])  # noqa: E731
     assert value("`cluster_push`, 16 programs, a stage") == 0.5
@@ -159,6 +161,8 @@ def test_stage_verdicts_of_a_hand_written_run(capsys, tmp_path):
     assert value("31B full attention, 8K keys, 128 programs") == 26.0  # not the E2B row of the same keys
     assert value("31B full attention, 8K keys, 64 programs") is None
     assert value("31B sliding attention, its 1024-key window, 128 programs") == 12.0
+    assert value("31B full attention, 8K keys, 128 programs on tensor cores") == 21.0
+    assert value("E2B full attention, 8K keys, 128 programs on tensor cores") is None
     path = tmp_path / "stage_boundary.json"
     path.write_text(json.dumps(sb))
     assert checklist.main(["--stage-boundary", str(path)]) == 0

@@ -317,10 +317,11 @@ def test_stream_attention_has_the_layers_the_rows_price():
 
 
 def run_attention(binary, tmp_path, programs, ctx, schedule, launches=1, extra_pages=5, scale=1.0, heads=4, dim=512,
-                  kv_heads=1, cluster_order="index"):
+                  kv_heads=1, cluster_order="index", kernel="scalar"):
     """stream_attention.cuh on the emulated GPU against float64: `heads` query heads of `dim` on each of `kv_heads`
     key-value heads over `ctx` keys in pages of 16 ([pages, 16, kv_heads, dim], the heads' rows interleaved)
-    scattered through a larger cache (the block table a permutation)."""
+    scattered through a larger cache (the block table a permutation), on the CUDA cores or (kernel="mma") tensor
+    cores."""
     rng = np.random.default_rng(programs + ctx + kv_heads)
     pages = ctx // 16 + extra_pages
     q = (rng.standard_normal((kv_heads, heads, dim)) * scale / np.sqrt(dim)).astype(np.float32)
@@ -331,7 +332,7 @@ def run_attention(binary, tmp_path, programs, ctx, schedule, launches=1, extra_p
         emulated.write(tmp_path / f"{name}.bin", t)
     emulated.run(binary, f"dir={tmp_path} mode=attention heads={heads} dim={dim} kv_heads={kv_heads} "
                          f"programs={programs} ctx={ctx} pages={pages} launches={launches} sms=16 schedule={schedule} "
-                         f"cluster_order={cluster_order}")
+                         f"cluster_order={cluster_order} kernel={kernel}")
     got = emulated.read(tmp_path / "result.bin", torch.float32, (kv_heads, heads, dim)).numpy()
     keys = k.double().numpy()[table].reshape(ctx, kv_heads, dim)
     values = v.double().numpy()[table].reshape(ctx, kv_heads, dim)
@@ -341,19 +342,21 @@ def run_attention(binary, tmp_path, programs, ctx, schedule, launches=1, extra_p
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("kernel", ["scalar", "mma"])
 @pytest.mark.parametrize("programs,ctx,schedule,launches", [
     (8, 128, "rr", 1),      # one cluster, a page a program: no cross-cluster merge
     (8, 640, "ahead", 1),   # five pages a program: the ring refilled
     (16, 1024, "behind", 2),  # two clusters, 4 pages a program (the ring full), launched twice
     (32, 512, "ahead", 3),  # four clusters, a page a program, launched three times: the counters reset
 ])
-def test_stream_attention(binary, tmp_path, programs, ctx, schedule, launches):
+def test_stream_attention(binary, tmp_path, programs, ctx, schedule, launches, kernel):
     """The attention of one query (4 heads, one key-value head) over a paged context on every program, merged
     in clusters and then across them by the last program r to arrive (stream_attention.cuh), against float64.
     Without the wait for a page's keys or values, the running max's rescale of the accumulators, the owners'
     rescale to the common max, the cross-cluster rescale, or the counters' reset, it fails; the emulation
-    checks that the merging program reads the workspace only after every cluster wrote it."""
-    run_attention(binary, tmp_path, programs, ctx, schedule, launches)
+    checks that the merging program reads the workspace only after every cluster wrote it. The tensor-core kernel
+    the same, to float64's 2e-5: its query and probabilities split into two bf16 parts each."""
+    run_attention(binary, tmp_path, programs, ctx, schedule, launches, kernel=kernel)
 
 
 @pytest.mark.parametrize("heads,dim,kv_heads,programs,ctx,schedule,launches", [
@@ -363,22 +366,24 @@ def test_stream_attention(binary, tmp_path, programs, ctx, schedule, launches):
     (2, 256, 2, 16, 2048, "ahead", 2),  # 31B's sliding layer's heads: 16 pages a program (a 16-page ring refilled)
     (2, 256, 4, 64, 512, "behind", 3),  # four heads, two clusters each, launched three times
 ])
-@pytest.mark.parametrize("cluster_order", ["index", "evens_first"])
+@pytest.mark.parametrize("cluster_order,kernel", [("index", "scalar"), ("evens_first", "scalar"),
+                                                  ("evens_first", "mma")])
 def test_stream_attention_grouped_heads(binary, tmp_path, heads, dim, kv_heads, programs, ctx, schedule, launches,
-                                        cluster_order):
+                                        cluster_order, kernel):
     """31B's layers: 8 query heads of 512 (two groups of warps, 4 keys a warp) or 2 of 256 (one value entry a thread)
     on each of several key-value heads, whose rows interleave in a page (a bulk copy a row): each head's programs
     merge their own clusters and counters. Reading another head's rows, queries, output, workspace or counters
     fails it (the counters once the heads' clusters arrive mixed: evens_first)."""
     run_attention(binary, tmp_path, programs, ctx, schedule, launches, heads=heads, dim=dim, kv_heads=kv_heads,
-                  cluster_order=cluster_order)
+                  cluster_order=cluster_order, kernel=kernel)
 
 
 def test_stream_attention_peaked_scores(binary, tmp_path):
     """Scores far apart (a query 40x larger): the pages' and clusters' maxima differ by hundreds, so a partial
     rescaled to the wrong max underflows or overflows."""
-    run_attention(binary, tmp_path, 16, 1024, "rr", scale=40.0)
-    run_attention(binary, tmp_path, 32, 512, "ahead", scale=40.0, heads=8, kv_heads=2)
+    for kernel in ("scalar", "mma"):
+        run_attention(binary, tmp_path, 16, 1024, "rr", scale=40.0, kernel=kernel)
+        run_attention(binary, tmp_path, 32, 512, "ahead", scale=40.0, heads=8, kv_heads=2, kernel=kernel)
 
 
 @pytest.mark.parametrize("programs,ctx,kv_heads", [(4, 64, 1), (12, 192, 1), (8, 120, 1), (16, 128, 1), (8, 0, 1),

@@ -29,13 +29,15 @@ struct BulkRing {
     gemma4_mtp::bulk_copy_g2s(slot<unsigned char>(j), src, bytes, bar);
   }
   // Thread 0: chunk j gathered from `rows` rows of `row_bytes` each, `stride` bytes apart in global memory (one
-  // key-value head's rows of a page whose rows interleave the heads), laid end to end; one copy if contiguous.
-  __device__ void fill_rows(int j, const void* src, int rows, unsigned row_bytes, size_t stride) const {
-    if (stride == row_bytes) return fill(j, src, static_cast<unsigned>(rows) * row_bytes);
+  // key-value head's rows of a page whose rows interleave the heads), `dst_stride` apart in the buffer (padded
+  // rows: ldmatrix without bank conflicts); one copy where both are contiguous.
+  __device__ void fill_rows(int j, const void* src, int rows, unsigned row_bytes, size_t stride,
+                            unsigned dst_stride) const {
+    if (stride == row_bytes && dst_stride == row_bytes) return fill(j, src, static_cast<unsigned>(rows) * row_bytes);
     uint64_t* bar = &full[j % kSlots];
     gemma4_mtp::mbarrier_arrive_expect_tx(bar, static_cast<unsigned>(rows) * row_bytes);  // before any copy lands
     for (int r = 0; r < rows; ++r)
-      gemma4_mtp::bulk_copy_g2s(slot<unsigned char>(j) + static_cast<size_t>(r) * row_bytes,
+      gemma4_mtp::bulk_copy_g2s(slot<unsigned char>(j) + static_cast<size_t>(r) * dst_stride,
                                 static_cast<const unsigned char*>(src) + static_cast<size_t>(r) * stride, row_bytes,
                                 bar);
   }

@@ -26,7 +26,7 @@
 // against float64. Then "wide_gemv": each GEMV of `wide` on each of wide_programs (stream_gemv.cuh), µs a
 // launch with every launch's weights cold in L2, checked against float64. Then "attention": each layer of
 // `attention` at B = 1 on each of attention_programs (stream_attention.cuh), µs a launch with every launch's cache
-// cold in L2, checked against float64.
+// cold in L2, checked against float64, each on the CUDA cores ("kernel": "scalar") and on tensor cores ("mma").
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -39,6 +39,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -424,11 +425,11 @@ std::string time_wide(const cluster_gemv::Stage& shape, int programs, size_t l2_
          }, replays, repeats, stream, us, {w, x, y});
 }
 
-// Layer L's attention at B = 1 over `ctx` keys of each of `kv_heads` key-value heads on `programs`
-// (stream_attention.cuh): µs a launch, rotating through `copies` copies of the cache (rotation_copies, time_rotated),
+// Layer L's attention at B = 1 over `ctx` keys of each of `kv_heads` key-value heads on `programs`, on the CUDA
+// cores or (kMma) tensor cores (stream_attention.cuh): µs a launch, rotating through `copies` copies of the cache (rotation_copies, time_rotated),
 // the pages of each copy in a shuffled order (a request's pages are scattered in a cache), and whether the first
 // launch matches the host's float64 attention (relative 1e-3 of the largest entry).
-template <class L>
+template <class L, bool kMma>
 std::string time_attention(int kv_heads, int ctx, int programs, size_t l2_bytes, int replays, int repeats,
                            cudaStream_t stream, double* us, int* copies, bool* ok) {
   namespace sa = stream_attention;
@@ -468,7 +469,7 @@ std::string time_attention(int kv_heads, int ctx, int programs, size_t l2_bytes,
   TRY(cudaMemsetAsync(counters, 0, n_counters * sizeof(int32_t), stream));
   TRY(cudaMemsetAsync(out, 0xFF, q0.size() * sizeof(float), stream));  // NaN until written
   sa::Attention a{q, k, v, table, ctx, kv_heads, out, workspace, counters};
-  TRY(sa::run<L>(a, programs, stream));  // the first launch, checked
+  TRY((sa::run<L, kMma>(a, programs, stream)));  // the first launch, checked
   TRY(cudaStreamSynchronize(stream));
   std::vector<float> got(q0.size());
   TRY(cudaMemcpy(got.data(), out, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
@@ -489,7 +490,7 @@ std::string time_attention(int kv_heads, int ctx, int programs, size_t l2_bytes,
   }
   return time_rotated(*copies, [&](int c) {
            a.block_table = table + static_cast<size_t>(c) * pages;
-           return sa::run<L>(a, programs, stream);
+           return sa::run<L, kMma>(a, programs, stream);
          }, replays, repeats, stream, us, {k, v, q, out, workspace, table, counters});
 }
 
@@ -771,28 +772,35 @@ int main(int argc, char** argv) {
   first = true;
   for (const std::vector<int>& layer : attention) {
     const int heads = layer[0], dim = layer[1], kv_heads = layer[2], ctx = layer[3];
-    for (int programs : attention_list) {
-      std::printf("%s\n  {\"heads\": %d, \"dim\": %d, \"kv_heads\": %d, \"ctx\": %d, \"programs\": %d, "
-                  "\"bytes\": %zu", first ? "" : ",", heads, dim, kv_heads, ctx, programs,
-                  static_cast<size_t>(ctx) * kv_heads * 2 * dim * sizeof(__nv_bfloat16));
-      first = false;
-      const stream_attention::Attention shape{nullptr, nullptr, nullptr, nullptr, ctx, kv_heads,
-                                              nullptr, nullptr, nullptr};
-      bool known = stream_attention::with_layer(heads, dim, [&](auto l) {
-        using L = decltype(l);
-        const char* skip =
-            !stream_attention::valid(shape, programs)
-                ? "the keys do not split into whole pages over whole clusters of each key-value head's programs"
-                : cluster_unfit(reinterpret_cast<const void*>(stream_attention::attention_kernel<L>), programs,
-                                stream_attention::kThreads, stream_attention::smem_bytes<L>(), major,
-                                stream_attention::kCluster);
-        all_ok = close_row(skip, [&](double* us, int* copies, bool* ok) {
-                   return time_attention<L>(kv_heads, ctx, programs, static_cast<size_t>(l2), replays, repeats, stream,
-                                            us, copies, ok);
-                 }) && all_ok;
-      });
-      if (!known) all_ok = close_row("no layer of stream_attention.cuh has this many heads of this dimension",
-                                     nullptr) && all_ok;
+    for (const bool mma : {false, true}) {
+      for (int programs : attention_list) {
+        std::printf("%s\n  {\"heads\": %d, \"dim\": %d, \"kv_heads\": %d, \"ctx\": %d, \"kernel\": \"%s\", "
+                    "\"programs\": %d, \"bytes\": %zu", first ? "" : ",", heads, dim, kv_heads, ctx,
+                    mma ? "mma" : "scalar", programs, static_cast<size_t>(ctx) * kv_heads * 2 * dim * 2);
+        first = false;
+        const stream_attention::Attention shape{nullptr, nullptr, nullptr, nullptr, ctx, kv_heads,
+                                                nullptr, nullptr, nullptr};
+        auto row = [&](auto l, auto path) {
+          using L = decltype(l);
+          constexpr bool kMma = decltype(path)::value;
+          const char* skip =
+              !stream_attention::valid(shape, programs)
+                  ? "the keys do not split into whole pages over whole clusters of each key-value head's programs"
+                  : cluster_unfit(reinterpret_cast<const void*>(stream_attention::attention_kernel<L, kMma>), programs,
+                                  stream_attention::kThreads, stream_attention::smem_bytes<L, kMma>(), major,
+                                  stream_attention::kCluster);
+          all_ok = close_row(skip, [&](double* us, int* copies, bool* ok) {
+                     return time_attention<L, kMma>(kv_heads, ctx, programs, static_cast<size_t>(l2), replays, repeats,
+                                                    stream, us, copies, ok);
+                   }) && all_ok;
+        };
+        const bool known = stream_attention::with_layer(heads, dim, [&](auto l) {
+          if (mma) row(l, std::true_type{});
+          else row(l, std::false_type{});
+        });
+        if (!known) all_ok = close_row("no layer of stream_attention.cuh has this many heads of this dimension",
+                                       nullptr) && all_ok;
+      }
     }
   }
   std::printf("\n]}\n");

@@ -59,10 +59,19 @@ struct Layer {
   static constexpr int kOwned = kDim / kCluster;               // entries of each head a program merges
   static constexpr int kSlot = kHeads * kOwned + 2 * kHeads;   // floats pushed to an owner: entries, max, exp-sum
   static constexpr int kAlpha = (kHeads + 3) / 4 * 4;          // the rescale factors, padded to 16 bytes
-  using Ring = BulkRing<kRing, kPageBytes>;
+  // the tensor-core path (kMma): a warp's k steps of the scores (16 dimensions each) and n8 tiles of the output
+  static constexpr int kWarpSteps = kDim / 16 / kWarps;
+  static constexpr int kWarpTiles = kDim / 8 / kWarps;
+  // a ring buffer's rows: the scalar path's as the cache holds them; the mma path's 16 bytes apart more, so that
+  // the 8 rows an ldmatrix reads fall in different banks (a row of 512 or 1024 bytes is a whole number of bank rows)
+  template <bool kMma>
+  static constexpr int kSlotRow = kRowBytes + (kMma ? 16 : 0);
+  template <bool kMma>
+  using Ring = BulkRing<kRing, kPage * kSlotRow<kMma>>;
   static_assert(kHeads % kWarpHeads == 0 && kHeads <= kWarps && kHeads % 2 == 0, "a warp's statistics, float2 reads");
   static_assert(kLane % 8 == 0 && kEntries >= 1 && kEntries <= 2 && kDim == kEntries * kThreads, "lane mappings");
   static_assert(kWarps % kGroups == 0 && (kWarps / kGroups) * kWarpKeys == kPage && kOwned % 4 == 0, "the splits");
+  static_assert(kHeads <= 8 && kWarpSteps >= 1 && kWarpTiles % 2 == 0, "mma: the heads are rows 0-7 of its tiles");
 };
 using E2bFull = Layer<4, 512>;     // E2B's full layer (E4B's has the same group and dimension)
 using Full31b = Layer<8, 512>;     // 31B's full layer
@@ -89,32 +98,59 @@ inline bool valid(const Attention& a, int programs) {
   return per_head >= kCluster && per_head % kCluster == 0 && a.ctx > 0 && a.ctx % (kPage * per_head) == 0;
 }
 
-// Shared memory: the ring, the heads' statistics, the program's partial output, the kCluster partials received,
-// the page's scores (then their exponentials), the heads' rescale factors, the ring's and the partials'
-// mbarriers, the merge's election (every array a multiple of 16 bytes, each start 16-byte aligned).
-template <class L>
+// Shared memory: the ring, the heads' statistics, the program's partial output (the mma path's warps' partial
+// scores before it), the kCluster partials received, the page's scores (then their exponentials), the heads'
+// rescale factors, the ring's and the partials' mbarriers, the merge's election (every array a multiple of 16
+// bytes, each start 16-byte aligned).
+template <class L, bool kMma>
 size_t smem_bytes() {
-  return L::Ring::kBytes +
+  static_assert(kWarps * kPage <= L::kDim, "the warps' partial scores fit where the partial output goes");
+  return L::template Ring<kMma>::kBytes +
          (2 * L::kHeads + L::kHeads * L::kDim + kCluster * L::kSlot + kPage * L::kHeads + L::kAlpha) * 4 +
          (L::kRing + 1) * 8 + 16;
 }
 
-template <class L>
+// Two fp32 values of an A fragment register as kParts bf16 pairs whose sum is the pair (each part the rounding of
+// what the parts before it left): a product with bf16 keys or values summed over the parts is exact to ~2^-(8
+// kParts + 1), fp32's 2^-24 at 3 parts. The query takes 3 (a score's error is its size times that, and softmax
+// turns it into a relative error of the weights: 2 parts were 1e-4 off float64 at scores 40x peaked), the
+// probabilities, in [0, 1], 2.
+template <int kParts>
+__device__ __forceinline__ void split(float x0, float x1, uint32_t (&parts)[kParts]) {
+#pragma unroll
+  for (int p = 0; p < kParts; ++p) {
+    const float h0 = to_float(from_float<__nv_bfloat16>(x0)), h1 = to_float(from_float<__nv_bfloat16>(x1));
+    parts[p] = pack2<__nv_bfloat16>(h0, h1);
+    x0 -= h0, x1 -= h1;  // exact in fp32
+  }
+}
+
+// kMma false: the scores and the output's sums on the CUDA cores, as above. kMma true: both on tensor cores
+// (mma.m16n8k16, bf16 in, fp32 sums), the layer's heads rows 0..kHeads-1 of a 16-row tile (the rest zero): a warp
+// scores the page's 16 keys over its kWarpSteps x 16 dimensions (the query split in three, `split`, in registers;
+// the keys by ldmatrix from the ring), the warps' partial scores summed through shared memory by the statistics'
+// warps; then a warp multiplies the page's probabilities (split in two) by the values of its kWarpTiles x 8
+// dimensions (ldmatrix .trans). Far fewer instructions a page than the CUDA cores' path (benchmarks/README.md,
+// "31B's attention from a ring of bulk copies", counts both).
+template <class L, bool kMma>
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Attention a) {
   if constexpr (!kHasClusters) __trap();
   constexpr int kHeads = L::kHeads, kDim = L::kDim, kLane = L::kLane, kWarpHeads = L::kWarpHeads;
   constexpr int kEntries = L::kEntries, kOwned = L::kOwned, kSlot = L::kSlot, kRing = L::kRing;
-  using Ring = typename L::Ring;
+  constexpr int kSlotRow = L::template kSlotRow<kMma>;  // bytes from a row of a ring buffer to the next
+  using Ring = typename L::template Ring<kMma>;
   const int programs = static_cast<int>(gridDim.x), per_head = programs / a.kv_heads;
   const int head = static_cast<int>(blockIdx.x) / per_head, index = static_cast<int>(blockIdx.x) % per_head;
   const int rank = static_cast<int>(cluster_rank());
   const int pages = a.ctx / kPage / per_head, first_page = index * pages;
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  // the warp's heads (h0 on) and keys (k0 on) in the scores
+  const int g = lane >> 2, t = lane & 3;  // the mma path: a lane's row (head) and column pair in its fragments
+  // the scalar path: the warp's heads (h0 on) and keys (k0 on) in the scores
   const int h0 = warp / (kWarps / L::kGroups) * kWarpHeads, k0 = warp % (kWarps / L::kGroups) * L::kWarpKeys;
   unsigned char* smem = dynamic_smem();
   float* stat = reinterpret_cast<float*>(smem + Ring::kBytes);  // [2 kHeads] max, exp-sum
   float* own = stat + 2 * kHeads;                                // [kHeads][kDim] the partial output
+  float* part = own;  // the mma path, until the partial output: [kWarps][kHeads][kPage] the warps' partial scores
   float* recv = own + kHeads * kDim;                             // [kCluster][kSlot]
   float* scores = recv + kCluster * kSlot;                       // [kPage][kHeads], key-major
   float* alpha = scores + kPage * kHeads;                        // [kHeads] this page's rescale
@@ -130,7 +166,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Attention a) {
     const __nv_bfloat16* cache = (c & 1) ? a.v_cache : a.k_cache;
     const __nv_bfloat16* page =
         cache + (static_cast<size_t>(a.block_table[first_page + c / 2]) * kPage * a.kv_heads + head) * kDim;
-    ring.fill_rows(c, page, kPage, L::kRowBytes, row_stride * sizeof(__nv_bfloat16));
+    ring.fill_rows(c, page, kPage, L::kRowBytes, row_stride * sizeof(__nv_bfloat16), kSlotRow);
   };
   if (threadIdx.x == 0) {
     ring.init();
@@ -139,48 +175,97 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Attention a) {
     for (int c = 0; c < kRing; ++c) fill(c);
     mbarrier_arrive_expect_tx(pbar, static_cast<unsigned>(kCluster * kSlot) * 4u);
   }
-  float q[kWarpHeads][kLane];  // a lane's entries of its warp's heads
+  const float* qh = a.q + static_cast<size_t>(head) * kHeads * kDim;  // this key-value head's queries
+  // the scalar path: a lane's entries of its warp's heads; the mma path: the A fragments (rows g, hi and lo) of
+  // the warp's k steps (row g a head: zero past the layer's heads, and rows g + 8 always)
+  float q[kMma ? 1 : kWarpHeads][kMma ? 1 : kLane];
+  uint32_t qa[kMma ? L::kWarpSteps : 1][2][3];  // [step][cols 2t / 2t + 8][part]
+  if constexpr (kMma) {
 #pragma unroll
-  for (int h = 0; h < kWarpHeads; ++h)
+    for (int st = 0; st < L::kWarpSteps; ++st)
 #pragma unroll
-    for (int e = 0; e < kLane; e += 4) {
-      const float4 v = *reinterpret_cast<const float4*>(a.q + (head * kHeads + h0 + h) * kDim + kLane * lane + e);
-      q[h][e] = v.x, q[h][e + 1] = v.y, q[h][e + 2] = v.z, q[h][e + 3] = v.w;
-    }
+      for (int half = 0; half < 2; ++half) {
+        const int d = (warp * L::kWarpSteps + st) * 16 + 8 * half + 2 * t;
+        const float x0 = g < kHeads ? qh[g * kDim + d] : 0.0f, x1 = g < kHeads ? qh[g * kDim + d + 1] : 0.0f;
+        split(x0, x1, qa[st][half]);
+      }
+  } else {
+#pragma unroll
+    for (int h = 0; h < kWarpHeads; ++h)
+#pragma unroll
+      for (int e = 0; e < kLane; e += 4) {
+        const float4 v = *reinterpret_cast<const float4*>(qh + (h0 + h) * kDim + kLane * lane + e);
+        q[h][e] = v.x, q[h][e + 1] = v.y, q[h][e + 2] = v.z, q[h][e + 3] = v.w;
+      }
+  }
   float m = -INFINITY, l = 0.0f;  // warp h < kHeads: head h's running statistics (every lane the same)
-  float acc[kHeads][kEntries] = {};  // entries kEntries t + j of every head
-  cluster_sync();                    // every program's mbarriers initialised before anyone pushes into it
+  float acc[kMma ? 1 : kHeads][kEntries] = {};  // the scalar path: entries kEntries t + j of every head
+  float oc[kMma ? L::kWarpTiles : 1][4] = {};   // the mma path: the warp's n8 tiles of the output (rows g: heads)
+  cluster_sync();                               // every program's mbarriers initialised before anyone pushes into it
   for (int i = 0; i < pages; ++i) {
     ring.wait(2 * i);
-    const __nv_bfloat16* kp = ring.template slot<const __nv_bfloat16>(2 * i);
-    float d[L::kWarpKeys][kWarpHeads];  // the warp's keys, a lane's part of each head's score
+    const unsigned char* kp = ring.template slot<const unsigned char>(2 * i);
+    if constexpr (kMma) {
+      float sc[2][4] = {};  // keys 0-7 and 8-15: rows g (and g + 8, zero), columns 2t, 2t + 1
 #pragma unroll
-    for (int t = 0; t < L::kWarpKeys; ++t) {
-      const __nv_bfloat16* row = kp + (k0 + t) * kDim + kLane * lane;
-      uint4 raw[kLane / 8];
+      for (int st = 0; st < L::kWarpSteps; ++st) {
+        // matrices: keys 0-7 then 8-15, each at dimensions d and d + 8: b fragments of both key tiles
+        const int d = (warp * L::kWarpSteps + st) * 16 + 8 * ((lane >> 3) & 1);
+        uint32_t kb[4];
+        ldmatrix_x4(kb, kp + ((lane >> 4) * 8 + (lane & 7)) * kSlotRow + 2 * d);
 #pragma unroll
-      for (int c = 0; c < kLane / 8; ++c) raw[c] = *reinterpret_cast<const uint4*>(row + 8 * c);
-      const __nv_bfloat16* ke = reinterpret_cast<const __nv_bfloat16*>(raw);
+        for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int h = 0; h < kWarpHeads; ++h) {
-        float s = 0.0f;
-#pragma unroll
-        for (int e = 0; e < kLane; ++e) s += to_float(ke[e]) * q[h][e];
-        d[t][h] = s;
+          for (int p = 0; p < 3; ++p) {  // the query's parts
+            const uint32_t av[4] = {qa[st][0][p], 0u, qa[st][1][p], 0u}, bv[2] = {kb[2 * nt], kb[2 * nt + 1]};
+            mma_m16n8k16<__nv_bfloat16>(sc[nt], av, bv);
+          }
       }
+      if (g < kHeads)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) part[(warp * kHeads + g) * kPage + nt * 8 + 2 * t + e] = sc[nt][e];
+    } else {
+      const __nv_bfloat16* keys = reinterpret_cast<const __nv_bfloat16*>(kp);
+      float d[L::kWarpKeys][kWarpHeads];  // the warp's keys, a lane's part of each head's score
+#pragma unroll
+      for (int kt = 0; kt < L::kWarpKeys; ++kt) {
+        const __nv_bfloat16* row = keys + (k0 + kt) * kDim + kLane * lane;
+        uint4 raw[kLane / 8];
+#pragma unroll
+        for (int c = 0; c < kLane / 8; ++c) raw[c] = *reinterpret_cast<const uint4*>(row + 8 * c);
+        const __nv_bfloat16* ke = reinterpret_cast<const __nv_bfloat16*>(raw);
+#pragma unroll
+        for (int h = 0; h < kWarpHeads; ++h) {
+          float sum = 0.0f;
+#pragma unroll
+          for (int e = 0; e < kLane; ++e) sum += to_float(ke[e]) * q[h][e];
+          d[kt][h] = sum;
+        }
+      }
+#pragma unroll
+      for (int kt = 0; kt < L::kWarpKeys; ++kt)
+#pragma unroll
+        for (int h = 0; h < kWarpHeads; ++h) {
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) d[kt][h] += __shfl_xor_sync(0xffffffffu, d[kt][h], o);
+          if (lane == 0) scores[(k0 + kt) * kHeads + h0 + h] = d[kt][h];
+        }
     }
-#pragma unroll
-    for (int t = 0; t < L::kWarpKeys; ++t)
-#pragma unroll
-      for (int h = 0; h < kWarpHeads; ++h) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) d[t][h] += __shfl_xor_sync(0xffffffffu, d[t][h], o);
-        if (lane == 0) scores[(k0 + t) * kHeads + h0 + h] = d[t][h];
-      }
     __syncthreads();
     if (warp < kHeads) {  // head `warp`'s max and exp-sum over the page, its scores turned into exponentials
       const int h = warp;
-      const float s = lane < kPage ? scores[lane * kHeads + h] : -INFINITY;
+      float s = -INFINITY;
+      if (lane < kPage) {
+        if constexpr (kMma) {  // the warps' partial scores of the key, summed in warp order
+          s = 0.0f;
+#pragma unroll
+          for (int w = 0; w < kWarps; ++w) s += part[(w * kHeads + h) * kPage + lane];
+        } else {
+          s = scores[lane * kHeads + h];
+        }
+      }
       float top = s;
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
@@ -196,29 +281,56 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Attention a) {
     }
     __syncthreads();
     ring.wait(2 * i + 1);
-    const __nv_bfloat16* vp = ring.template slot<const __nv_bfloat16>(2 * i + 1);
+    const unsigned char* vbytes = ring.template slot<const unsigned char>(2 * i + 1);
+    if constexpr (kMma) {
+      const float r = g < kHeads ? alpha[g] : 0.0f;
+      uint32_t pa[2][2];  // the probabilities' A fragment, rows g: keys 2t, 2t + 1 and 2t + 8, 2t + 9; two parts
 #pragma unroll
-    for (int h = 0; h < kHeads; ++h)
-#pragma unroll
-      for (int j = 0; j < kEntries; ++j) acc[h][j] *= alpha[h];
-#pragma unroll 4
-    for (int k = 0; k < kPage; ++k) {
-      float v[kEntries];
-      if constexpr (kEntries == 2) {
-        const uint32_t pair = *reinterpret_cast<const uint32_t*>(vp + k * kDim + 2 * threadIdx.x);
-        const __nv_bfloat16* ve = reinterpret_cast<const __nv_bfloat16*>(&pair);
-        v[0] = to_float(ve[0]), v[1] = to_float(ve[1]);
-      } else {
-        v[0] = to_float(vp[k * kDim + threadIdx.x]);
+      for (int half = 0; half < 2; ++half) {
+        const int k = 2 * t + 8 * half;
+        split(g < kHeads ? scores[k * kHeads + g] : 0.0f, g < kHeads ? scores[(k + 1) * kHeads + g] : 0.0f, pa[half]);
       }
 #pragma unroll
-      for (int h = 0; h < kHeads; h += 2) {  // the key's weights, two heads a load
-        const float2 p = *reinterpret_cast<const float2*>(scores + k * kHeads + h);
+      for (int nt = 0; nt < L::kWarpTiles; ++nt) oc[nt][0] *= r, oc[nt][1] *= r;
 #pragma unroll
-        for (int j = 0; j < kEntries; ++j) acc[h][j] += p.x * v[j], acc[h + 1][j] += p.y * v[j];
+      for (int nt = 0; nt < L::kWarpTiles; nt += 2) {
+        // matrices (.trans): keys 0-7 then 8-15 at dimensions n and n + 8: b fragments of two n8 tiles
+        const int n = (warp * L::kWarpTiles + nt) * 8 + 8 * (lane >> 4);
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, vbytes + (((lane >> 3) & 1) * 8 + (lane & 7)) * kSlotRow + 2 * n);
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+#pragma unroll
+          for (int p = 0; p < 2; ++p) {
+            const uint32_t av[4] = {pa[0][p], 0u, pa[1][p], 0u}, bv[2] = {vb[2 * u], vb[2 * u + 1]};
+            mma_m16n8k16<__nv_bfloat16>(oc[nt + u], av, bv);
+          }
+      }
+    } else {
+      const __nv_bfloat16* vp = reinterpret_cast<const __nv_bfloat16*>(vbytes);
+#pragma unroll
+      for (int h = 0; h < kHeads; ++h)
+#pragma unroll
+        for (int j = 0; j < kEntries; ++j) acc[h][j] *= alpha[h];
+#pragma unroll 4
+      for (int k = 0; k < kPage; ++k) {
+        float v[kEntries];
+        if constexpr (kEntries == 2) {
+          const uint32_t pair = *reinterpret_cast<const uint32_t*>(vp + k * kDim + 2 * threadIdx.x);
+          const __nv_bfloat16* ve = reinterpret_cast<const __nv_bfloat16*>(&pair);
+          v[0] = to_float(ve[0]), v[1] = to_float(ve[1]);
+        } else {
+          v[0] = to_float(vp[k * kDim + threadIdx.x]);
+        }
+#pragma unroll
+        for (int h = 0; h < kHeads; h += 2) {  // the key's weights, two heads a load
+          const float2 p = *reinterpret_cast<const float2*>(scores + k * kHeads + h);
+#pragma unroll
+          for (int j = 0; j < kEntries; ++j) acc[h][j] += p.x * v[j], acc[h + 1][j] += p.y * v[j];
+        }
       }
     }
-    __syncthreads();  // every read of the page's two buffers, its scores and its rescale done
+    __syncthreads();  // every read of the page's two buffers, its scores, partial scores and rescale done
     if (threadIdx.x == 0) {
       fill(2 * i + kRing);
       fill(2 * i + 1 + kRing);
@@ -226,10 +338,18 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Attention a) {
   }
   // the program's partial: its outputs and its heads' statistics, then to each program r of the cluster the
   // entries r merges
+  if constexpr (kMma) {
+    if (g < kHeads)
 #pragma unroll
-  for (int h = 0; h < kHeads; ++h)
+      for (int nt = 0; nt < L::kWarpTiles; ++nt)
 #pragma unroll
-    for (int j = 0; j < kEntries; ++j) own[h * kDim + kEntries * threadIdx.x + j] = acc[h][j];
+        for (int e = 0; e < 2; ++e) own[g * kDim + (warp * L::kWarpTiles + nt) * 8 + 2 * t + e] = oc[nt][e];
+  } else {
+#pragma unroll
+    for (int h = 0; h < kHeads; ++h)
+#pragma unroll
+      for (int j = 0; j < kEntries; ++j) own[h * kDim + kEntries * threadIdx.x + j] = acc[h][j];
+  }
   if (warp < kHeads && lane == 0) stat[warp] = m, stat[kHeads + warp] = l;
   __syncthreads();
   constexpr int kPushes = kSlot / 4;  // 16-byte pushes to each owner
@@ -289,16 +409,16 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Attention a) {
   if (threadIdx.x == 0) *counter = 0;  // for the next launch (ordered by the kernel's end)
 }
 
-// `programs` programs (clusters of kCluster, programs / kv_heads a key-value head) run layer L's attention;
-// cudaErrorInvalidValue for what `valid` refuses.
-template <class L>
+// `programs` programs (clusters of kCluster, programs / kv_heads a key-value head) run layer L's attention on the
+// CUDA cores or (kMma) on tensor cores; cudaErrorInvalidValue for what `valid` refuses.
+template <class L, bool kMma>
 cudaError_t run(const Attention& a, int programs, cudaStream_t stream) {
   if (!valid(a, programs)) return cudaErrorInvalidValue;
-  const size_t smem = smem_bytes<L>();
-  const cudaError_t err = opt_in_smem<attention_kernel<L>>(static_cast<int>(smem));
+  const size_t smem = smem_bytes<L, kMma>();
+  const cudaError_t err = opt_in_smem<attention_kernel<L, kMma>>(static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  return launch_cluster<attention_kernel<L>>(dim3(static_cast<unsigned>(programs)), kCluster, kThreads, smem, stream,
-                                             a);
+  return launch_cluster<attention_kernel<L, kMma>>(dim3(static_cast<unsigned>(programs)), kCluster, kThreads, smem,
+                                                   stream, a);
 }
 
 // f(L{}) with the layer of `heads` query heads of dimension `dim` on a key-value head: false for a pair no layer

@@ -17,8 +17,9 @@
 //   dir=PATH mode=wide programs= n= k= norm=: stream_gemv's GEMV of DIR/w.bin ([n, k] bf16) and DIR/x.bin
 //   (fp32), its output to DIR/result.bin; a shape or device the launcher refuses prints "REFUSED".
 //   misalign=NAME (gemv: w; wide: w, x; attention: q, k, v): that pointer 4 bytes off its buffer's start.
-//   dir=PATH mode=attention heads= dim= kv_heads= programs= ctx= pages= launches=: stream_attention's attention of
-//   the layer of `heads` query heads of `dim` on a key-value head (default E2B's full layer, 4 of 512, one head) of
+//   dir=PATH mode=attention heads= dim= kv_heads= kernel=scalar|mma programs= ctx= pages= launches=:
+//   stream_attention's attention (on the CUDA cores or tensor cores) of the layer of `heads` query heads of `dim`
+//   on a key-value head (default E2B's full layer, 4 of 512, one head) of
 //   DIR/q.bin (fp32 [kv_heads * heads, dim]) over DIR/k.bin and DIR/v.bin (bf16 [pages, 16, kv_heads, dim])
 //   through DIR/table.bin (int32 [ctx / 16]), `launches` times (each must leave the merge's counters zero for the
 //   next), the last output to DIR/result.bin; what the launcher refuses prints "REFUSED", a layer it has no
@@ -27,6 +28,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "emu.h"
@@ -95,8 +97,10 @@ int main(int argc, char** argv) {
     const int heads = static_cast<int>(a.num("heads", sa::E2bFull::kHeads));
     const int dim = static_cast<int>(a.num("dim", sa::E2bFull::kDim));
     int rc = 1;
-    const bool known = sa::with_layer(heads, dim, [&](auto l) {
+    const bool mma = a.str("kernel", "scalar") == "mma";
+    auto attend = [&](auto l, auto path) {
       using L = decltype(l);
+      constexpr bool kMma = decltype(path)::value;
       const int64_t rows = std::max(kv_heads, 1);  // the buffers of one head where kv_heads (refused) is not positive
       const int64_t q_len = rows * L::kHeads * L::kDim, page = rows * sa::kPage * L::kDim;
       Buffer q = load(dir, "q", 1, q_len, q_len, 4);
@@ -113,18 +117,22 @@ int main(int argc, char** argv) {
                         static_cast<const int32_t*>(table.data()), ctx, kv_heads, static_cast<float*>(out.data()),
                         static_cast<float*>(workspace.data()), counters.data()};
       for (int l = 0; l + 1 < launches; ++l) {  // the earlier launches, each checked; the last is one_launch's
-        const cudaError_t err = sa::run<L>(att, programs, nullptr);
+        const cudaError_t err = sa::run<L, kMma>(att, programs, nullptr);
         if (!launched_as_expected(err, 1, false, {})) return;
         emu::launch_log().clear();
         std::memset(out.data(), 0xFF, out.bytes.size());  // NaN again: the next launch must write every entry
       }
-      rc = one_launch(a, dir, sa::run<L>(att, programs, nullptr), out);
+      rc = one_launch(a, dir, sa::run<L, kMma>(att, programs, nullptr), out);
       for (int32_t c : counters)
         if (c != 0) {
           std::printf("FAIL a launch left a merge counter at %d\n", c);
           rc = 1;
           return;
         }
+    };
+    const bool known = sa::with_layer(heads, dim, [&](auto l) {
+      if (mma) attend(l, std::true_type{});
+      else attend(l, std::false_type{});
     });
     if (!known) std::printf("FAIL no layer of stream_attention.cuh has %d heads of %d\n", heads, dim);
     return rc;
