@@ -176,8 +176,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Attention a) {
     mbarrier_arrive_expect_tx(pbar, static_cast<unsigned>(kCluster * kSlot) * 4u);
   }
   const float* qh = a.q + static_cast<size_t>(head) * kHeads * kDim;  // this key-value head's queries
-  // the scalar path: a lane's entries of its warp's heads; the mma path: the A fragments (rows g, hi and lo) of
-  // the warp's k steps (row g a head: zero past the layer's heads, and rows g + 8 always)
+  // the scalar path: a lane's entries of its warp's heads; the mma path: the A fragments (rows g, in three parts)
+  // of the warp's k steps (row g a head: zero past the layer's heads, and rows g + 8 always)
   float q[kMma ? 1 : kWarpHeads][kMma ? 1 : kLane];
   uint32_t qa[kMma ? L::kWarpSteps : 1][2][3];  // [step][cols 2t / 2t + 8][part]
   if constexpr (kMma) {
