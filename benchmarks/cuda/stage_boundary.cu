@@ -426,9 +426,10 @@ std::string time_wide(const cluster_gemv::Stage& shape, int programs, size_t l2_
 }
 
 // Layer L's attention at B = 1 over `ctx` keys of each of `kv_heads` key-value heads on `programs`, on the CUDA
-// cores or (kMma) tensor cores (stream_attention.cuh): µs a launch, rotating through `copies` copies of the cache (rotation_copies, time_rotated),
-// the pages of each copy in a shuffled order (a request's pages are scattered in a cache), and whether the first
-// launch matches the host's float64 attention (relative 1e-3 of the largest entry).
+// cores or (kMma) tensor cores (stream_attention.cuh): µs a launch, rotating through `copies` copies of the cache
+// (rotation_copies, time_rotated), the pages of each copy in a shuffled order (a request's pages are scattered in
+// a cache), and whether the first launch matches the host's float64 attention (relative 1e-3 of the largest
+// entry).
 template <class L, bool kMma>
 std::string time_attention(int kv_heads, int ctx, int programs, size_t l2_bytes, int replays, int repeats,
                            cudaStream_t stream, double* us, int* copies, bool* ok) {
