@@ -781,8 +781,8 @@ int main(int argc, char** argv) {
         first = false;
         const stream_attention::Attention shape{nullptr, nullptr, nullptr, nullptr, ctx, kv_heads,
                                                 nullptr, nullptr, nullptr};
-        auto row = [&](auto l, auto path) {
-          using L = decltype(l);
+        auto row = [&](auto layer, auto path) {
+          using L = decltype(layer);
           constexpr bool kMma = decltype(path)::value;
           const char* skip =
               !stream_attention::valid(shape, programs)
@@ -795,9 +795,9 @@ int main(int argc, char** argv) {
                                                     stream, us, copies, ok);
                    }) && all_ok;
         };
-        const bool known = stream_attention::with_layer(heads, dim, [&](auto l) {
-          if (mma) row(l, std::true_type{});
-          else row(l, std::false_type{});
+        const bool known = stream_attention::with_layer(heads, dim, [&](auto layer) {
+          if (mma) row(layer, std::true_type{});
+          else row(layer, std::false_type{});
         });
         if (!known) all_ok = close_row("no layer of stream_attention.cuh has this many heads of this dimension",
                                        nullptr) && all_ok;

@@ -19,11 +19,10 @@
 //   misalign=NAME (gemv: w; wide: w, x; attention: q, k, v): that pointer 4 bytes off its buffer's start.
 //   dir=PATH mode=attention heads= dim= kv_heads= kernel=scalar|mma programs= ctx= pages= launches=:
 //   stream_attention's attention (on the CUDA cores or tensor cores) of the layer of `heads` query heads of `dim`
-//   on a key-value head (default E2B's full layer, 4 of 512, one head) of
-//   DIR/q.bin (fp32 [kv_heads * heads, dim]) over DIR/k.bin and DIR/v.bin (bf16 [pages, 16, kv_heads, dim])
-//   through DIR/table.bin (int32 [ctx / 16]), `launches` times (each must leave the merge's counters zero for the
-//   next), the last output to DIR/result.bin; what the launcher refuses prints "REFUSED", a layer it has no
-//   kernel for "FAIL".
+//   on a key-value head (default E2B's full layer, 4 of 512, one head) of DIR/q.bin (fp32 [kv_heads * heads, dim])
+//   over DIR/k.bin and DIR/v.bin (bf16 [pages, 16, kv_heads, dim]) through DIR/table.bin (int32 [ctx / 16]),
+//   `launches` times (each must leave the merge's counters zero for the next), the last output to DIR/result.bin;
+//   what the launcher refuses prints "REFUSED", a layer it has no kernel for "FAIL".
 //   cluster_order=evens_first (any mode): a cluster launch runs its even-indexed clusters first (emu.h).
 #include <algorithm>
 #include <cstdio>
@@ -98,8 +97,8 @@ int main(int argc, char** argv) {
     const int dim = static_cast<int>(a.num("dim", sa::E2bFull::kDim));
     int rc = 1;
     const bool mma = a.str("kernel", "scalar") == "mma";
-    auto attend = [&](auto l, auto path) {
-      using L = decltype(l);
+    auto attend = [&](auto layer, auto path) {
+      using L = decltype(layer);
       constexpr bool kMma = decltype(path)::value;
       const int64_t rows = std::max(kv_heads, 1);  // the buffers of one head where kv_heads (refused) is not positive
       const int64_t q_len = rows * L::kHeads * L::kDim, page = rows * sa::kPage * L::kDim;
@@ -130,9 +129,9 @@ int main(int argc, char** argv) {
           return;
         }
     };
-    const bool known = sa::with_layer(heads, dim, [&](auto l) {
-      if (mma) attend(l, std::true_type{});
-      else attend(l, std::false_type{});
+    const bool known = sa::with_layer(heads, dim, [&](auto layer) {
+      if (mma) attend(layer, std::true_type{});
+      else attend(layer, std::false_type{});
     });
     if (!known) std::printf("FAIL no layer of stream_attention.cuh has %d heads of %d\n", heads, dim);
     return rc;
