@@ -34,8 +34,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <array>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
@@ -425,6 +427,34 @@ std::string time_wide(const cluster_gemv::Stage& shape, int programs, size_t l2_
          }, replays, repeats, stream, us, {w, x, y});
 }
 
+// The float64 attention of `heads` query heads of `dim` on each of `kv_heads` key-value heads over `ctx` keys (the
+// cache `kv`, keys then values, [pages, kPage, kv_heads, dim] each, the request's pages in `perm`'s order), the
+// key-value heads' outputs one after another. Computed once per layer (0.13-0.27 G multiply-adds at E2B's 32K and
+// 31B's full layer, half of them strided) and kept for the layer's other rows, both kernels and every program
+// count: their inputs are the same (host_weights, host_input and the seeded shuffle are functions of the shape).
+const std::vector<double>& attention_want(int heads, int dim, int kv_heads, int ctx, const std::vector<float>& kv,
+                                          const std::vector<float>& q0, const std::vector<int32_t>& perm) {
+  static std::map<std::array<int, 4>, std::vector<double>> done;
+  std::vector<double>& want = done[{heads, dim, kv_heads, ctx}];
+  if (!want.empty()) return want;
+  const size_t row = static_cast<size_t>(kv_heads) * dim, page_elems = stream_attention::kPage * row;
+  const size_t count = static_cast<size_t>(ctx) * row, head_elems = static_cast<size_t>(ctx) * dim;
+  const size_t q_elems = static_cast<size_t>(heads) * dim;
+  std::vector<float> logical(2 * head_elems);  // one key-value head's keys then values in the request's order
+  for (int h = 0; h < kv_heads; ++h) {
+    for (int half = 0; half < 2; ++half)
+      for (int i = 0; i < ctx; ++i)
+        std::copy_n(kv.begin() + half * count + static_cast<size_t>(perm[i / stream_attention::kPage]) * page_elems +
+                        static_cast<size_t>(i % stream_attention::kPage) * row + static_cast<size_t>(h) * dim,
+                    dim, logical.begin() + half * head_elems + static_cast<size_t>(i) * dim);
+    const cluster_gemv::Stage shape{nullptr, heads * dim, dim, 0, 0, ctx};
+    const std::vector<double> out = attention_reference(
+        shape, logical.data(), std::vector<double>(q0.begin() + h * q_elems, q0.begin() + (h + 1) * q_elems));
+    want.insert(want.end(), out.begin(), out.end());
+  }
+  return want;
+}
+
 // Layer L's attention at B = 1 over `ctx` keys of each of `kv_heads` key-value heads on `programs`, on the CUDA
 // cores or (kMma) tensor cores (stream_attention.cuh): µs a launch, rotating through `copies` copies of the cache
 // (rotation_copies, time_rotated), the pages of each copy in a shuffled order (a request's pages are scattered in
@@ -474,21 +504,12 @@ std::string time_attention(int kv_heads, int ctx, int programs, size_t l2_bytes,
   TRY(cudaStreamSynchronize(stream));
   std::vector<float> got(q0.size());
   TRY(cudaMemcpy(got.data(), out, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  // each key-value head's keys then values in the request's order, as attention_reference reads them
+  const std::vector<double>& want = attention_want(L::kHeads, L::kDim, kv_heads, ctx, kv.f32, q0, perm);
   *ok = true;
-  const size_t head_elems = static_cast<size_t>(ctx) * L::kDim, q_elems = static_cast<size_t>(L::kHeads) * L::kDim;
-  std::vector<float> logical(2 * head_elems);
-  for (int h = 0; h < kv_heads; ++h) {
-    for (int half = 0; half < 2; ++half)
-      for (int i = 0; i < ctx; ++i)
-        std::copy_n(kv.f32.begin() + half * count + static_cast<size_t>(perm[i / sa::kPage]) * page_elems +
-                        static_cast<size_t>(i % sa::kPage) * row + static_cast<size_t>(h) * L::kDim,
-                    L::kDim, logical.begin() + half * head_elems + static_cast<size_t>(i) * L::kDim);
-    const cluster_gemv::Stage shape{nullptr, L::kHeads * L::kDim, L::kDim, 0, 0, ctx};
-    const std::vector<double> want = attention_reference(
-        shape, logical.data(), std::vector<double>(q0.begin() + h * q_elems, q0.begin() + (h + 1) * q_elems));
-    *ok = matches(want, std::vector<float>(got.begin() + h * q_elems, got.begin() + (h + 1) * q_elems)) && *ok;
-  }
+  const size_t q_elems = static_cast<size_t>(L::kHeads) * L::kDim;
+  for (int h = 0; h < kv_heads; ++h)  // each key-value head's outputs within 1e-3 of its own largest
+    *ok = matches(std::vector<double>(want.begin() + h * q_elems, want.begin() + (h + 1) * q_elems),
+                  std::vector<float>(got.begin() + h * q_elems, got.begin() + (h + 1) * q_elems)) && *ok;
   return time_rotated(*copies, [&](int c) {
            a.block_table = table + static_cast<size_t>(c) * pages;
            return sa::run<L, kMma>(a, programs, stream);

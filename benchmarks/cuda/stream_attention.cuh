@@ -10,8 +10,9 @@
 // P), whole pages of kPage keys. Thread 0 reads the block table entries and bulk-copies each page of the head's keys
 // and of its values into a ring of buffers (K page i as chunk 2 i, V page i as chunk 2 i + 1, refilled as consumed:
 // 128 KiB in flight, all of a program's bytes of E2B's 8K context from its start): one copy of 16 KiB where the
-// cache holds one key-value head (a page is contiguous), else a copy per key row (the page's rows interleave the
-// heads: [pages, kPage, heads, D], as vLLM's cache and this project's target hold them). Per page: each warp scores
+// cache holds one key-value head (a page is contiguous) and the rows need no padding, else a copy per key row (the
+// page's rows interleave the heads: [pages, kPage, heads, D], as vLLM's cache and this project's target hold them;
+// the tensor-core path pads its rows, attention_kernel<L, true>). On the CUDA cores, per page: each warp scores
 // its keys against its heads (a lane 8 or 16 entries of up to 4 heads' queries, held in registers; 8 heads are two
 // groups of warps), warp h folds the page's scores of head h into its running max and exp-sum (the scores become
 // their exponentials, the heads' accumulators a rescale factor), then a thread accumulates one or two entries of
