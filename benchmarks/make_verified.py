@@ -15,6 +15,10 @@ Rules, per device (the CUDA device name the run recorded) and op:
   parameter, and neighbours with the same choice merge into one range [lo, hi]. A call between two
   measured sizes with different choices, or outside every measured size, has no entry: `auto` sends
   it to Triton.
+- a drafter step as a whole (STEP_EVIDENCE: `drafter_step` graph-replayed, `drafter_step_eager`) is chosen
+  the same way from the drafter_step benchmark's step rows, a backend a candidate only where every op of
+  the step (gemma4_mtp.drafter.STEP_OPS) passed the suite with it; an entry naming cuda makes an `auto`
+  step one call into C++, anything else leaves it the ops one by one.
 """
 from __future__ import annotations
 
@@ -70,13 +74,30 @@ SHAPES = {
     "rms_norm_gate_up": (("H", "N", "down"), "T"),
     "rms_norm_q_rope": (("H", "N", "D"), "T"),
     "softmax_sample": (("V",), "B"),
+    # a whole Gemma4MTPDrafter.step (STEP_EVIDENCE): the drafter by its two widths, one query a request
+    "drafter_step": (("Hb", "Hd", "Q"), "B"),
+    "drafter_step_eager": (("Hb", "Hd", "Q"), "B"),
 }
+
+# A drafter step with backend="auto" is either the ops one by one, each following its own entries, or one call
+# into C++ (torch.ops.gemma4_mtp.drafter_step): its own evidence decides, from the drafter_step benchmark's step
+# rows (the step and top_tokens(last, 1), B = 1 / 8 / 32, each backend's whole step). Graph-replayed rows decide
+# for the steps of DraftGraphs' rounds, eager rows for every other step (there the host time is the step's
+# time: 2685 us triton, 1293 cuda for E2B on the 2026-12-04 H200). evidence op -> backend -> its baseline.
+STEP_EVIDENCE = {"drafter_step": {"triton": "triton", "cuda": "cuda"},
+                 "drafter_step_eager": {"triton": "triton_eager", "cuda": "cuda_eager"}}
 
 
 def shape_of(op: str, params: dict) -> dict:
-    """The shape dict the public op passes to resolve() for the call a benchmark case makes."""
+    """The shape dict the public op (for a step: Gemma4MTPDrafter.step) passes to the dispatcher for the call a
+    benchmark case makes."""
     p = dict(params)
-    if op == "q_only_paged_attention":
+    if op in STEP_EVIDENCE:
+        from gemma4_mtp_kernels.drafter_shapes import DRAFTERS
+
+        d = DRAFTERS[p["drafter"]]
+        p.update(Hb=d["Hb"], Hd=d["Hd"], Q=1)  # the benchmark's steps draft one token a request
+    elif op == "q_only_paged_attention":
         p["sliding"] = p.get("window") is not None
     elif op == "centroid_logits":
         p.setdefault("output", "argmax")  # the centroid benchmark times output="argmax", the decode loop's call
@@ -107,7 +128,12 @@ class Run:
         return self.results["env"].get("date") or self.name
 
     def passed(self, op: str, backend: str) -> bool:
-        """(op, backend) passed this run's GPU suite, and its kernel is still the one the run tested."""
+        """(op, backend) passed this run's GPU suite, and its kernel is still the one the run tested; for a
+        step (STEP_EVIDENCE), every op it runs did."""
+        if op in STEP_EVIDENCE:
+            from gemma4_mtp.drafter import STEP_OPS
+
+            return all(self.passed(o, backend) for o in STEP_OPS)
         rewritten = REWRITTEN.get((op, backend))
         if rewritten and self.date < rewritten[0]:
             return False
@@ -151,12 +177,19 @@ def _timed(case: dict, backend: str) -> dict | None:
     return r if r and r.get("status") == "ok" and r.get("time_s") else None
 
 
-def _choice(run: Run, case: dict):
-    """(backend, note) of the fastest candidate of one case, or None."""
+def _views(case: dict) -> dict:
+    """The evidence ops a benchmark case speaks for: evidence op -> backend -> the case's baseline timing it."""
+    if case["op"] == "drafter_step":
+        return STEP_EVIDENCE if case["params"].get("kind") == "step" else {}
+    return {case["op"]: {b: b for b in CANDIDATES}} if case["op"] in SHAPES else {}
+
+
+def _choice(run: Run, case: dict, op: str):
+    """(backend, note) of the fastest candidate of one case for evidence op `op`, or None."""
     cands = []
-    for b in CANDIDATES:
-        r = _timed(case, b)
-        if r and (r.get("check") or {}).get("ok") is True and run.passed(case["op"], b):
+    for b, baseline in _views(case)[op].items():
+        r = _timed(case, baseline)
+        if r and (r.get("check") or {}).get("ok") is True and run.passed(op, b):
             cands.append((r["time_s"], b))
     if not cands:
         return None
@@ -170,21 +203,22 @@ def evidence(runs: list[Run]) -> dict:
     newest: dict[tuple[str, str], Run] = {}
     for run in runs:
         for case in run.results["cases"]:
-            if case["op"] in SHAPES and any(_timed(case, b) for b in CANDIDATES):
-                key = (run.device, case["op"])
-                if key not in newest or run.date > newest[key].date:
-                    newest[key] = run
+            for op, baselines in _views(case).items():
+                if any(_timed(case, b) for b in baselines.values()):
+                    key = (run.device, op)
+                    if key not in newest or run.date > newest[key].date:
+                        newest[key] = run
     table = {}
     for (device, op), run in sorted(newest.items()):
         exact_keys, rng = SHAPES[op]
         dtype = run.results["dtype"]
         groups: dict[tuple, dict[int, list]] = {}
         for case in run.results["cases"]:
-            if case["op"] != op:
+            if op not in _views(case):
                 continue
             shape = shape_of(op, case["params"])
             exact = tuple((k, shape[k]) for k in exact_keys)
-            groups.setdefault(exact, {}).setdefault(shape[rng], []).append(_choice(run, case))
+            groups.setdefault(exact, {}).setdefault(shape[rng], []).append(_choice(run, case, op))
         entries = []
         for exact, by_size in sorted(groups.items(), key=lambda kv: repr(kv[0])):
             runs_of_same = []  # [backend, lo, hi, notes]
@@ -218,6 +252,8 @@ For a call on CUDA tensors, `backend="auto"` looks up (device name, op, dtype) i
 the backend of the first entry whose exact shape parameters equal the call's and whose range holds
 the call's range parameter: the backend that passed the GPU suite on that device and was the fastest
 of those that passed, in the newest run there that timed the op. Every other CUDA call goes to Triton.
+`drafter_step` (graph-replayed) and `drafter_step_eager` entries name the backend of a whole drafter
+step: cuda makes `Gemma4MTPDrafter.step` one call into C++, anything else leaves it the ops one by one.
 """
 '''
 

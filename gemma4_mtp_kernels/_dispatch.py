@@ -111,6 +111,20 @@ def evidence_backend(device: str, op: str, dtype: torch.dtype, shape: dict) -> s
     return None
 
 
+def step_in_one_call(device: torch.device, dtype: torch.dtype, shape: dict, *, graphed: bool) -> bool:
+    """backend="auto": whether a drafter step (`gemma4_mtp.Gemma4MTPDrafter.step`; shape: its Hb, Hd, Q, B) on
+    `device` is one call into C++ rather than the ops one by one: verified.py names cuda for it (from the whole
+    steps a GPU run timed: graph-replayed ones for a step of a captured round, `graphed`, eager ones for any
+    other) and the cuda backend is usable there. Not a function of whether the stream is being captured: the
+    eager warm-up before a capture takes the path the capture takes (a kernel's first launch inside a capture
+    could fail)."""
+    if device.type != "cuda":
+        return False
+    op = "drafter_step" if graphed else "drafter_step_eager"
+    return (evidence_backend(device_class(device.index or 0), op, dtype, shape) == "cuda"
+            and _cuda_status(device).available)
+
+
 def resolve(op: str, backend: str, device: torch.device, dtype: torch.dtype, shape: dict | None = None) -> Callable:
     """The implementation of `op` that serves a call on `device` for `backend`. `shape`: the call's
     shape parameters (benchmarks.make_verified.SHAPES names them), which `auto` matches against the

@@ -6,6 +6,8 @@ For a call on CUDA tensors, `backend="auto"` looks up (device name, op, dtype) i
 the backend of the first entry whose exact shape parameters equal the call's and whose range holds
 the call's range parameter: the backend that passed the GPU suite on that device and was the fastest
 of those that passed, in the newest run there that timed the op. Every other CUDA call goes to Triton.
+`drafter_step` (graph-replayed) and `drafter_step_eager` entries name the backend of a whole drafter
+step: cuda makes `Gemma4MTPDrafter.step` one call into C++, anything else leaves it the ops one by one.
 """
 
 # results directories read: (directory, device, date, commit, the GPU suite there)

@@ -98,3 +98,33 @@ def test_value_checks_take_the_ops_that_read_values():
             drafter.step(ctx, tokens, hidden)
     finally:
         set_value_checks(False)
+
+
+def test_auto_is_one_call_where_the_evidence_names_the_cuda_step(monkeypatch):
+    """backend="auto": an eager step is the one call when verified.py names cuda for eager steps of this
+    drafter, dtype and batch (the same bits as backend="cuda"); inside graphed_steps() the graph-replayed
+    steps' entry decides (triton here: the ops one by one, no call into the C++ step)."""
+    from gemma4_mtp_kernels import _dispatch, cuda, verified
+
+    drafter, _, ctx, tokens, hidden = _setup(1, 1, "E2B")
+    auto = copy.copy(drafter)
+    auto.backend = "auto"
+    shape = (("Hb", 1536), ("Hd", 256), ("Q", 1))
+    device = _dispatch.device_class(torch.cuda.current_device())
+    monkeypatch.setattr(verified, "EVIDENCE", {
+        (device, "drafter_step_eager", "bfloat16"): ((shape, ("B", 1, 8), "cuda", "test"),),
+        (device, "drafter_step", "bfloat16"): ((shape, ("B", 1, 8), "triton", "test"),)})
+    calls, one_call = [], cuda.drafter_step
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return one_call(*args, **kwargs)
+    monkeypatch.setattr(cuda, "drafter_step", counted)
+    last, proj = auto.step(ctx, tokens, hidden)
+    assert len(calls) == 1
+    ref_last, ref_proj = drafter.step(ctx, tokens, hidden)
+    assert torch.equal(last, ref_last) and torch.equal(proj, ref_proj)
+    with auto.graphed_steps():
+        last, proj = auto.step(ctx, tokens, hidden)
+    assert len(calls) == 2  # the second is backend="cuda"'s reference above
+    assert last.shape == ref_last.shape and torch.isfinite(last.float()).all()

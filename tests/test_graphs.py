@@ -230,6 +230,33 @@ def test_a_round_is_kept_from_its_second_use(pair):
             target.release(r)
 
 
+def test_steps_of_a_kept_round_are_graphed_steps(pair, monkeypatch):
+    """backend="auto" decides a step's path by the graph-replayed steps' evidence inside a kept round (its
+    warm-up and capture alike) and by the eager ones elsewhere: the runner marks its rounds' steps."""
+    target, drafter = pair
+    runner = DraftGraphs(drafter, table_width=target.num_blocks, buckets=(4,), capture=False)
+    seen, step = [], type(drafter).step
+
+    def watched(self, *args):
+        seen.append(self._graphed)
+        return step(self, *args)
+    monkeypatch.setattr(type(drafter), "step", watched)
+    reqs, pending, hidden = prefilled(target, (13, 5), seed=8)
+    try:
+        ctx = drafter.context(target, reqs)
+        runner.draft(ctx, pending, hidden, (1, 1))  # a first use: eager
+        assert seen == [False, False] and not runner.rounds
+        runner.draft(ctx, pending, hidden, (1, 1))  # kept from its second use
+        assert seen[2:] == [True, True] and len(runner.rounds) == 1
+        assert not drafter._graphed  # restored after the round
+        with pytest.raises(RuntimeError, match="inside"), drafter.graphed_steps():
+            raise RuntimeError("inside")
+        assert not drafter._graphed  # and after a round that raised
+    finally:
+        for r in reqs:
+            target.release(r)
+
+
 # ---- the target's forward from static buffers (TargetGraphs) -------------------------------------
 
 @pytest.fixture(scope="module", params=["31B", "E2B"])

@@ -2,6 +2,7 @@
 (device, op, shape range -> the fastest backend that passed the GPU suite there), benchmarks.gpu_suite
 turns a per-file pytest run into the suite's verdict per (op, backend), and the dispatcher follows the
 table. Dispatch logic only: the backends' status and the device name are set by the tests."""
+import contextlib
 import importlib
 import json
 import os
@@ -127,6 +128,36 @@ def test_a_kernel_rewritten_after_a_run_is_not_verified_by_it(tmp_path, monkeypa
     assert [e[2] for e in _table(tmp_path / "b")[(H200, OP, "bfloat16")]] == ["cuda"]
 
 
+def _step(drafter, B, **times):
+    return _case("drafter_step", f"{drafter} step B={B} ctx=8192", {"drafter": drafter, "B": B, "ctx": 8192,
+                                                                     "kind": "step", "shape": []}, times)
+
+
+def test_a_whole_step_has_its_own_evidence_graphed_and_eager(tmp_path):
+    """The drafter_step rows decide Gemma4MTPDrafter.step's path: graph-replayed rows (triton, cuda) for the
+    steps of captured rounds, eager rows (triton_eager, cuda_eager) for the others; the drafter by its widths."""
+    from gemma4_mtp.drafter import STEP_OPS
+
+    every = {(op, b): True for op in STEP_OPS for b in ("cuda", "triton")}
+    cases = [_step("E2B", 1, triton=171.0, cuda=203.0, triton_eager=2685.0, cuda_eager=1293.0),
+             _step("E2B", 8, triton=190.0, cuda=210.0, triton_eager=2700.0, cuda_eager=1300.0),
+             _step("31B", 1, triton=523.0, cuda=598.0, triton_eager=2725.0, cuda_eager=1598.0)]
+    _write_run(tmp_path / "a", "r", cases, passed=every)
+    table = _table(tmp_path / "a")
+    graphed, eager = table[(H200, "drafter_step", "bfloat16")], table[(H200, "drafter_step_eager", "bfloat16")]
+    assert [(dict(e[0]), e[1], e[2]) for e in eager] == [
+        ({"Hb": 1536, "Hd": 256, "Q": 1}, ("B", 1, 8), "cuda"), ({"Hb": 5376, "Hd": 1024, "Q": 1}, ("B", 1, 1), "cuda")]
+    assert [(e[1], e[2]) for e in graphed] == [(("B", 1, 8), "triton"), (("B", 1, 1), "triton")]
+    assert "E2B step B=1 ctx=8192: cuda 1293.0 us, triton 2685.0 us" in eager[0][3]
+    # a backend's step counts only where every op it runs passed the suite with it
+    for op in STEP_OPS:
+        _write_run(tmp_path / op, "r", cases, passed={**every, (op, "cuda"): False})
+        table = _table(tmp_path / op)
+        assert [e[2] for e in table[(H200, "drafter_step_eager", "bfloat16")]] == ["triton", "triton"], op
+    _write_run(tmp_path / "none", "r", cases, passed={(op, "cuda"): True for op in STEP_OPS[1:]})
+    assert not any(k[1].startswith("drafter_step") for k in _table(tmp_path / "none"))
+
+
 def test_generated_module_is_importable_and_round_trips(tmp_path):
     _write_run(tmp_path, "r", [_down(1, triton=9.0, cuda=3.0)], passed=ALL_PASS)
     text = make_verified.generate(str(tmp_path))
@@ -229,6 +260,59 @@ def test_explicit_backends_ignore_the_evidence_and_never_fall_back(gpu_like):
     gpu_like.setattr(_dispatch, "_cuda_status", lambda device=None: _dispatch.BackendStatus(False, "not built"))
     with pytest.raises(g.BackendUnavailableError, match="not built"):
         _dispatch.resolve(OP, "cuda", CUDA0, torch.bfloat16, shape)
+
+
+STEP = {"Hb": 1536, "Hd": 256, "Q": 1}
+
+
+def test_a_step_is_one_call_where_its_evidence_names_cuda(gpu_like):
+    gpu_like.setattr(verified, "EVIDENCE", {
+        (H200, "drafter_step_eager", "bfloat16"): ((tuple(STEP.items()), ("B", 1, 8), "cuda", "test"),),
+        (H200, "drafter_step", "bfloat16"): ((tuple(STEP.items()), ("B", 1, 8), "triton", "test"),)})
+    one = _dispatch.step_in_one_call
+    assert one(CUDA0, torch.bfloat16, dict(STEP, B=8), graphed=False)
+    assert not one(CUDA0, torch.bfloat16, dict(STEP, B=8), graphed=True)  # replayed, triton was faster
+    assert not one(CUDA0, torch.bfloat16, dict(STEP, B=9), graphed=False)  # no entry: the ops
+    assert not one(CUDA0, torch.bfloat16, dict(STEP, Q=2, B=1), graphed=False)
+    assert not one(CUDA0, torch.float16, dict(STEP, B=1), graphed=False)
+    for device in (torch.device("cpu"), torch.device("meta")):
+        assert not one(device, torch.bfloat16, dict(STEP, B=1), graphed=False)
+    gpu_like.setattr(_dispatch, "_cuda_status", lambda device=None: _dispatch.BackendStatus(False, "not built"))
+    assert not one(CUDA0, torch.bfloat16, dict(STEP, B=1), graphed=False)
+
+
+def test_a_step_asks_with_the_shape_the_bench_rows_describe(monkeypatch):
+    """The dict Gemma4MTPDrafter.step hands step_in_one_call for a benchmark step is make_verified.shape_of of
+    that step's row (names and values), eager outside a graphed round and graphed inside one."""
+    from benchmarks import bench_drafter_step
+    from gemma4_mtp import drafter as drafter_module
+    from gemma4_mtp.drafter import random_drafter, synthetic_context
+
+    seen = []
+
+    class Asked(Exception):
+        pass
+
+    def spy(device, dtype, shape, *, graphed):
+        seen.append((shape, graphed, dtype))
+        raise Asked  # the step would go on through the ops (torch's reads a meta tensor cannot answer)
+    monkeypatch.setattr(drafter_module, "step_in_one_call", spy)
+    steps = {(c.params["drafter"], c.params["B"]): c for c in bench_drafter_step.cases(dry=False)
+             if c.op == "drafter_step"}
+    assert {d for d, _ in steps} == {"E2B", "E4B", "26B-A4B", "31B"}
+    for case in (steps["E2B", 1], steps["31B", 8], steps["E4B", 32], steps["26B-A4B", 1]):
+        p = case.params
+        d = random_drafter(p["drafter"], device="meta", backend="auto")
+        ctx = synthetic_context(d, p["B"], 64, device="meta")
+        tokens = torch.empty(p["B"], 1, dtype=torch.int64, device="meta")
+        hidden = torch.empty(p["B"], 1, d.config.backbone_hidden_size, dtype=torch.bfloat16, device="meta")
+        for graphed in (False, True):
+            with pytest.raises(Asked), (d.graphed_steps() if graphed else contextlib.nullcontext()):
+                d.step(ctx, tokens, hidden)
+            shape, was_graphed, dtype = seen.pop()
+            for op in ("drafter_step_eager", "drafter_step"):
+                assert shape == make_verified.shape_of(op, p), case.label
+            assert was_graphed == graphed and dtype == torch.bfloat16
 
 
 def test_auto_dispatch_traces_in_fullgraph_with_dynamic_shapes(gpu_like):

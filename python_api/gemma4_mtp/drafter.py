@@ -8,6 +8,7 @@ the first step and the drafter's `post_projection` output after.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -17,6 +18,7 @@ from torch import nn
 
 import gemma4_mtp_kernels as K
 from gemma4_mtp_kernels._checks import values_checkable
+from gemma4_mtp_kernels._dispatch import step_in_one_call
 from gemma4_mtp_kernels.ops.centroid_logits import shape_params as centroid_shape
 from gemma4_mtp_kernels.ops.dense_lm_head import shape_params as dense_head_shape
 from gemma4_mtp_kernels.ops.rms_norm_gate_up import shape_params as gate_up_shape
@@ -32,6 +34,9 @@ QUERY_POSITIONS = ("last_cached", "next")
 # the fused glue ops of a step, in the order step unpacks them (checked once per weights, see step), and
 # the shape parameters each passes to resolve (from its positional arguments)
 _GLUE_OPS = ("rms_norm_q_rope", "rms_norm_linear", "rms_norm_gate_up")
+# every op a step runs, one by one or in one call (benchmarks.make_verified: a backend's whole-step evidence
+# counts only where each of them passed the GPU suite with it)
+STEP_OPS = ("fused_concat_down_proj", *_GLUE_OPS, "q_only_paged_attention")
 # each from a glue call's arguments (its keywords too: rms_norm_gate_up's down_weight is a shape parameter)
 _GLUE_SHAPES = {"rms_norm_q_rope": lambda x, w, q_norm, *_, **__: q_rope_shape(x, w, q_norm),
                 "rms_norm_linear": lambda x, w, *_, **__: linear_shape(x, w),
@@ -136,9 +141,12 @@ class Gemma4MTPDrafter(nn.Module):
     """Draft steps over a borrowed target cache. `backend` goes to every gemma4_mtp_kernels op, the
     fused glue and the dense LM head included (backend="cuda": no Triton launch in a step)."""
 
-    # backend="cuda": a step is one call into C++ (see step); False makes it the ops one by one (the
-    # benchmarks' per-op baseline, `cuda_eager_ops`)
+    # backend="cuda" (and "auto" where the evidence says so): a step is one call into C++ (see step); False
+    # makes it the ops one by one (the benchmarks' per-op baseline, `cuda_eager_ops`)
     one_call_step = True
+    # inside graphed_steps(): the steps of a draft round that DraftGraphs captures (or runs from its static
+    # buffers), for which backend="auto" follows the graph-replayed steps' evidence
+    _graphed = False
 
     def __init__(self, config: DrafterConfig, *, backend: str = "auto"):
         super().__init__()
@@ -238,9 +246,13 @@ class Gemma4MTPDrafter(nn.Module):
         (`torch.ops.gemma4_mtp.drafter_step`, csrc/ops/drafter_step.cu), which checks every argument
         (the errors the ops raise) and makes every launch there; not under torch.compile, which traces
         the ops instead, nor with value checks on (`gemma4_mtp_kernels.set_value_checks`: the ops read
-        the token ids, lengths and block tables back to check them)."""
-        if (self.backend == "cuda" and self.one_call_step and token_ids.device.type != "cpu"
-                and not torch.compiler.is_compiling() and not values_checkable(token_ids)):
+        the token ids, lengths and block tables back to check them). backend="auto" on a CUDA device: the
+        same one call where gemma4_mtp_kernels' evidence (verified.py) names the cuda step for this
+        drafter, dtype and batch (`_dispatch.step_in_one_call`: eager steps by the eager steps a GPU run
+        timed, the steps of DraftGraphs' rounds by the graph-replayed ones), else the ops one by one, each
+        following its own evidence."""
+        if (token_ids.device.type != "cpu" and not torch.compiler.is_compiling() and self._in_one_call(token_ids)
+                and not values_checkable(token_ids)):
             return self._one_call_step(ctx, token_ids, hidden)
         B, Q = token_ids.shape
         T = B * Q
@@ -287,6 +299,27 @@ class Gemma4MTPDrafter(nn.Module):
             self._glue_impls = tuple(_Unchecked(op, self.backend, x.device, x.dtype) for op in _GLUE_OPS)
             self._checked_glue = key
         return last.view(B, Q, -1), proj.view(B, Q, Hb)
+
+    def _in_one_call(self, token_ids: torch.Tensor) -> bool:
+        """Whether a step on token_ids' device (not the CPU) is one call into C++ (see step)."""
+        if not self.one_call_step or self.backend not in ("cuda", "auto"):
+            return False
+        if self.backend == "cuda":
+            return True
+        B, Q = token_ids.shape
+        shape = {"Hb": self.config.backbone_hidden_size, "Hd": self.config.text.hidden_size, "Q": Q, "B": B}
+        return step_in_one_call(token_ids.device, self.pre_projection.weight.dtype, shape, graphed=self._graphed)
+
+    @contextlib.contextmanager
+    def graphed_steps(self):
+        """Within the block, steps are those of a draft round that DraftGraphs captures or runs from its
+        static buffers: backend="auto" decides between one call and the ops by the graph-replayed steps'
+        evidence, for the round's warm-up as for its capture."""
+        before, self._graphed = self._graphed, True
+        try:
+            yield
+        finally:
+            self._graphed = before
 
     def _one_call_step(self, ctx: DraftContext, token_ids: torch.Tensor, hidden: torch.Tensor
                        ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -236,8 +236,9 @@ class _Round:
             self.sampling.uniforms[:B].copy_(sampling.uniforms)
 
     def run(self):
-        return draft_tree(self.drafter, self.ctx, self.pending, self.hidden, self.widths, out=self.out,
-                          sampling=self.sampling)
+        with self.drafter.graphed_steps():
+            return draft_tree(self.drafter, self.ctx, self.pending, self.hidden, self.widths, out=self.out,
+                              sampling=self.sampling)
 
 
 class DraftGraphs(_Replays):
