@@ -308,7 +308,8 @@ class Gemma4MTPDrafter(nn.Module):
             return True
         B, Q = token_ids.shape
         shape = {"Hb": self.config.backbone_hidden_size, "Hd": self.config.text.hidden_size, "Q": Q, "B": B}
-        return step_in_one_call(token_ids.device, self.pre_projection.weight.dtype, shape, graphed=self._graphed)
+        dtype = _weight(self._modules["pre_projection"]).dtype  # not through nn.Module.__getattr__ (see _layer_weights)
+        return step_in_one_call(token_ids.device, dtype, shape, graphed=self._graphed)
 
     @contextlib.contextmanager
     def graphed_steps(self):
