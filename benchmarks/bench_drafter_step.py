@@ -37,7 +37,8 @@ A step is `Gemma4MTPDrafter.step` + `top_tokens(last, 1)`; a round is `gemma4_mt
   a round (benchmarks/README.md, "The sweep's winners in the same run");
 - `triton_eager`, `cuda_eager`: the same calls eagerly, timed with events around them: on a GPU this
   is the host time per call (Python, validation, launches), the GPU waiting on it (`cuda_eager`: a
-  step is one call into C++, csrc/ops/drafter_step.cu);
+  step is one call into C++, csrc/ops/drafter_step.cu). The step rows of these two and of `triton` /
+  `cuda` are also what `backend="auto"` steps follow (benchmarks/make_verified.py, STEP_EVIDENCE);
 - `cuda_eager_ops` (steps): `cuda_eager` with the step made of the ops one by one
   (`Gemma4MTPDrafter.one_call_step` False), what the one-call step saves (benchmarks/README.md, "A
   drafter step in one host call");
