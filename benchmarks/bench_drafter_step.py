@@ -3,7 +3,8 @@ four real drafters (random weights at the real shapes, bf16), B = 1 / 8 / 32, co
 sampling request's k = 4 chain round (drafts drawn from q at temperature 0.8, `graphs.DraftSampling`,
 verified with their probabilities), B = 1 / 8, 8K.
 
-A step is `Gemma4MTPDrafter.step` + `top_tokens(last, 1)`; a round is `gemma4_mtp.graphs.draft_tree`
+A step is `Gemma4MTPDrafter.step_top_tokens(..., 1)` (`step` + `top_tokens(last, 1)`: one call into
+C++ where the step is one); a round is `gemma4_mtp.graphs.draft_tree`
 (the k steps and the tree bookkeeping) + the `tree_verify` of its nodes over random target logits
 (the target forward in between is not the drafter's). Baselines:
 - `hf_assistant` (steps only): Hugging Face's Gemma4AssistantForCausalLM forward + argmax at the same
@@ -37,7 +38,7 @@ A step is `Gemma4MTPDrafter.step` + `top_tokens(last, 1)`; a round is `gemma4_mt
   a round (benchmarks/README.md, "The sweep's winners in the same run");
 - `triton_eager`, `cuda_eager`: the same calls eagerly, timed with events around them: on a GPU this
   is the host time per call (Python, validation, launches), the GPU waiting on it (`cuda_eager`: a
-  step is one call into C++, csrc/ops/drafter_step.cu). The step rows of these two and of `triton` /
+  step and its head are one call into C++, csrc/ops/drafter_step.cu). The step rows of these two and of `triton` /
   `cuda` are also what `backend="auto"` steps follow (benchmarks/make_verified.py, STEP_EVIDENCE);
 - `cuda_eager_ops` (steps): `cuda_eager` with the step made of the ops one by one
   (`Gemma4MTPDrafter.one_call_step` False), what the one-call step saves (benchmarks/README.md, "A
@@ -166,8 +167,8 @@ def run_ours(inp, backend, kind, one_call=True):
 
     drafter = _with_backend(inp["drafter"], backend, one_call)
     if kind == "step":
-        last, _ = drafter.step(inp["ctx"], inp["pending"].view(-1, 1), inp["hidden"].unsqueeze(1))
-        return drafter.top_tokens(last, 1).view(-1)
+        _, _, tokens = drafter.step_top_tokens(inp["ctx"], inp["pending"].view(-1, 1), inp["hidden"].unsqueeze(1), 1)
+        return tokens.view(-1)
     if kind == "sampled":
         s = DraftSampling(inp["temperature"], inp["draft_uniforms"])
         tokens = draft_tree(drafter, inp["ctx"], inp["pending"], inp["hidden"], SHAPES[kind], sampling=s)

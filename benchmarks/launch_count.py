@@ -2,9 +2,8 @@
 with --decode, the launches and the copies to the device of each round of the decode loop.
 
 The drafter (gemma4_mtp.drafter.random_drafter on the meta device: every weight, cache and
-activation is a meta tensor, nothing holds values) runs
-`Gemma4MTPDrafter.step` + `top_tokens(last, k)` with backend="triton". Two counters see everything
-that would launch on a GPU:
+activation is a meta tensor, nothing holds values) runs `Gemma4MTPDrafter.step_top_tokens` (`step` +
+`top_tokens(last, k)`) with backend="triton". Two counters see everything that would launch on a GPU:
 - a TorchDispatchMode over the aten ops on meta tensors (standing for CUDA tensors) that launch a
   kernel: everything except views, allocations (empty*) and metadata ops; one launch per op (a
   cuBLAS GEMM that splits K launches two, so this is a lower bound for torch-side linears);
@@ -24,7 +23,7 @@ torch's dispatch, and Triton's own launch path (binder, specialisation, cache ke
 metadata), each launch stopping at a stub standing in for its compiled kernel. `host_ours_us` drops
 every launch at Triton's JIT entry instead: our side alone. The driver call (~2-4 µs a launch on a
 GPU host, 27 launches) comes on top of `host_us`. `host_cuda_us`: the same step with
-backend="cuda" (the step one torch custom op, its Python fake standing in for the C++ side);
+backend="cuda" (the step and its head one torch custom op, its Python fake standing in for the C++ side);
 `host_cuda_ops_us`: the same with every launch one (Gemma4MTPDrafter.one_call_step = False).
 Needs the real @triton.jit kernels: run it without TRITON_INTERPRET (tests do, in a subprocess).
 """
@@ -109,7 +108,7 @@ def _host_us(fn, sms: int, repeats: int = 50, *, triton_path: bool) -> float:
 
 def count_step(name: str, B: int = 1, ctx: int = 8192, *, Q: int = 1, k: int = 1, sms: int = 132,
                host_time: bool = False) -> dict:
-    """Launches of one eager step + top_tokens(last, k) at the real shapes of drafter `name`."""
+    """Launches of one eager step_top_tokens (step + top_tokens(last, k)) at the real shapes of drafter `name`."""
     from gemma4_mtp.drafter import random_drafter, synthetic_context
     from gemma4_mtp_kernels.triton.record import recording
 
@@ -119,11 +118,10 @@ def count_step(name: str, B: int = 1, ctx: int = 8192, *, Q: int = 1, k: int = 1
     tokens = torch.empty(B, Q, dtype=torch.int64, device="meta")
     hidden = torch.empty(B, Q, Hb, dtype=torch.bfloat16, device="meta")
     with recording(sms):  # a first step allocates the launchers' cached counters (one memset, once)
-        drafter.top_tokens(drafter.step(dctx, tokens, hidden)[0], k)
+        drafter.step_top_tokens(dctx, tokens, hidden, k)
     counter = KernelCounter()
     with recording(sms) as triton_launches, counter:
-        last, _ = drafter.step(dctx, tokens, hidden)
-        drafter.top_tokens(last, k)
+        drafter.step_top_tokens(dctx, tokens, hidden, k)
     kernels = collections.Counter(r.kernel.__name__ for r in triton_launches)
     torch_ops = sum(counter.ops.values())
     row = {"drafter": name, "B": B, "Q": Q, "ctx": ctx, "k": k, "layers": drafter.config.text.num_layers,
@@ -132,7 +130,7 @@ def count_step(name: str, B: int = 1, ctx: int = 8192, *, Q: int = 1, k: int = 1
            "triton_kernels": dict(kernels), "torch_ops": dict(counter.ops)}
     if host_time:
         def step():
-            drafter.top_tokens(drafter.step(dctx, tokens, hidden)[0], k)
+            drafter.step_top_tokens(dctx, tokens, hidden, k)
         row["host_us"] = _host_us(step, sms, triton_path=True)
         row["host_ours_us"] = _host_us(step, sms, triton_path=False)
         row["host_cuda_us"] = _cuda_host_us(drafter, dctx, tokens, hidden, k)
@@ -142,8 +140,8 @@ def count_step(name: str, B: int = 1, ctx: int = 8192, *, Q: int = 1, k: int = 1
 
 def _cuda_host_us(drafter, dctx, tokens, hidden, k: int, repeats: int = 50, *, one_call: bool = True
                   ) -> float | None:
-    """Median wall time in µs of the same eager step with backend="cuda": the step one torch custom op
-    (one_call, Gemma4MTPDrafter.one_call_step) or every launch one, whose Python fake implementation
+    """Median wall time in µs of the same eager step with backend="cuda": the step and its head one torch
+    custom op (one_call, Gemma4MTPDrafter.one_call_step) or every launch one, whose Python fake implementation
     (on meta tensors) stands in for the C++ side (argument checks, plans, workspace, cudaLaunchKernelEx:
     not measured here). None without the compiled extension."""
     from unittest import mock
@@ -161,7 +159,7 @@ def _cuda_host_us(drafter, dctx, tokens, hidden, k: int, repeats: int = 50, *, o
         times = []
         for i in range(repeats + 1):  # the first step checks the glue calls
             t0 = time.perf_counter()
-            cuda.top_tokens(cuda.step(dctx, tokens, hidden)[0], k)
+            cuda.step_top_tokens(dctx, tokens, hidden, k)
             times.append(time.perf_counter() - t0)
     return round(statistics.median(times[1:]) * 1e6, 1)
 

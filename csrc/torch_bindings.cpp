@@ -273,26 +273,38 @@ void q_only_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
                "q_only_paged_attention");
 }
 
-void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, const at::Tensor& token_ordering,
-                     const at::Tensor& lm_head, int64_t top_k, c10::string_view output, at::Tensor& ids,
-                     at::Tensor& logits, c10::string_view order) {
-  const auto dev = hidden.device();
-  check_tensor(hidden, "hidden", 2, dev);
+// The centroid head's weights for hidden rows of Hd elements of `type` on dev (centroid_logits and the
+// drafter step's head): checked, each named; returns K = top_k * V / C, the candidates of a token.
+int64_t check_centroid_head(const at::Tensor& centroids, const at::Tensor& token_ordering, const at::Tensor& lm_head,
+                            int64_t top_k, int64_t Hd, const at::Device& dev, at::ScalarType type) {
   check_tensor(centroids, "centroids", 2, dev);
   check_tensor(token_ordering, "token_ordering", 1, dev);
   check_tensor(lm_head, "lm_head", 2, dev);
-  const DType dt = float_dtype(hidden, "hidden");
-  check_dtype(centroids, "centroids", hidden.scalar_type());
-  check_dtype(lm_head, "lm_head", hidden.scalar_type());
+  check_dtype(centroids, "centroids", type);
+  check_dtype(lm_head, "lm_head", type);
   check_dtype(token_ordering, "token_ordering", at::kInt, at::kLong);
-  const int64_t T = hidden.size(0), Hd = hidden.size(1), C = centroids.size(0), V = token_ordering.size(0);
+  const int64_t C = centroids.size(0), V = token_ordering.size(0);
   G4_CHECK(centroids.size(1) == Hd, "gemma4_mtp: centroids must have Hd = ", Hd, " columns, got ", centroids.sizes());
   check_shape(lm_head, "lm_head", {V, Hd});
   G4_CHECK(C >= 1 && C <= gemma4_mtp::kMaxCentroids && V % C == 0,
            "gemma4_mtp: centroids must number 1..", gemma4_mtp::kMaxCentroids, " and divide V = ", V, ", got ", C);
   G4_CHECK(V >= C, "gemma4_mtp: token_ordering must hold at least one token per centroid (", C, "), got length ", V);
   G4_CHECK(top_k >= 1 && top_k <= C, "gemma4_mtp: top_k must be in [1, ", C, "], got ", top_k);
-  const int64_t K = top_k * (V / C);
+  check_contiguous(token_ordering, "token_ordering");
+  check_inner(centroids, "centroids");
+  check_inner(lm_head, "lm_head");
+  return top_k * (V / C);
+}
+
+void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, const at::Tensor& token_ordering,
+                     const at::Tensor& lm_head, int64_t top_k, c10::string_view output, at::Tensor& ids,
+                     at::Tensor& logits, c10::string_view order) {
+  const auto dev = hidden.device();
+  check_tensor(hidden, "hidden", 2, dev);
+  const DType dt = float_dtype(hidden, "hidden");
+  const int64_t T = hidden.size(0), Hd = hidden.size(1);
+  const int64_t K = check_centroid_head(centroids, token_ordering, lm_head, top_k, Hd, dev, hidden.scalar_type());
+  const int64_t C = centroids.size(0), V = token_ordering.size(0);
   gemma4_mtp::CentroidOutput mode;
   if (output == "argmax") {
     mode = gemma4_mtp::CentroidOutput::kArgmax;
@@ -329,10 +341,7 @@ void centroid_logits(const at::Tensor& hidden, const at::Tensor& centroids, cons
   G4_CHECK(order == "auto" || order == "tokens" || (order == "clusters" && ranked),
            "gemma4_mtp: order must be 'auto', 'tokens' or, for argmax and topk, 'clusters', got '", std::string(order),
            "'");
-  check_contiguous(token_ordering, "token_ordering");
   check_inner(hidden, "hidden");
-  check_inner(centroids, "centroids");
-  check_inner(lm_head, "lm_head");
   G4_CHECK(T <= INT32_MAX && Hd <= INT32_MAX, "gemma4_mtp: hidden sizes must fit 32-bit ints, got ", hidden.sizes());
   // hidden, centroids and lm_head rows are read with 16-byte loads when their data pointers and row
   // strides allow it; otherwise the launcher takes the element-wise path (never a misaligned load).
@@ -458,27 +467,36 @@ void tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents, cons
 
 // output "topk": ids / logits [T, k] (dense unused, may be empty); "dense": dense [T, V] fp32 (ids /
 // logits unused). The top-k lists of kernel 1 go to a workspace from the caching allocator.
+// dense_lm_head's weight [V, Hd] of `type` on dev and its k (dense_lm_head and the drafter step's head),
+// each named.
+void check_dense_head(const at::Tensor& lm_head, int64_t k, int64_t Hd, const at::Device& dev, at::ScalarType type,
+                      DType dt) {
+  check_tensor(lm_head, "lm_head", 2, dev);
+  check_dtype(lm_head, "lm_head", type);
+  const int64_t V = lm_head.size(0);
+  G4_CHECK(lm_head.size(1) == Hd, "gemma4_mtp: lm_head must have Hd = ", Hd, " columns, got ", lm_head.sizes());
+  G4_CHECK(V >= 1 && V <= INT32_MAX && Hd <= INT32_MAX,
+           "gemma4_mtp: dense_lm_head sizes must fit 32-bit indices (and V >= 1): lm_head ", lm_head.sizes());
+  check_inner(lm_head, "lm_head");
+  G4_CHECK(gemma4_mtp::dense_lm_head_smem_bytes(dt, Hd) <= 48 * 1024,
+           "gemma4_mtp: dense_lm_head stages 8 hidden rows in 48 KiB of shared memory: Hd ", Hd, " is too wide");
+  G4_CHECK(1 <= k && k <= gemma4_mtp::kMaxDenseHeadK && k <= V, "gemma4_mtp: dense_lm_head k must be in [1, min(",
+           gemma4_mtp::kMaxDenseHeadK, ", V)], got ", k);
+}
+
 void dense_lm_head(const at::Tensor& hidden, const at::Tensor& lm_head, int64_t k, c10::string_view output,
                    at::Tensor& ids, at::Tensor& logits, at::Tensor& dense) {
   const auto dev = hidden.device();
   check_tensor(hidden, "hidden", 2, dev);
-  check_tensor(lm_head, "lm_head", 2, dev);
   const DType dt = float_dtype(hidden, "hidden");
-  check_dtype(lm_head, "lm_head", hidden.scalar_type());
-  const int64_t T = hidden.size(0), Hd = hidden.size(1), V = lm_head.size(0);
-  G4_CHECK(lm_head.size(1) == Hd, "gemma4_mtp: lm_head must have Hd = ", Hd, " columns, got ", lm_head.sizes());
-  G4_CHECK(V >= 1 && T <= INT32_MAX && V <= INT32_MAX && Hd <= INT32_MAX,
-           "gemma4_mtp: dense_lm_head sizes must fit 32-bit indices (and V >= 1): hidden ", hidden.sizes(),
-           ", lm_head ", lm_head.sizes());
+  const int64_t T = hidden.size(0), Hd = hidden.size(1);
+  G4_CHECK(T <= INT32_MAX, "gemma4_mtp: dense_lm_head hidden rows must fit 32-bit indices, got ", hidden.sizes());
   check_inner(hidden, "hidden");
-  check_inner(lm_head, "lm_head");
-  G4_CHECK(gemma4_mtp::dense_lm_head_smem_bytes(dt, Hd) <= 48 * 1024,
-           "gemma4_mtp: dense_lm_head stages 8 hidden rows in 48 KiB of shared memory: Hd ", Hd, " is too wide");
+  check_dense_head(lm_head, k, Hd, dev, hidden.scalar_type(), dt);
+  const int64_t V = lm_head.size(0);
   const bool is_dense = output == "dense";
   G4_CHECK(is_dense || output == "topk", "gemma4_mtp: dense_lm_head output must be 'topk' or 'dense', got ",
            std::string(output));
-  G4_CHECK(1 <= k && k <= gemma4_mtp::kMaxDenseHeadK && k <= V, "gemma4_mtp: dense_lm_head k must be in [1, min(",
-           gemma4_mtp::kMaxDenseHeadK, ", V)], got ", k);
   gemma4_mtp::DenseHeadParams p{};
   if (is_dense) {
     check_tensor(dense, "dense", 2, dev);
@@ -780,7 +798,9 @@ void drafter_step(const at::Tensor& token_ids, const at::Tensor& hidden, const a
                   at::IntArrayRef layer_kv, at::TensorList k_caches, at::TensorList v_caches,
                   at::TensorList block_tables, at::IntArrayRef windows, const at::Tensor& seq_lens,
                   const at::Tensor& positions, const at::Tensor& final_norm, const at::Tensor& post_projection,
-                  double eps, at::Tensor& last, at::Tensor& proj) {
+                  double eps, const OptTensor& centroids, const OptTensor& token_ordering, const OptTensor& lm_head,
+                  int64_t centroid_top_k, at::Tensor& last, at::Tensor& proj, const OptTensor& ids,
+                  const OptTensor& scores) {
   const auto dev = hidden.device();
   G4_CHECK(std::isfinite(embed_scale), "gemma4_mtp: drafter_step: embed_scale must be finite, got ",
            std::to_string(embed_scale));
@@ -924,6 +944,41 @@ void drafter_step(const at::Tensor& token_ids, const at::Tensor& hidden, const a
   p.post_projection = post_projection.data_ptr();
   p.last = last.data_ptr();
   p.proj = proj.data_ptr();
+  // the LM head's k best tokens of last (Gemma4MTPDrafter.step_top_tokens): the centroid head with centroids
+  // and token_ordering, the dense one without
+  G4_CHECK(lm_head.has_value() == ids.has_value() && ids.has_value() == scores.has_value() &&
+               centroids.has_value() == token_ordering.has_value() && (lm_head || !centroids),
+           "gemma4_mtp: drafter_step: a head needs lm_head, ids and scores (and centroids with token_ordering for "
+           "the centroid head), or none of them");
+  if (lm_head) {
+    check_tensor(*ids, "ids", 3, dev);
+    const int64_t k = ids->size(2);
+    check_dense(*ids, "ids", {B, Q, k}, dev, at::kLong);
+    check_dense(*scores, "scores", {B, Q, k}, dev, at::kFloat);
+    gemma4_mtp::DrafterStepHead& h = p.head;
+    if (centroids) {
+      const int64_t K = check_centroid_head(*centroids, *token_ordering, *lm_head, centroid_top_k, Hd, dev, type);
+      G4_CHECK(k >= 1 && k <= std::min<int64_t>(K, gemma4_mtp::kMaxTopK), "gemma4_mtp: drafter_step: ids must be "
+               "[B, Q, k] with 1 <= k <= min(K = top_k * V / C, ", gemma4_mtp::kMaxTopK, ") = ",
+               std::min<int64_t>(K, gemma4_mtp::kMaxTopK), ", got ", ids->sizes());
+      check_contiguous(*centroids, "centroids");
+      h.kind = gemma4_mtp::DrafterStepHeadKind::kCentroid;
+      h.centroids = centroids->data_ptr();
+      h.token_ordering = token_ordering->data_ptr();
+      h.ordering_int64 = token_ordering->scalar_type() == at::kLong;
+      h.C = static_cast<int>(centroids->size(0));
+      h.top_k = static_cast<int>(centroid_top_k);
+    } else {
+      check_dense_head(*lm_head, k, Hd, dev, type, dt);
+      h.kind = gemma4_mtp::DrafterStepHeadKind::kDense;
+    }
+    check_contiguous(*lm_head, "lm_head");
+    h.lm_head = lm_head->data_ptr();
+    h.V = lm_head->size(0);
+    h.k = static_cast<int>(k);
+    h.ids = ids->data_ptr<int64_t>();
+    h.scores = scores->data_ptr<float>();
+  }
 
   const c10::cuda::CUDAGuard guard(dev);
   const int sms = sm_count();
@@ -964,7 +1019,8 @@ TORCH_LIBRARY(gemma4_mtp, m) {
   m.def("drafter_step(Tensor token_ids, Tensor hidden, Tensor embed_table, float embed_scale, Tensor pre_projection, "
         "Tensor[] layer_weights, int[] layer_kv, Tensor[] k_caches, Tensor[] v_caches, Tensor[] block_tables, "
         "int[] windows, Tensor seq_lens, Tensor positions, Tensor final_norm, Tensor post_projection, float eps, "
-        "Tensor(a!) last, Tensor(b!) proj) -> ()");
+        "Tensor? centroids, Tensor? token_ordering, Tensor? lm_head, int centroid_top_k, Tensor(a!) last, "
+        "Tensor(b!) proj, Tensor(c!)? ids, Tensor(d!)? scores) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(gemma4_mtp, CUDA, m) {

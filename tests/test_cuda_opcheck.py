@@ -25,7 +25,7 @@ OPS = {
     "rms_norm_gate_up": ["out", "residual_out"],
     "rms_norm_q_rope": ["out", "residual_out"],
     "softmax_sample": ["probs", "tokens"],
-    "drafter_step": ["last", "proj"],
+    "drafter_step": ["last", "proj", "ids", "scores"],
 }
 
 
@@ -166,7 +166,8 @@ class _OpCounter(torch.utils._python_dispatch.TorchDispatchMode):
 
 def test_a_cuda_step_is_one_op_and_its_fake_checks():
     """backend="cuda": Gemma4MTPDrafter.step is the one drafter_step op (its fake on meta tensors, which
-    opcheck checks against the schema), and the 22 ops one by one with one_call_step False."""
+    opcheck checks against the schema), step_top_tokens too (the head in the call), and the 22 ops one by
+    one with one_call_step False."""
     from unittest import mock
 
     from gemma4_mtp.drafter import random_drafter, synthetic_context
@@ -187,7 +188,22 @@ def test_a_cuda_step_is_one_op_and_its_fake_checks():
         tokens, hidden.view(6, 64), ctx.embed_table, 8.0, drafter.pre_projection.weight, weights,
         [kinds.index(k) for k in t.layer_types], [ctx.k_cache[k] for k in kinds], [ctx.v_cache[k] for k in kinds],
         [ctx.block_table[k] for k in kinds], [ctx.window[k] or 0 for k in kinds], ctx.seq_lens, ctx.positions,
-        drafter.norm.weight, drafter.post_projection.weight, 1e-6, torch.empty_like(last), torch.empty_like(proj)))
+        drafter.norm.weight, drafter.post_projection.weight, 1e-6, None, None, None, 0, torch.empty_like(last),
+        torch.empty_like(proj), None, None))
+    with _OpCounter() as counted:  # the step and its head: still the one op
+        _, _, ids = drafter.step_top_tokens(ctx, tokens, hidden, 4)
+    assert counted.names == ["drafter_step"] and ids.shape == (2, 3, 4) and ids.dtype == torch.int64
+    from gemma4_mtp.graphs import draft_tree
+    with _OpCounter() as counted:  # a greedy round: one op a level
+        draft_tree(drafter, ctx, tokens[:, 0], hidden[:, 0], (2, 1))
+    assert counted.names == ["drafter_step", "drafter_step"], counted.names
+    opcheck_meta(ops().drafter_step, (
+        tokens, hidden.view(6, 64), ctx.embed_table, 8.0, drafter.pre_projection.weight, weights,
+        [kinds.index(k) for k in t.layer_types], [ctx.k_cache[k] for k in kinds], [ctx.v_cache[k] for k in kinds],
+        [ctx.block_table[k] for k in kinds], [ctx.window[k] or 0 for k in kinds], ctx.seq_lens, ctx.positions,
+        drafter.norm.weight, drafter.post_projection.weight, 1e-6, None, None, drafter.lm_head_weight, 0,
+        torch.empty_like(last), torch.empty_like(proj), torch.empty_like(ids),
+        torch.empty(2, 3, 4, device="meta")))
     drafter.one_call_step = False
     meta_ok = _dispatch.BackendStatus(True, "meta tensors standing for CUDA tensors")
     with mock.patch.object(_dispatch, "_cuda_status", lambda device=None: meta_ok), _OpCounter() as counted:

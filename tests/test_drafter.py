@@ -90,6 +90,65 @@ def test_draft_steps_match_hf(models):
 
 
 @torch.no_grad()
+def test_step_top_tokens_is_step_then_top_tokens(models):
+    """A greedy draft step (what draft_tree runs): the step's outputs and top_tokens of its last."""
+    _, _, target, drafter = models
+    g = torch.Generator().manual_seed(2)
+    reqs = [target.new_request() for _ in range(2)]
+    try:
+        target.prefill(reqs, [torch.randint(0, hf_tiny.VOCAB, (n,), generator=g) for n in (9, 5)])
+        ctx = drafter.context(target, reqs, "last_cached")
+        tokens = torch.randint(0, hf_tiny.VOCAB, (2, 3), generator=g)
+        hidden = torch.randn(2, 3, hf_tiny.HB, generator=g)
+        ref_last, ref_proj = drafter.step(ctx, tokens, hidden)
+        for k in (1, 3):
+            last, proj, ids = drafter.step_top_tokens(ctx, tokens, hidden, k)
+            assert ids.shape == (2, 3, k) and ids.dtype == torch.int64
+            assert torch.equal(last, ref_last) and torch.equal(proj, ref_proj)
+            assert torch.equal(ids, drafter.top_tokens(ref_last, k))
+    finally:
+        for r in reqs:
+            target.release(r)
+
+
+@torch.no_grad()
+def test_one_call_step_hands_the_head_its_weights(models, monkeypatch):
+    """The one call's head arguments (csrc/torch_bindings.cpp drafter_step: ..., centroids, token_ordering,
+    lm_head, centroid_top_k, last, proj, ids, scores) are those top_tokens gives the head op: the centroid
+    head's with centroids, the dense one's without, none for a step alone. The op itself is a stand-in
+    recording them (the kernels run in test_drafter_step_emulated.py and, on a GPU, test_drafter_step_cuda.py)."""
+    from gemma4_mtp_kernels import cuda
+
+    _, _, target, drafter = models
+    seen = []
+
+    class Ops:
+        @staticmethod
+        def drafter_step(*args):
+            seen.append(args[-8:])
+    monkeypatch.setattr(cuda, "_ops", lambda: Ops)
+    req = target.new_request()
+    try:
+        target.prefill([req], [torch.arange(6)])
+        ctx = drafter.context(target, [req], "last_cached")
+        tokens, hidden = torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2, hf_tiny.HB)
+        last, proj, ids = drafter._one_call_step(ctx, tokens, hidden, 3)
+        assert len(drafter._one_call_step(ctx, tokens, hidden)) == 2
+    finally:
+        target.release(req)
+    (centroids, ordering, lm_head, top_k, o_last, o_proj, o_ids, o_scores), alone = seen
+    assert lm_head is drafter.lm_head_weight and o_last is last and o_proj is proj and o_ids is ids
+    assert ids.shape == (1, 2, 3) and ids.dtype == torch.int64
+    assert o_scores.shape == (1, 2, 3) and o_scores.dtype == torch.float32
+    if drafter.config.use_ordered_embeddings:
+        assert centroids is drafter.centroids.weight and ordering is drafter.token_ordering
+        assert top_k == drafter.config.centroid_top_k
+    else:
+        assert centroids is None and ordering is None
+    assert alone[:3] == (None, None, None) and alone[-2:] == (None, None)
+
+
+@torch.no_grad()
 def test_tree_level_shares_one_call(models):
     """Q branches of one request in one step equal Q separate single-query steps."""
     _, _, target, drafter = models

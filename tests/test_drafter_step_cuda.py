@@ -1,7 +1,8 @@
 """The drafter step in one host call (backend="cuda", csrc/ops/drafter_step.cu) on a GPU: the same
 kernels with the same plans as the step made of the ops one by one, so the same bits, eagerly and
-replayed as a CUDA graph; and every refused argument a ValueError (a TypeError for a dtype) naming it,
-as the ops one by one raise, before any launch.
+replayed as a CUDA graph, the LM head's top tokens included (step_top_tokens: the head op's kernels in the
+same call); and every refused argument a ValueError (a TypeError for a dtype) naming it, as the ops one
+by one raise, before any launch.
 Its CPU twin, tests/test_drafter_step_emulated.py, runs the same C++ against the reference step."""
 import copy
 
@@ -13,6 +14,7 @@ from helpers import SMALL_DRAFTER
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
+SMALL_CENTROIDS = dict(SMALL_DRAFTER, centroids=8, top_k=2)  # 12 tokens a cluster, 24 candidates a token
 
 
 def _setup(B, Q, name=None, dtype=torch.bfloat16):
@@ -34,6 +36,23 @@ def test_one_call_matches_the_ops_one_by_one(B, Q, name):
     assert torch.equal(last, ref_last) and torch.equal(proj, ref_proj)
 
 
+@pytest.mark.parametrize("B,Q,name,k", [(1, 1, None, 1), (3, 2, None, 4), (1, 1, SMALL_CENTROIDS, 1),
+                                       (2, 2, SMALL_CENTROIDS, 3), (1, 1, "E2B", 1), (8, 1, "E2B", 2)])
+def test_one_call_head_matches_the_head_op(B, Q, name, k):
+    drafter, ops, ctx, tokens, hidden = _setup(B, Q, name)
+    last, proj, ids = drafter.step_top_tokens(ctx, tokens, hidden, k)
+    ref_last, ref_proj = ops.step(ctx, tokens, hidden)
+    assert torch.equal(last, ref_last) and torch.equal(proj, ref_proj)
+    assert torch.equal(ids, ops.top_tokens(ref_last, k))
+
+
+@pytest.mark.parametrize("name,k,what", [(None, 17, "k must be in"), (SMALL_CENTROIDS, 17, "ids must be")])
+def test_bad_head_k_is_refused_by_name(name, k, what):
+    drafter, _, ctx, tokens, hidden = _setup(1, 1, name)
+    with pytest.raises(ValueError, match=what):
+        drafter.step_top_tokens(ctx, tokens, hidden, k)
+
+
 def test_one_call_step_replays_as_a_graph():
     drafter, ops, ctx, tokens, hidden = _setup(2, 1)
     torch.cuda.synchronize()
@@ -50,6 +69,23 @@ def test_one_call_step_replays_as_a_graph():
     graph.replay()
     ref_last, ref_proj = ops.step(ctx, tokens, hidden)
     assert torch.equal(last, ref_last) and torch.equal(proj, ref_proj)
+
+
+def test_one_call_step_and_head_replay_as_a_graph():
+    drafter, ops, ctx, tokens, hidden = _setup(2, 1, SMALL_CENTROIDS)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        drafter.step_top_tokens(ctx, tokens, hidden, 2)  # warm-up: the cached counters
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, _, ids = drafter.step_top_tokens(ctx, tokens, hidden, 2)
+    hidden.copy_(torch.randn_like(hidden))
+    tokens.copy_(torch.randint_like(tokens, drafter.config.text.vocab_size))
+    graph.replay()
+    assert torch.equal(ids, ops.top_tokens(ops.step(ctx, tokens, hidden)[0], 2))
 
 
 def _mutations(ctx):

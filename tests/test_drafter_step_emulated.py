@@ -9,7 +9,12 @@ different lengths, tree levels of Q queries a request); tensors go through a dir
 (tests/cuda_emulator/drafter_step_main.cpp), the workspace starts as NaN, every counter must be left
 zero and every launch must use programmatic dependent launch on sm_90. fp32 (the CUDA-core kernels)
 is held to the fp32 reference's accuracy; bf16 / fp16 (the tensor-core kernels) to twice the error of
-the reference run in the same dtype, both against the fp32 reference."""
+the reference run in the same dtype, both against the fp32 reference.
+
+With the LM head in the same call (`DrafterStepParams::head`, what `Gemma4MTPDrafter.step_top_tokens`
+runs): the centroid head (argmax at k = 1, topk above) and the dense one (topk), each checked against
+the fp64 oracle of its op's tests on the `last` the emulated step wrote (the head's input), ids and
+scores poisoned before the launch."""
 from __future__ import annotations
 
 import copy
@@ -21,6 +26,8 @@ import torch
 import emulated
 from gemma4_mtp.drafter import random_drafter, synthetic_context
 from gemma4_mtp.layers import to_dtype
+import cases_centroid_logits
+import cases_dense_lm_head
 from helpers import SMALL_DRAFTER, assert_tolerance
 
 LENGTH = 70  # 5 blocks of 16: the sliding tables release the first two
@@ -34,8 +41,11 @@ def binary(request):
     return emulated.build(request, "drafter_step_main.cpp", "drafter_step")
 
 
-def _inputs(dtype, B, Q, seed):
-    drafter = random_drafter(SMALL_DRAFTER, dtype=torch.float32, backend="torch", seed=seed)
+CENTROID_DRAFTER = dict(SMALL_DRAFTER, centroids=8, top_k=2)  # 12 tokens a cluster, 24 candidates a token
+
+
+def _inputs(dtype, B, Q, seed, shapes=SMALL_DRAFTER):
+    drafter = random_drafter(shapes, dtype=torch.float32, backend="torch", seed=seed)
     ctx = synthetic_context(drafter, B, LENGTH, dtype=torch.float32, seed=seed)
     # requests of different lengths (the last one 3 positions shorter), their queries at the last one
     ctx.seq_lens = torch.tensor([LENGTH - 3 * (b % 2) for b in range(B)], dtype=torch.int32)
@@ -54,7 +64,8 @@ def _in_dtype(drafter, ctx, hidden, dtype):
     return to_dtype(copy.deepcopy(drafter), dtype), ctx, hidden.to(dtype)
 
 
-def _emulate(binary, tmp_path, drafter, ctx, tokens, hidden, *, sms, major, schedule, offset, tok64):
+def _emulate(binary, tmp_path, drafter, ctx, tokens, hidden, *, sms, major, schedule, offset, tok64, head=None,
+             k=1):
     cfg = drafter.config.text
     kinds = list(dict.fromkeys(cfg.layer_types))  # attention types in order of first use: kv index
     B, Q = tokens.shape
@@ -71,14 +82,21 @@ def _emulate(binary, tmp_path, drafter, ctx, tokens, hidden, *, sms, major, sche
             f"embed_scale={ctx.embed_scale!r}", f"sms={sms}", f"major={major}", f"schedule={schedule}",
             f"offset={int(offset)}", f"tok64={int(tok64)}", "pos64=1"]
     for j, t in enumerate(kinds):
-        k, table = ctx.k_cache[t], ctx.block_table[t]
-        tensors.update({f"k{j}": k, f"v{j}": ctx.v_cache[t], f"block_table{j}": table})
-        args += [f"D{j}={k.shape[3]}", f"Hkv{j}={k.shape[2]}", f"nb{j}={k.shape[0]}", f"bs{j}={k.shape[1]}",
+        kc, table = ctx.k_cache[t], ctx.block_table[t]
+        tensors.update({f"k{j}": kc, f"v{j}": ctx.v_cache[t], f"block_table{j}": table})
+        args += [f"D{j}={kc.shape[3]}", f"Hkv{j}={kc.shape[2]}", f"nb{j}={kc.shape[0]}", f"bs{j}={kc.shape[1]}",
                  f"mb{j}={table.shape[1]}", f"window{j}={ctx.window[t] or 0}"]
     for i in range(cfg.num_layers):
         w = drafter._layer_weights(i)
         for name, idx in {**LAYER_VECTORS, **LAYER_MATRICES}.items():
             tensors[f"l{i}_{name}"] = w[idx]
+    if head is not None:
+        args += [f"head={head}", f"k={k}"]
+        tensors["lm_head"] = drafter.lm_head_weight
+        if head == "centroid":
+            c = drafter.config
+            args += [f"C={c.num_centroids}", f"top_k={c.centroid_top_k}", "ord64=0"]
+            tensors.update(centroids=drafter.centroids.weight, token_ordering=drafter.token_ordering.int())
     for f in tmp_path.glob("*.bin"):
         f.unlink()
     for name, t in tensors.items():
@@ -86,7 +104,11 @@ def _emulate(binary, tmp_path, drafter, ctx, tokens, hidden, *, sms, major, sche
     info = emulated.run(binary, f"dir={tmp_path} " + " ".join(args))
     last = emulated.read(tmp_path / "last.bin", dtype, (B, Q, SMALL_DRAFTER["Hd"]))
     proj = emulated.read(tmp_path / "proj.bin", dtype, (B, Q, SMALL_DRAFTER["Hb"]))
-    return last, proj, info
+    if head is None:
+        return last, proj, info
+    ids = emulated.read(tmp_path / "ids.bin", torch.int64, (B * Q, k))
+    scores = emulated.read(tmp_path / "scores.bin", torch.float32, (B * Q, k))
+    return last, proj, info, ids, scores
 
 
 CASES = [  # dtype, B, Q, sms, major, schedule, offset, tok64
@@ -119,3 +141,34 @@ def test_one_call_step_matches_the_reference_step(binary, tmp_path, dtype, B, Q,
     ref_last, ref_proj = d.step(c, tokens, h)
     assert_tolerance(last, exact_last, ref_last, atol=1e-2, what="last")
     assert_tolerance(proj, exact_proj, ref_proj, atol=1e-2, what="proj")
+
+
+HEAD_CASES = [  # head, dtype, B, Q, k, major
+    pytest.param("centroid", torch.float32, 2, 1, 1, 9, id="centroid-argmax-fp32-B2"),
+    pytest.param("centroid", torch.bfloat16, 2, 2, 3, 9, id="centroid-top3-bf16-B2-Q2"),
+    pytest.param("dense", torch.bfloat16, 1, 1, 1, 9, id="dense-top1-bf16-B1"),
+    pytest.param("dense", torch.float16, 3, 2, 4, 8, id="dense-top4-fp16-B3-Q2-sm80"),
+]
+
+
+@pytest.mark.parametrize("head,dtype,B,Q,k,major", HEAD_CASES)
+def test_one_call_step_with_its_head(binary, tmp_path, head, dtype, B, Q, k, major):
+    shapes = CENTROID_DRAFTER if head == "centroid" else SMALL_DRAFTER
+    drafter, ctx, tokens, hidden = _inputs(dtype, B, Q, seed=B * 10 + Q + k, shapes=shapes)
+    d, c, h = (drafter, ctx, hidden) if dtype == torch.float32 else _in_dtype(drafter, ctx, hidden, dtype)
+    last, proj, info, ids, scores = _emulate(binary, tmp_path, d, c, tokens, h, sms=8, major=major, schedule="rr",
+                                             offset=False, tok64=True, head=head, k=k)
+    # the step's outputs are the step's without a head (the head launches after them)
+    last_alone, proj_alone, info_alone = _emulate(binary, tmp_path, d, c, tokens, h, sms=8, major=major,
+                                                  schedule="rr", offset=False, tok64=True)
+    assert torch.equal(last, last_alone) and torch.equal(proj, proj_alone)
+    # the centroid head: one cooperative launch; the dense one: its GEMV and the merge of its partials
+    assert int(info["launches"]) - int(info_alone["launches"]) == (1 if head == "centroid" else 2), (info, info_alone)
+    x, lm_head = last.reshape(B * Q, -1), d.lm_head_weight.detach()
+    if head == "dense":
+        cases_dense_lm_head.check_topk(x, lm_head, k, None, what="step head", call=lambda *_: (ids, scores))
+        return
+    centroids = d.centroids.weight.detach()
+    _, order = cases_centroid_logits.exact_clusters(x, centroids, d.config.centroid_top_k)
+    cases_centroid_logits.check_topk((ids, scores), (x, centroids, d.token_ordering, lm_head), order,
+                                     cases_centroid_logits.tol(x, lm_head), "step head")

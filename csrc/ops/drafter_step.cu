@@ -2,9 +2,12 @@
 // drafter.py, whose composition this follows op for op) made from C++, with every activation, partial
 // and workspace carved from one caller-given buffer. What it saves is host time: an eager step of
 // per-op calls crosses from Python into an op ~20 times (~55 µs each on the 2026-12-04 H200 host:
-// 1.29 ms a step); this is one crossing and 20-24 launches. Host code only: the kernels are the ops'.
+// 1.29 ms a step); this is one crossing and 20-24 launches, 21-26 with the LM head's top tokens
+// (DrafterStepParams::head: Gemma4MTPDrafter.step_top_tokens, the second crossing of a draft step
+// saved). Host code only: the kernels are the ops'.
 #include <algorithm>
 
+#include "dense_lm_head.h"
 #include "gemma4_mtp/drafter_step_params.h"
 #include "launchers.h"
 
@@ -121,7 +124,13 @@ class Step {
     g.normed_out = p_.last;
     g.normed_out_stride = rows_stride(T_, p_.Hd);
     project(g, p_.post_projection, p_.Hb, p_.proj, p_.Hb);
-    return glue_launch(g, launch_rms_norm_linear);
+    err = glue_launch(g, launch_rms_norm_linear);
+    if (err != cudaSuccess) return err;
+    switch (p_.head.kind) {
+      case DrafterStepHeadKind::kCentroid: return centroid_head();
+      case DrafterStepHeadKind::kDense: return dense_head();
+      default: return cudaSuccess;
+    }
   }
 
   int64_t workspace_bytes() const { return ws_.used; }
@@ -226,6 +235,53 @@ class Step {
     return launch_ ? launch_q_only_paged_attention(dt_, a, stream_) : cudaSuccess;
   }
 
+  // The two-stage head over `last` as Gemma4MTPDrafter.top_tokens calls centroid_logits: argmax for one
+  // answer, topk for more.
+  cudaError_t centroid_head() {
+    const DrafterStepHead& h = p_.head;
+    CentroidParams c{};
+    c.hidden = p_.last;
+    c.centroids = h.centroids;
+    c.token_ordering = h.token_ordering;
+    c.ordering_int64 = h.ordering_int64;
+    c.lm_head = h.lm_head;
+    c.hidden_stride = rows_stride(T_, p_.Hd);
+    c.centroid_stride = rows_stride(h.C, p_.Hd);
+    c.lm_head_stride = rows_stride(h.V, p_.Hd);
+    c.T = static_cast<int>(T_);
+    c.Hd = p_.Hd;
+    c.C = h.C;
+    c.top_k = h.top_k;
+    c.V = h.V;
+    c.output = h.k == 1 ? CentroidOutput::kArgmax : CentroidOutput::kTopK;
+    c.k = h.k;
+    c.ids = h.ids;  // argmax's [T] is the [T, 1] of k = 1
+    c.logits = h.scores;
+    c.counters = counters_.take(kCentroidCounters);
+    const int64_t ws_bytes = prepare_centroid_logits(c, sms_);
+    c.workspace = ws_bytes > 0 ? ws_.take(ws_bytes) : nullptr;
+    return launch_ ? launch_centroid_logits(dt_, c, stream_) : cudaSuccess;
+  }
+
+  // The dense head's top-k over `last` (dense_lm_head, output "topk").
+  cudaError_t dense_head() {
+    const DrafterStepHead& h = p_.head;
+    DenseHeadParams d{};
+    d.hidden = p_.last;
+    d.lm_head = h.lm_head;
+    d.hidden_stride = rows_stride(T_, p_.Hd);
+    d.head_stride = rows_stride(h.V, p_.Hd);
+    d.T = static_cast<int>(T_);
+    d.V = static_cast<int>(h.V);
+    d.Hd = p_.Hd;
+    d.k = h.k;
+    d.out_ids = h.ids;
+    d.out_logits = h.scores;
+    const int64_t ws_bytes = prepare_dense_lm_head(d, sms_);
+    d.partial = ws_bytes > 0 ? static_cast<uint64_t*>(ws_.take(ws_bytes)) : nullptr;
+    return launch_ ? launch_dense_lm_head(dt_, d, stream_) : cudaSuccess;
+  }
+
   DType dt_;
   const DrafterStepParams& p_;
   int sms_;
@@ -236,20 +292,28 @@ class Step {
   int64_t T_;
 };
 
-bool params_ok(const DrafterStepParams& p) {
+bool params_ok(DType dt, const DrafterStepParams& p) {
   if (p.B < 1 || p.Q < 1 || p.Hb < 0 || p.Hd < 1 || p.Hq < 1 || p.num_layers < 1 || p.num_kv < 1 ||
       p.layers == nullptr || p.kv == nullptr)
     return false;
   for (int i = 0; i < p.num_layers; ++i)
     if (p.layers[i].kv < 0 || p.layers[i].kv >= p.num_kv || p.layers[i].I < 1) return false;
-  return true;
+  const DrafterStepHead& h = p.head;
+  if (h.kind == DrafterStepHeadKind::kNone) return true;
+  if (h.lm_head == nullptr || h.ids == nullptr || h.scores == nullptr || h.V < 1 || h.k < 1) return false;
+  if (h.kind == DrafterStepHeadKind::kDense)  // the binding's limits (its 48 KiB of staged rows included)
+    return h.k <= kMaxDenseHeadK && h.k <= h.V && h.V <= INT32_MAX &&
+           dense_lm_head_smem_bytes(dt, p.Hd) <= 48 * 1024;
+  return h.kind == DrafterStepHeadKind::kCentroid && h.centroids != nullptr && h.token_ordering != nullptr &&
+         h.C >= 1 && h.C <= kMaxCentroids && h.V % h.C == 0 && h.top_k >= 1 && h.top_k <= h.C &&
+         h.k <= kMaxTopK && h.k <= int64_t{h.top_k} * (h.V / h.C);
 }
 
 }  // namespace
 
 int64_t prepare_drafter_step(DType dtype, const DrafterStepParams& p, int num_sms, int64_t* counters) {
   *counters = 0;
-  if (!params_ok(p)) return 0;
+  if (!params_ok(dtype, p)) return 0;
   Step sizing(dtype, p, num_sms, 256, nullptr, nullptr, false);
   sizing.run();
   *counters = sizing.counters();
@@ -260,7 +324,8 @@ cudaError_t launch_drafter_step(DType dtype, const DrafterStepParams& p, int num
                                 int32_t* counters, cudaStream_t stream) {
   // the carves must fall where the sizing pass put them (the plans depend on alignment), and every step
   // has counters (rms_norm_q_rope's)
-  if (!params_ok(p) || workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 256 || counters == nullptr)
+  if (!params_ok(dtype, p) || workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 256 ||
+      counters == nullptr)
     return cudaErrorInvalidValue;
   return Step(dtype, p, num_sms, reinterpret_cast<uintptr_t>(workspace), counters, stream, true).run();
 }

@@ -322,19 +322,40 @@ class Gemma4MTPDrafter(nn.Module):
         finally:
             self._graphed = before
 
-    def _one_call_step(self, ctx: DraftContext, token_ids: torch.Tensor, hidden: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    def step_top_tokens(self, ctx: DraftContext, token_ids: torch.Tensor, hidden: torch.Tensor, k: int
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """step, then top_tokens(last, k): (last [B, Q, Hd], proj [B, Q, Hb], the k best tokens [B, Q, k]),
+        what a greedy draft step computes. Where the step is one call into C++ (see step), the head is in
+        that call too (its launches made there: one crossing from Python a draft step instead of two);
+        elsewhere it is step and top_tokens."""
+        if (token_ids.device.type != "cpu" and not torch.compiler.is_compiling() and self._in_one_call(token_ids)
+                and not values_checkable(token_ids)):
+            return self._one_call_step(ctx, token_ids, hidden, k)
+        last, proj = self.step(ctx, token_ids, hidden)
+        return last, proj, self.top_tokens(last, k)
+
+    def _one_call_step(self, ctx: DraftContext, token_ids: torch.Tensor, hidden: torch.Tensor, k: int | None = None
+                       ) -> tuple[torch.Tensor, ...]:
+        """The step in one call into C++; with k, the head's top-k too: (last, proj[, ids])."""
         from gemma4_mtp_kernels import cuda
 
         t = self.config.text
         kinds = tuple(dict.fromkeys(t.layer_types))  # attention types in order of first use
         weights = [w for i in range(t.num_layers) for w in self._layer_weights(i)]
-        return cuda.drafter_step(
-            token_ids, hidden, ctx.embed_table, self.pre_projection.weight, weights,
-            [kinds.index(lt) for lt in t.layer_types], [ctx.k_cache[k] for k in kinds],
-            [ctx.v_cache[k] for k in kinds], [ctx.block_table[k] for k in kinds],
-            [ctx.window[k] or 0 for k in kinds], ctx.seq_lens, ctx.positions, self.norm.weight,
-            self.post_projection.weight, embed_scale=ctx.embed_scale, eps=t.rms_norm_eps)
+        head = {}
+        if k is not None:  # as top_tokens calls the head op
+            lm_head = self._modules.get("lm_head")  # None: tied to the embedding
+            head = dict(lm_head=_weight(self._modules["embed_tokens"] if lm_head is None else lm_head), k=k)
+            if self.config.use_ordered_embeddings:
+                head.update(centroids=_weight(self._modules["centroids"]),
+                            token_ordering=self._buffers["token_ordering"], centroid_top_k=self.config.centroid_top_k)
+        out = cuda.drafter_step(
+            token_ids, hidden, ctx.embed_table, _weight(self._modules["pre_projection"]), weights,
+            [kinds.index(lt) for lt in t.layer_types], [ctx.k_cache[kind] for kind in kinds],
+            [ctx.v_cache[kind] for kind in kinds], [ctx.block_table[kind] for kind in kinds],
+            [ctx.window[kind] or 0 for kind in kinds], ctx.seq_lens, ctx.positions, _weight(self._modules["norm"]),
+            _weight(self._modules["post_projection"]), embed_scale=ctx.embed_scale, eps=t.rms_norm_eps, **head)
+        return out[:3]
 
     def _layer_weights(self, i: int) -> "_LayerWeights":
         # Read every step, to notice a replaced weight: through the modules' own dicts, because

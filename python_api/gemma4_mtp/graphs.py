@@ -83,11 +83,12 @@ def draft_tree(drafter: Gemma4MTPDrafter, ctx: DraftContext, pending: torch.Tens
     level_tok, level_hid = pending.view(B, 1), hidden.view(B, 1, -1)
     at = 1
     for d, w in enumerate(widths):
-        last, proj = drafter.step(ctx, level_tok, level_hid)
         Q = level_tok.shape[1]
-        if sampling is None:
-            level_tok = drafter.top_tokens(last, w).view(B, Q * w)
+        if sampling is None:  # the step and its head (one call into C++ where the step is one)
+            last, proj, level_tok = drafter.step_top_tokens(ctx, level_tok, level_hid, w)
+            level_tok = level_tok.view(B, Q * w)
         else:
+            last, proj = drafter.step(ctx, level_tok, level_hid)
             level_tok, _ = drafter.sample_tokens(last[:, 0], sampling.temperature, sampling.uniforms[:, d],
                                                  probs_out=sampling.probs[:, d])
             level_tok = level_tok.view(B, 1)

@@ -1,16 +1,19 @@
 // Runs a whole drafter step in one host call (csrc/ops/drafter_step.cu: prepare_drafter_step,
 // launch_drafter_step, and through them the launchers of csrc/ops and the kernels they launch) on the
 // CUDA emulator (emu.h), for a step whose tensors tests/test_drafter_step_emulated.py wrote to a
-// directory; writes `last` and `proj` back there for the test to compare with the PyTorch step.
+// directory; writes `last` and `proj` back there (and, with a head, `ids` and `scores`) for the test to
+// compare with the PyTorch step.
 // Prints one line "OK launches=..." or "FAIL ..." (exit 1).
 //
 //   dir=PATH dtype=bf16|f16|f32 B= Q= Hb= Hd= Hq= V= I= layers= kinds=0,0,0,1 (each layer's attention
 //   type) eps= embed_scale= sms= major= schedule=rr|ahead|behind tok64=0|1 pos64=0|1 offset=0|1 (the
 //   workspace's first 256 bytes skipped: a workspace the sizing pass did not see must still work)
 //   and per attention type j: D<j>= Hkv<j>= nb<j>= (cache blocks) bs<j>= (block size) mb<j>= (table
-//   columns) window<j>= (0: none)
+//   columns) window<j>= (0: none); head=none|centroid|dense k= (answers per token) C= top_k= ord64=0|1
+//   (the centroid head's clusters, clusters kept, int64 token_ordering)
 // Inputs (packed rows): token_ids, hidden, embed_table, pre_projection, final_norm, post_projection,
-// seq_lens, positions, k<j>, v<j>, block_table<j>, and l<i>_<name> for each layer's weights.
+// seq_lens, positions, k<j>, v<j>, block_table<j>, l<i>_<name> for each layer's weights, and the head's
+// lm_head (and centroids, token_ordering).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +24,8 @@
 #include "emu.h"
 #include "io.h"
 // the host-side launchers exactly as the extension compiles them
+#include "../../csrc/ops/centroid_logits.cu"
+#include "../../csrc/ops/dense_lm_head.cu"
 #include "../../csrc/ops/drafter_step.cu"
 #include "../../csrc/ops/fused_concat_down_proj.cu"
 #include "../../csrc/ops/q_only_attention.cu"
@@ -134,6 +139,27 @@ int run(Args& a) {
   Buffer last = strided(T_, p.Hd, p.Hd, E), proj = strided(T_, p.Hb, p.Hb, E);
   p.last = last.data();
   p.proj = proj.data();
+  const std::string head = a.str("head", "none");
+  const int k = static_cast<int>(a.num("k", 1));
+  Buffer ids = strided(T_, k, k, 8), scores = strided(T_, k, k, 4);
+  if (head != "none") {
+    gemma4_mtp::DrafterStepHead& h = p.head;
+    h.kind = head == "dense" ? gemma4_mtp::DrafterStepHeadKind::kDense : gemma4_mtp::DrafterStepHeadKind::kCentroid;
+    h.lm_head = in("lm_head", V, p.Hd, E);
+    h.V = V;
+    h.k = k;
+    h.ids = static_cast<int64_t*>(ids.data());
+    h.scores = static_cast<float*>(scores.data());
+    if (head == "centroid") {
+      h.C = static_cast<int>(a.num("C", 1));
+      h.top_k = static_cast<int>(a.num("top_k", 1));
+      h.centroids = in("centroids", h.C, p.Hd, E);
+      h.ordering_int64 = a.num("ord64", 1);
+      h.token_ordering = in("token_ordering", 1, V, h.ordering_int64 ? 8 : 4);
+    } else if (head != "dense") {
+      emu::fail("head must be none, centroid or dense");
+    }
+  }
 
   const int sms = static_cast<int>(a.num("sms", 8)), major = static_cast<int>(a.num("major", 9));
   use_device(kH100SmemOptin, major, sms, a.str("schedule"));
@@ -151,7 +177,8 @@ int run(Args& a) {
                                                           counters.data(), nullptr);
   std::free(raw);
   const size_t launches = emu::launch_log().size();
-  if (!launched_as_expected(err, launches, major >= 9, counters)) return 1;
+  // every launch under programmatic dependent launch on sm_90 but the centroid head's cooperative one
+  if (!launched_as_expected(err, launches, major >= 9, counters, head == "centroid" ? 1 : 0)) return 1;
   // the refusals: a workspace off the 256-byte grid, no counters
   if (gemma4_mtp::launch_drafter_step(dt, p, sms, reinterpret_cast<void*>(16), counters.data(), nullptr) !=
           cudaErrorInvalidValue ||
@@ -162,6 +189,10 @@ int run(Args& a) {
   }
   store(dir, "last", last);
   store(dir, "proj", proj);
+  if (head != "none") {
+    store(dir, "ids", ids);
+    store(dir, "scores", scores);
+  }
   std::printf("OK launches=%zu workspace=%lld counters=%lld\n", launches, static_cast<long long>(bytes),
               static_cast<long long>(n_counters));
   return 0;

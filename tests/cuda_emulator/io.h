@@ -145,7 +145,9 @@ inline void use_device(int smem_optin, int major, int sms, const std::string& sc
 
 // Whether the launcher returned success after exactly `expected` launches, each with programmatic
 // dependent launch exactly when `pdl`, and left every counter zero; prints "FAIL ..." when not.
-inline bool launched_as_expected(cudaError_t err, size_t expected, bool pdl, const std::vector<int32_t>& counters) {
+// not_pdl_tail: the last launches that are never programmatic dependent ones (a cooperative launch).
+inline bool launched_as_expected(cudaError_t err, size_t expected, bool pdl, const std::vector<int32_t>& counters,
+                                 size_t not_pdl_tail = 0) {
   const auto& log = emu::launch_log();
   if (err != cudaSuccess) {
     std::printf("FAIL launcher returned %d\n", err);
@@ -155,9 +157,10 @@ inline bool launched_as_expected(cudaError_t err, size_t expected, bool pdl, con
     std::printf("FAIL %zu launches, expected %zu\n", log.size(), expected);
     return false;
   }
-  for (const auto& l : log)
-    if (l.pdl != pdl) {
-      std::printf("FAIL programmatic dependent launch %d, expected %d\n", l.pdl, pdl);
+  for (size_t i = 0; i < log.size(); ++i)
+    if (log[i].pdl != (pdl && i + not_pdl_tail < log.size())) {
+      std::printf("FAIL launch %zu: programmatic dependent launch %d, expected %d\n", i, log[i].pdl,
+                  pdl && i + not_pdl_tail < log.size());
       return false;
     }
   for (int32_t c : counters)

@@ -42,6 +42,24 @@ struct DrafterStepLayer {
   int I;                     // the MLP's intermediate size
 };
 
+// The LM head after the step, in the same call (Gemma4MTPDrafter.top_tokens of `last`): the k best
+// tokens of each row, from the two-stage centroid head (E2B / E4B: centroid_logits' argmax at k = 1,
+// its topk above) or the dense one (26B / 31B: dense_lm_head's topk). kNone: no head.
+enum class DrafterStepHeadKind { kNone = 0, kCentroid, kDense };
+
+struct DrafterStepHead {
+  DrafterStepHeadKind kind;
+  const void* lm_head;         // [V, Hd]
+  int64_t V;
+  const void* centroids;       // kCentroid: [C, Hd]
+  const void* token_ordering;  // kCentroid: [V] int32 or int64
+  bool ordering_int64;
+  int C, top_k;                // kCentroid: clusters, clusters kept per token
+  int k;                       // answers per token: 1 .. 16 (and at most the head's candidates)
+  int64_t* ids;                // out [T, k] int64, best first, ties to the lower id
+  float* scores;               // out [T, k] fp32: their logits
+};
+
 struct DrafterStepParams {
   int B, Q;       // requests, queries per request (T = B * Q rows)
   int Hb, Hd, Hq;  // target hidden size, drafter hidden size, query heads
@@ -65,6 +83,7 @@ struct DrafterStepParams {
   const void* post_projection;  // [Hb, Hd]
   void* last;                   // out [T, Hd]: the final norm's output (the LM head's input)
   void* proj;                   // out [T, Hb]: post_projection(last), the next step's hidden
+  DrafterStepHead head;         // zero-initialised: none
 };
 
 }  // namespace gemma4_mtp
