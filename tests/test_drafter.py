@@ -106,6 +106,9 @@ def test_step_top_tokens_is_step_then_top_tokens(models):
             assert ids.shape == (2, 3, k) and ids.dtype == torch.int64
             assert torch.equal(last, ref_last) and torch.equal(proj, ref_proj)
             assert torch.equal(ids, drafter.top_tokens(ref_last, k))
+        for bad in (0, -1, 2.0, True):
+            with pytest.raises(ValueError, match="k must be a positive int"):
+                drafter.step_top_tokens(ctx, tokens, hidden, bad)
     finally:
         for r in reqs:
             target.release(r)

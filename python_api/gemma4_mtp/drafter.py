@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -328,6 +329,10 @@ class Gemma4MTPDrafter(nn.Module):
         what a greedy draft step computes. Where the step is one call into C++ (see step), the head is in
         that call too (its launches made there: one crossing from Python a draft step instead of two);
         elsewhere it is step and top_tokens."""
+        # checked before an output of k columns is allocated (an integer of any kind: a width from numpy)
+        if isinstance(k, bool) or not hasattr(k, "__index__") or operator.index(k) < 1:
+            raise ValueError(f"step_top_tokens: k must be a positive int, got {k!r}")
+        k = operator.index(k)
         if (token_ids.device.type != "cpu" and not torch.compiler.is_compiling() and self._in_one_call(token_ids)
                 and not values_checkable(token_ids)):
             return self._one_call_step(ctx, token_ids, hidden, k)
