@@ -43,6 +43,9 @@ C++ where the step is one); a round is `gemma4_mtp.graphs.draft_tree`
 - `cuda_eager_ops` (steps): `cuda_eager` with the step made of the ops one by one
   (`Gemma4MTPDrafter.one_call_step` False), what the one-call step saves (benchmarks/README.md, "A
   drafter step in one host call");
+- `cuda_eager_head_apart` (steps at B = 1): `cuda_eager` with the head as a call of its own after the
+  one-call step (`step`, then `top_tokens`), what the head in the step's call saves (benchmarks/README.md,
+  "A draft step and its head in one host call");
 - `torch_eager`: the reference backend (the unfused composition, host reads in its attention).
 Floors: roofline.drafter_step, roofline.draft_round (chain), and the tree round's three steps with 1,
 2 and 4 queries per request plus the verify of its 11 nodes (roofline.draft_round counts 1 + 7).
@@ -162,13 +165,15 @@ def _with_backend(drafter, backend, one_call=True):
     return d
 
 
-def run_ours(inp, backend, kind, one_call=True):
+def run_ours(inp, backend, kind, one_call=True, head_apart=False):
     from gemma4_mtp.graphs import DraftSampling, draft_tree
 
     drafter = _with_backend(inp["drafter"], backend, one_call)
     if kind == "step":
-        _, _, tokens = drafter.step_top_tokens(inp["ctx"], inp["pending"].view(-1, 1), inp["hidden"].unsqueeze(1), 1)
-        return tokens.view(-1)
+        tokens, hidden = inp["pending"].view(-1, 1), inp["hidden"].unsqueeze(1)
+        if head_apart:  # the step's call, then the head's
+            return drafter.top_tokens(drafter.step(inp["ctx"], tokens, hidden)[0], 1).view(-1)
+        return drafter.step_top_tokens(inp["ctx"], tokens, hidden, 1)[2].view(-1)
     if kind == "sampled":
         s = DraftSampling(inp["temperature"], inp["draft_uniforms"])
         tokens = draft_tree(drafter, inp["ctx"], inp["pending"], inp["hidden"], SHAPES[kind], sampling=s)
@@ -180,9 +185,9 @@ def run_ours(inp, backend, kind, one_call=True):
     return torch.cat([tokens.view(-1), verify.output_tokens.view(-1)])
 
 
-def ours(backend, kind, one_call=True):
+def ours(backend, kind, one_call=True, head_apart=False):
     def factory(inp):
-        return lambda: run_ours(inp, backend, kind, one_call)
+        return lambda: run_ours(inp, backend, kind, one_call, head_apart)
     return factory
 
 
@@ -284,6 +289,8 @@ def cases(dry: bool) -> list[Case]:
             baselines["cuda_eager"] = ours("cuda", kind)
             if kind == "step":
                 baselines["cuda_eager_ops"] = ours("cuda", kind, one_call=False)
+            if kind == "step" and B == 1:
+                baselines["cuda_eager_head_apart"] = ours("cuda", kind, head_apart=True)
         baselines["torch_eager"] = ours("torch", kind)
         what = {"step": "step", "chain": "chain round k=4", "tree": "tree round (2,2,1)",
                 "sampled": f"sampled chain round k=4 T={TEMPERATURE}"}[kind]
@@ -293,6 +300,7 @@ def cases(dry: bool) -> list[Case]:
             make_inputs=_inputs(shape, B, ctx, kind), reference=lambda i, kind=kind: run_ours(i, "torch", kind),
             baselines=baselines, default_compare=agree,
             compare={"hf_assistant": lambda o, r: {"ok": None, "detail": "Hugging Face's weights: a different model"}},
-            eager=frozenset({"hf_assistant", "triton_eager", "cuda_eager", "cuda_eager_ops", "torch_eager"})))
+            eager=frozenset({"hf_assistant", "triton_eager", "cuda_eager", "cuda_eager_ops", "cuda_eager_head_apart",
+                             "torch_eager"})))
     return out
 

@@ -58,6 +58,8 @@ PREDICTIONS = (
                f"{ONE_CALL}; {HEAD_CALL}"),
     Prediction("E2B eager step, cuda: the ops one by one", "drafter_step", STEP_E2B, "cuda_eager_ops", 1150, 1450,
                1292.6, ONE_CALL),
+    Prediction("E2B eager step, cuda: the head's own call, less the head in the step's call", "drafter_step",
+               STEP_E2B, "cuda_eager_head_apart", 30, 90, None, HEAD_CALL, minus=(STEP_E2B, "cuda_eager")),
     Prediction("31B eager step, cuda: one host call", "drafter_step", STEP_31B, "cuda_eager", 590, 700, 1598.1,
                ONE_CALL),
     Prediction("31B step without the weight prefetch, less with it", "drafter_step", STEP_31B, "triton_no_prefetch",
