@@ -465,8 +465,6 @@ void tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents, cons
   check_launch(gemma4_mtp::launch_tree_verify(dt, p, at::cuda::getCurrentCUDAStream()), "tree_verify");
 }
 
-// output "topk": ids / logits [T, k] (dense unused, may be empty); "dense": dense [T, V] fp32 (ids /
-// logits unused). The top-k lists of kernel 1 go to a workspace from the caching allocator.
 // dense_lm_head's weight [V, Hd] of `type` on dev and its k (dense_lm_head and the drafter step's head),
 // each named.
 void check_dense_head(const at::Tensor& lm_head, int64_t k, int64_t Hd, const at::Device& dev, at::ScalarType type,
@@ -484,6 +482,8 @@ void check_dense_head(const at::Tensor& lm_head, int64_t k, int64_t Hd, const at
            gemma4_mtp::kMaxDenseHeadK, ", V)], got ", k);
 }
 
+// output "topk": ids / logits [T, k] (dense unused, may be empty); "dense": dense [T, V] fp32 (ids /
+// logits unused). The top-k lists of kernel 1 go to a workspace from the caching allocator.
 void dense_lm_head(const at::Tensor& hidden, const at::Tensor& lm_head, int64_t k, c10::string_view output,
                    at::Tensor& ids, at::Tensor& logits, at::Tensor& dense) {
   const auto dev = hidden.device();
