@@ -184,12 +184,13 @@ def test_a_cuda_step_is_one_op_and_its_fake_checks():
     t = drafter.config.text
     kinds = list(dict.fromkeys(t.layer_types))
     weights = [w for i in range(t.num_layers) for w in drafter._layer_weights(i)]
-    opcheck_meta(ops().drafter_step, (
+    step_args = (  # the schema's arguments up to eps
         tokens, hidden.view(6, 64), ctx.embed_table, 8.0, drafter.pre_projection.weight, weights,
         [kinds.index(k) for k in t.layer_types], [ctx.k_cache[k] for k in kinds], [ctx.v_cache[k] for k in kinds],
         [ctx.block_table[k] for k in kinds], [ctx.window[k] or 0 for k in kinds], ctx.seq_lens, ctx.positions,
-        drafter.norm.weight, drafter.post_projection.weight, 1e-6, None, None, None, 0, torch.empty_like(last),
-        torch.empty_like(proj), None, None))
+        drafter.norm.weight, drafter.post_projection.weight, 1e-6)
+    opcheck_meta(ops().drafter_step, (*step_args, None, None, None, 0, torch.empty_like(last), torch.empty_like(proj),
+                                      None, None))
     with _OpCounter() as counted:  # the step and its head: still the one op
         _, _, ids = drafter.step_top_tokens(ctx, tokens, hidden, 4)
     assert counted.names == ["drafter_step"] and ids.shape == (2, 3, 4) and ids.dtype == torch.int64
@@ -197,13 +198,9 @@ def test_a_cuda_step_is_one_op_and_its_fake_checks():
     with _OpCounter() as counted:  # a greedy round: one op a level
         draft_tree(drafter, ctx, tokens[:, 0], hidden[:, 0], (2, 1))
     assert counted.names == ["drafter_step", "drafter_step"], counted.names
-    opcheck_meta(ops().drafter_step, (
-        tokens, hidden.view(6, 64), ctx.embed_table, 8.0, drafter.pre_projection.weight, weights,
-        [kinds.index(k) for k in t.layer_types], [ctx.k_cache[k] for k in kinds], [ctx.v_cache[k] for k in kinds],
-        [ctx.block_table[k] for k in kinds], [ctx.window[k] or 0 for k in kinds], ctx.seq_lens, ctx.positions,
-        drafter.norm.weight, drafter.post_projection.weight, 1e-6, None, None, drafter.lm_head_weight, 0,
-        torch.empty_like(last), torch.empty_like(proj), torch.empty_like(ids),
-        torch.empty(2, 3, 4, device="meta")))
+    scores = torch.empty(2, 3, 4, device="meta")
+    opcheck_meta(ops().drafter_step, (*step_args, None, None, drafter.lm_head_weight, 0, torch.empty_like(last),
+                                      torch.empty_like(proj), torch.empty_like(ids), scores))
     drafter.one_call_step = False
     meta_ok = _dispatch.BackendStatus(True, "meta tensors standing for CUDA tensors")
     with mock.patch.object(_dispatch, "_cuda_status", lambda device=None: meta_ok), _OpCounter() as counted:

@@ -252,8 +252,7 @@ class Gemma4MTPDrafter(nn.Module):
         drafter, dtype and batch (`_dispatch.step_in_one_call`: eager steps by the eager steps a GPU run
         timed, the steps of DraftGraphs' rounds by the graph-replayed ones), else the ops one by one, each
         following its own evidence."""
-        if (token_ids.device.type != "cpu" and not torch.compiler.is_compiling() and self._in_one_call(token_ids)
-                and not values_checkable(token_ids)):
+        if self._in_one_call(token_ids):
             return self._one_call_step(ctx, token_ids, hidden)
         B, Q = token_ids.shape
         T = B * Q
@@ -302,15 +301,19 @@ class Gemma4MTPDrafter(nn.Module):
         return last.view(B, Q, -1), proj.view(B, Q, Hb)
 
     def _in_one_call(self, token_ids: torch.Tensor) -> bool:
-        """Whether a step on token_ids' device (not the CPU) is one call into C++ (see step)."""
-        if not self.one_call_step or self.backend not in ("cuda", "auto"):
+        """Whether a step on token_ids is one call into C++ (see step): never on the CPU, under torch.compile
+        (which traces the ops) or with value checks on (the ops read the values back to check them)."""
+        if (token_ids.device.type == "cpu" or torch.compiler.is_compiling() or not self.one_call_step
+                or self.backend not in ("cuda", "auto")):
             return False
-        if self.backend == "cuda":
-            return True
-        B, Q = token_ids.shape
-        shape = {"Hb": self.config.backbone_hidden_size, "Hd": self.config.text.hidden_size, "Q": Q, "B": B}
-        dtype = _weight(self._modules["pre_projection"]).dtype  # not through nn.Module.__getattr__ (see _layer_weights)
-        return step_in_one_call(token_ids.device, dtype, shape, graphed=self._graphed)
+        if self.backend == "auto":
+            B, Q = token_ids.shape
+            shape = {"Hb": self.config.backbone_hidden_size, "Hd": self.config.text.hidden_size, "Q": Q, "B": B}
+            # not through nn.Module.__getattr__ (see _layer_weights)
+            dtype = _weight(self._modules["pre_projection"]).dtype
+            if not step_in_one_call(token_ids.device, dtype, shape, graphed=self._graphed):
+                return False
+        return not values_checkable(token_ids)
 
     @contextlib.contextmanager
     def graphed_steps(self):
@@ -333,8 +336,7 @@ class Gemma4MTPDrafter(nn.Module):
         if isinstance(k, bool) or not hasattr(k, "__index__") or operator.index(k) < 1:
             raise ValueError(f"step_top_tokens: k must be a positive int, got {k!r}")
         k = operator.index(k)
-        if (token_ids.device.type != "cpu" and not torch.compiler.is_compiling() and self._in_one_call(token_ids)
-                and not values_checkable(token_ids)):
+        if self._in_one_call(token_ids):
             return self._one_call_step(ctx, token_ids, hidden, k)
         last, proj = self.step(ctx, token_ids, hidden)
         return last, proj, self.top_tokens(last, k)
@@ -349,11 +351,11 @@ class Gemma4MTPDrafter(nn.Module):
         weights = [w for i in range(t.num_layers) for w in self._layer_weights(i)]
         head = {}
         if k is not None:  # as top_tokens calls the head op
-            lm_head = self._modules.get("lm_head")  # None: tied to the embedding
-            head = dict(lm_head=_weight(self._modules["embed_tokens"] if lm_head is None else lm_head), k=k)
+            head_weights = self._head_weights()
+            head = dict(lm_head=head_weights[-1], k=k)
             if self.config.use_ordered_embeddings:
-                head.update(centroids=_weight(self._modules["centroids"]),
-                            token_ordering=self._buffers["token_ordering"], centroid_top_k=self.config.centroid_top_k)
+                head.update(centroids=head_weights[0], token_ordering=head_weights[1],
+                            centroid_top_k=self.config.centroid_top_k)
         out = cuda.drafter_step(
             token_ids, hidden, ctx.embed_table, _weight(self._modules["pre_projection"]), weights,
             [kinds.index(lt) for lt in t.layer_types], [ctx.k_cache[kind] for kind in kinds],
@@ -385,14 +387,21 @@ class Gemma4MTPDrafter(nn.Module):
 
     # ---- LM head -----------------------------------------------------------------------------
 
+    def _head_weights(self) -> tuple[torch.Tensor, ...]:
+        """The LM head's weights as its op takes them: (centroids, token_ordering, lm_head) for the centroid
+        head (centroid_logits), (lm_head,) for the dense one (dense_lm_head)."""
+        if self.config.use_ordered_embeddings:
+            return self.centroids.weight, self.token_ordering, self.lm_head_weight
+        return (self.lm_head_weight,)
+
     def logits(self, last: torch.Tensor) -> torch.Tensor:
         """Dense fp32 logits [..., V]; with the centroid head, tokens outside the selected clusters get -inf."""
         flat = last.reshape(-1, last.shape[-1])
         if self.config.use_ordered_embeddings:
-            out = K.centroid_logits(flat, self.centroids.weight, self.token_ordering, self.lm_head_weight,
-                                    top_k=self.config.centroid_top_k, output="dense", backend=self.backend)
+            out = K.centroid_logits(flat, *self._head_weights(), top_k=self.config.centroid_top_k, output="dense",
+                                    backend=self.backend)
         else:
-            out = K.dense_lm_head(flat, self.lm_head_weight, output="dense", backend=self.backend)
+            out = K.dense_lm_head(flat, *self._head_weights(), output="dense", backend=self.backend)
         return out.view(*last.shape[:-1], -1)
 
     def sample_tokens(self, last: torch.Tensor, temperature: torch.Tensor, uniforms: torch.Tensor,
@@ -410,13 +419,12 @@ class Gemma4MTPDrafter(nn.Module):
         (~15 µs less host time a step on a 2-core VM), `last` checked here: anything else than the
         weights' dtype and device in rows of Hd with unit stride takes the checked op again, which says
         what is wrong."""
-        flat = last.reshape(-1, last.shape[-1])
+        flat, weights = last.reshape(-1, last.shape[-1]), self._head_weights()
         if self.config.use_ordered_embeddings:
-            op, weights = "centroid_logits", (self.centroids.weight, self.token_ordering, self.lm_head_weight)
+            op, shape = "centroid_logits", centroid_shape
             kw = dict(top_k=self.config.centroid_top_k, output="argmax" if k == 1 else "topk", k=k)
-            shape = centroid_shape
         else:
-            op, weights, kw, shape = "dense_lm_head", (self.lm_head_weight,), dict(output="topk", k=k), dense_head_shape
+            op, kw, shape = "dense_lm_head", dict(output="topk", k=k), dense_head_shape
         head = weights[-1]
         key = None if torch.compiler.is_compiling() else (
             self.backend, head.device, head.dtype, *((w.data_ptr(), w.shape) for w in weights))

@@ -157,12 +157,13 @@ inline bool launched_as_expected(cudaError_t err, size_t expected, bool pdl, con
     std::printf("FAIL %zu launches, expected %zu\n", log.size(), expected);
     return false;
   }
-  for (size_t i = 0; i < log.size(); ++i)
-    if (log[i].pdl != (pdl && i + not_pdl_tail < log.size())) {
-      std::printf("FAIL launch %zu: programmatic dependent launch %d, expected %d\n", i, log[i].pdl,
-                  pdl && i + not_pdl_tail < log.size());
+  for (size_t i = 0; i < log.size(); ++i) {
+    const bool want = pdl && i + not_pdl_tail < log.size();
+    if (log[i].pdl != want) {
+      std::printf("FAIL launch %zu: programmatic dependent launch %d, expected %d\n", i, log[i].pdl, want);
       return false;
     }
+  }
   for (int32_t c : counters)
     if (c != 0) {
       std::printf("FAIL a counter was left at %d\n", c);
