@@ -17,8 +17,9 @@ Rules, per device (the CUDA device name the run recorded) and op:
   it to Triton.
 - a drafter step as a whole (STEP_EVIDENCE: `drafter_step` graph-replayed, `drafter_step_eager`) is chosen
   the same way from the drafter_step benchmark's step rows, a backend a candidate only where every op of
-  the step (gemma4_mtp.drafter.STEP_OPS) passed the suite with it; an entry naming cuda makes an `auto`
-  step one call into C++, anything else leaves it the ops one by one.
+  the step (gemma4_mtp.drafter.STEP_OPS, the LM heads included: the one call runs the head too) passed the
+  suite with it; an entry naming cuda makes an `auto` step one call into C++, anything else leaves it the
+  ops one by one.
 """
 from __future__ import annotations
 

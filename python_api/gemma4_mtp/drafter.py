@@ -35,9 +35,11 @@ QUERY_POSITIONS = ("last_cached", "next")
 # the fused glue ops of a step, in the order step unpacks them (checked once per weights, see step), and
 # the shape parameters each passes to resolve (from its positional arguments)
 _GLUE_OPS = ("rms_norm_q_rope", "rms_norm_linear", "rms_norm_gate_up")
-# every op a step runs, one by one or in one call (benchmarks.make_verified: a backend's whole-step evidence
-# counts only where each of them passed the GPU suite with it)
-STEP_OPS = ("fused_concat_down_proj", *_GLUE_OPS, "q_only_paged_attention")
+# every op a draft step runs, one by one or in one call, the LM head's included (step_top_tokens makes the
+# head's launches in the step's call, and the step benchmark's rows time it): benchmarks.make_verified counts
+# a backend's whole-step evidence only where each of them passed the GPU suite with it. Both heads, whichever
+# the drafter has: the verdicts are per op, not per drafter.
+STEP_OPS = ("fused_concat_down_proj", *_GLUE_OPS, "q_only_paged_attention", "centroid_logits", "dense_lm_head")
 # each from a glue call's arguments (its keywords too: rms_norm_gate_up's down_weight is a shape parameter)
 _GLUE_SHAPES = {"rms_norm_q_rope": lambda x, w, q_norm, *_, **__: q_rope_shape(x, w, q_norm),
                 "rms_norm_linear": lambda x, w, *_, **__: linear_shape(x, w),
