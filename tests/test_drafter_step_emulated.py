@@ -29,6 +29,7 @@ from gemma4_mtp.layers import to_dtype
 import cases_centroid_logits
 import cases_dense_lm_head
 from helpers import SMALL_DRAFTER, assert_tolerance
+from test_softmax_sample import assert_inverse_cdf
 
 LENGTH = 70  # 5 blocks of 16: the sliding tables release the first two
 LAYER_VECTORS = {"input_norm": 0, "post_attn_norm": 5, "pre_ff_norm": 6, "post_ff_norm": 10}
@@ -65,7 +66,9 @@ def _in_dtype(drafter, ctx, hidden, dtype):
 
 
 def _emulate(binary, tmp_path, drafter, ctx, tokens, hidden, *, sms, major, schedule, offset, tok64, head=None,
-             k=1):
+             k=1, sample=None):
+    """The emulated step: (last, proj, info), with a head (..., ids [T, k], scores [T, k]), sampled (sample:
+    (temperature [T], uniforms [T], probs' row stride)) (..., tokens [T], probs [T, V])."""
     cfg = drafter.config.text
     kinds = list(dict.fromkeys(cfg.layer_types))  # attention types in order of first use: kv index
     B, Q = tokens.shape
@@ -97,6 +100,9 @@ def _emulate(binary, tmp_path, drafter, ctx, tokens, hidden, *, sms, major, sche
             c = drafter.config
             args += [f"C={c.num_centroids}", f"top_k={c.centroid_top_k}", "ord64=0"]
             tensors.update(centroids=drafter.centroids.weight, token_ordering=drafter.token_ordering.int())
+        if sample is not None:
+            args += ["sample=1", f"qs={sample[2]}"]
+            tensors.update(temperature=sample[0], uniforms=sample[1])
     for f in tmp_path.glob("*.bin"):
         f.unlink()
     for name, t in tensors.items():
@@ -107,6 +113,9 @@ def _emulate(binary, tmp_path, drafter, ctx, tokens, hidden, *, sms, major, sche
     if head is None:
         return last, proj, info
     ids = emulated.read(tmp_path / "ids.bin", torch.int64, (B * Q, k))
+    if sample is not None:
+        return last, proj, info, ids.view(-1), emulated.read(tmp_path / "probs.bin", torch.float32,
+                                                             (B * Q, SMALL_DRAFTER["vocab"]))
     scores = emulated.read(tmp_path / "scores.bin", torch.float32, (B * Q, k))
     return last, proj, info, ids, scores
 
@@ -172,3 +181,46 @@ def test_one_call_step_with_its_head(binary, tmp_path, head, dtype, B, Q, k, maj
     _, order = cases_centroid_logits.exact_clusters(x, centroids, d.config.centroid_top_k)
     cases_centroid_logits.check_topk((ids, scores), (x, centroids, d.token_ordering, lm_head), order,
                                      cases_centroid_logits.tol(x, lm_head), "step head")
+
+
+SAMPLED_CASES = [  # head, dtype, B, Q, major, probs' row stride past V
+    pytest.param("centroid", torch.float32, 2, 1, 9, 0, id="centroid-fp32-B2"),
+    pytest.param("centroid", torch.bfloat16, 2, 2, 8, 5, id="centroid-bf16-B2-Q2-sm80-strided"),
+    pytest.param("dense", torch.bfloat16, 1, 1, 9, 0, id="dense-bf16-B1"),
+    pytest.param("dense", torch.float16, 3, 1, 9, 3, id="dense-fp16-B3-strided"),
+]
+
+
+@pytest.mark.parametrize("head,dtype,B,Q,major,pad", SAMPLED_CASES)
+def test_one_call_step_with_a_sampled_token(binary, tmp_path, head, dtype, B, Q, major, pad):
+    """step_sample_tokens' one call: the head's dense logits into the workspace (the centroid head's launch
+    filling them with -inf first), then softmax_sample; q against softmax(logits / temperature) of the fp64
+    head on the `last` the step wrote, the tokens against q's inverse CDF at the uniforms."""
+    shapes = CENTROID_DRAFTER if head == "centroid" else SMALL_DRAFTER
+    drafter, ctx, tokens, hidden = _inputs(dtype, B, Q, seed=B * 10 + Q + 7, shapes=shapes)
+    d, c, h = (drafter, ctx, hidden) if dtype == torch.float32 else _in_dtype(drafter, ctx, hidden, dtype)
+    T, V = B * Q, SMALL_DRAFTER["vocab"]
+    g = torch.Generator().manual_seed(T)
+    temperature = 0.5 + torch.rand(T, generator=g)
+    uniforms = torch.rand(T, generator=g, dtype=torch.float64)
+    last, proj, info, drawn, probs = _emulate(binary, tmp_path, d, c, tokens, h, sms=8, major=major, schedule="rr",
+                                              offset=False, tok64=True, head=head,
+                                              sample=(temperature, uniforms, V + pad))
+    last_alone, proj_alone, info_alone = _emulate(binary, tmp_path, d, c, tokens, h, sms=8, major=major,
+                                                  schedule="rr", offset=False, tok64=True)
+    assert torch.equal(last, last_alone) and torch.equal(proj, proj_alone)
+    # the head's dense logits in one launch (the centroid head's fill in it), softmax_sample's two
+    assert int(info["launches"]) - int(info_alone["launches"]) == 3, (info, info_alone)
+    x, lm_head = last.reshape(T, -1).double(), d.lm_head_weight.detach().double()
+    logits = x @ lm_head.T
+    if head == "centroid":  # -inf outside the kept clusters' tokens
+        C = d.config.num_centroids
+        _, order = cases_centroid_logits.exact_clusters(x, d.centroids.weight.detach(), d.config.centroid_top_k)
+        members = d.token_ordering.view(C, V // C)
+        keep = torch.zeros(T, V, dtype=torch.bool)
+        for t in range(T):
+            keep[t, members[order[t]].reshape(-1)] = True
+        logits = logits.masked_fill(~keep, float("-inf"))
+    want = torch.softmax(logits / temperature.double()[:, None], dim=1)
+    torch.testing.assert_close(probs.double(), want, rtol=1e-4, atol=1e-7)
+    assert_inverse_cdf(drawn, probs, uniforms)

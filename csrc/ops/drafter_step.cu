@@ -4,7 +4,8 @@
 // per-op calls crosses from Python into an op ~20 times (~55 µs each on the 2026-12-04 H200 host:
 // 1.29 ms a step); this is one crossing and 20-24 launches, 21-26 with the LM head's top tokens
 // (DrafterStepParams::head: Gemma4MTPDrafter.step_top_tokens, the second crossing of a draft step
-// saved). Host code only: the kernels are the ops'.
+// saved), 23-27 with a sampled token instead (step_sample_tokens: the head's logits and softmax_sample,
+// two crossings saved). Host code only: the kernels are the ops'.
 #include <algorithm>
 
 #include "dense_lm_head.h"
@@ -126,11 +127,9 @@ class Step {
     project(g, p_.post_projection, p_.Hb, p_.proj, p_.Hb);
     err = glue_launch(g, launch_rms_norm_linear);
     if (err != cudaSuccess) return err;
-    switch (p_.head.kind) {
-      case DrafterStepHeadKind::kCentroid: return centroid_head();
-      case DrafterStepHeadKind::kDense: return dense_head();
-      default: return cudaSuccess;
-    }
+    if (p_.head.kind == DrafterStepHeadKind::kNone) return cudaSuccess;
+    if (p_.head.temperature != nullptr) return sampled_head();
+    return p_.head.kind == DrafterStepHeadKind::kCentroid ? centroid_head(nullptr) : dense_head(nullptr);
   }
 
   int64_t workspace_bytes() const { return ws_.used; }
@@ -236,8 +235,9 @@ class Step {
   }
 
   // The two-stage head over `last` as Gemma4MTPDrafter.top_tokens calls centroid_logits: argmax for one
-  // answer, topk for more.
-  cudaError_t centroid_head() {
+  // answer, topk for more; with `dense`, the dense logits there (as Gemma4MTPDrafter.logits), the launch
+  // filling them with -inf first.
+  cudaError_t centroid_head(float* dense) {
     const DrafterStepHead& h = p_.head;
     CentroidParams c{};
     c.hidden = p_.last;
@@ -253,18 +253,20 @@ class Step {
     c.C = h.C;
     c.top_k = h.top_k;
     c.V = h.V;
-    c.output = h.k == 1 ? CentroidOutput::kArgmax : CentroidOutput::kTopK;
+    c.output = dense != nullptr ? CentroidOutput::kDense : h.k == 1 ? CentroidOutput::kArgmax : CentroidOutput::kTopK;
     c.k = h.k;
-    c.ids = h.ids;  // argmax's [T] is the [T, 1] of k = 1
-    c.logits = h.scores;
+    c.ids = dense != nullptr ? nullptr : h.ids;  // argmax's [T] is the [T, 1] of k = 1
+    c.logits = dense != nullptr ? dense : h.scores;
+    c.fill_dense = dense != nullptr;
     c.counters = counters_.take(kCentroidCounters);
     const int64_t ws_bytes = prepare_centroid_logits(c, sms_);
     c.workspace = ws_bytes > 0 ? ws_.take(ws_bytes) : nullptr;
     return launch_ ? launch_centroid_logits(dt_, c, stream_) : cudaSuccess;
   }
 
-  // The dense head's top-k over `last` (dense_lm_head, output "topk").
-  cudaError_t dense_head() {
+  // The dense head's top-k over `last` (dense_lm_head, output "topk"); with `dense`, its logits there
+  // (output "dense").
+  cudaError_t dense_head(float* dense) {
     const DrafterStepHead& h = p_.head;
     DenseHeadParams d{};
     d.hidden = p_.last;
@@ -274,12 +276,40 @@ class Step {
     d.T = static_cast<int>(T_);
     d.V = static_cast<int>(h.V);
     d.Hd = p_.Hd;
-    d.k = h.k;
-    d.out_ids = h.ids;
-    d.out_logits = h.scores;
+    d.k = dense != nullptr ? 1 : h.k;
+    d.dense = dense;
+    d.dense_stride = rows_stride(T_, h.V);
+    d.out_ids = dense != nullptr ? nullptr : h.ids;
+    d.out_logits = dense != nullptr ? nullptr : h.scores;
     const int64_t ws_bytes = prepare_dense_lm_head(d, sms_);
     d.partial = ws_bytes > 0 ? static_cast<uint64_t*>(ws_.take(ws_bytes)) : nullptr;
     return launch_ ? launch_dense_lm_head(dt_, d, stream_) : cudaSuccess;
+  }
+
+  // A token drawn per row of `last` as Gemma4MTPDrafter.sample_tokens draws it: the head's dense fp32
+  // logits into the workspace, then softmax_sample (its two launches) over them.
+  cudaError_t sampled_head() {
+    const DrafterStepHead& h = p_.head;
+    float* logits = static_cast<float*>(ws_.take(T_ * h.V * 4));
+    const cudaError_t err =
+        h.kind == DrafterStepHeadKind::kCentroid ? centroid_head(logits) : dense_head(logits);
+    SoftmaxSampleParams s{};
+    s.logits = logits;
+    s.logit_stride = rows_stride(T_, h.V);
+    s.temperature = h.temperature;
+    s.temp_stride = T_ == 1 ? 0 : h.temp_stride;
+    s.uniforms = h.uniforms;
+    s.u_stride = T_ == 1 ? 0 : h.u_stride;
+    s.probs = h.probs;
+    s.probs_stride = T_ == 1 ? 0 : h.probs_stride;
+    s.tokens = h.ids;
+    s.B = static_cast<int>(T_);
+    s.V = static_cast<int>(h.V);
+    s.P = softmax_sample_chunks(s.V);
+    softmax_sample_carve(s, ws_.take(softmax_sample_workspace_bytes(s.B, s.P)));
+    s.counters = counters_.take(T_);
+    if (err != cudaSuccess || !launch_) return err;
+    return launch_softmax_sample(DType::kFloat32, s, stream_);  // the logits' type, not the step's
   }
 
   DType dt_;
@@ -300,7 +330,13 @@ bool params_ok(DType dt, const DrafterStepParams& p) {
     if (p.layers[i].kv < 0 || p.layers[i].kv >= p.num_kv || p.layers[i].I < 1) return false;
   const DrafterStepHead& h = p.head;
   if (h.kind == DrafterStepHeadKind::kNone) return true;
-  if (h.lm_head == nullptr || h.ids == nullptr || h.scores == nullptr || h.V < 1 || h.k < 1) return false;
+  if (h.lm_head == nullptr || h.ids == nullptr || h.V < 1 || h.k < 1) return false;
+  if (h.temperature != nullptr) {  // sampled: softmax_sample's limits (a row a grid row, V in 32 bits)
+    if (h.uniforms == nullptr || h.probs == nullptr || h.k != 1 || int64_t{p.B} * p.Q > 65535 || h.V > INT32_MAX)
+      return false;
+  } else if (h.scores == nullptr) {
+    return false;
+  }
   if (h.kind == DrafterStepHeadKind::kDense)  // the binding's limits (its 48 KiB of staged rows included)
     return h.k <= kMaxDenseHeadK && h.k <= h.V && h.V <= INT32_MAX &&
            dense_lm_head_smem_bytes(dt, p.Hd) <= 48 * 1024;

@@ -10,10 +10,12 @@
 //   workspace's first 256 bytes skipped: a workspace the sizing pass did not see must still work)
 //   and per attention type j: D<j>= Hkv<j>= nb<j>= (cache blocks) bs<j>= (block size) mb<j>= (table
 //   columns) window<j>= (0: none); head=none|centroid|dense k= (answers per token) C= top_k= ord64=0|1
-//   (the centroid head's clusters, clusters kept, int64 token_ordering)
+//   (the centroid head's clusters, clusters kept, int64 token_ordering) sample=0|1 qs= (with sample=1, a
+//   token drawn per row instead of the top k: k=1, probs' row stride qs >= V)
 // Inputs (packed rows): token_ids, hidden, embed_table, pre_projection, final_norm, post_projection,
 // seq_lens, positions, k<j>, v<j>, block_table<j>, l<i>_<name> for each layer's weights, and the head's
-// lm_head (and centroids, token_ordering).
+// lm_head (and centroids, token_ordering; sampled: temperature [T] fp32, uniforms [T] fp64); sampled,
+// the drawn tokens are written as `ids` and q as `probs`.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,6 +34,7 @@
 #include "../../csrc/ops/rms_norm_gate_up.cu"
 #include "../../csrc/ops/rms_norm_linear.cu"
 #include "../../csrc/ops/rms_norm_q_rope.cu"
+#include "../../csrc/ops/softmax_sample.cu"
 
 using namespace emu_io;
 using gemma4_mtp::DrafterStepParams;
@@ -142,6 +145,8 @@ int run(Args& a) {
   const std::string head = a.str("head", "none");
   const int k = static_cast<int>(a.num("k", 1));
   Buffer ids = strided(T_, k, k, 8), scores = strided(T_, k, k, 4);
+  const bool sample = a.num("sample", 0);
+  Buffer probs = strided(T_, V, a.num("qs", V), 4);
   if (head != "none") {
     gemma4_mtp::DrafterStepHead& h = p.head;
     h.kind = head == "dense" ? gemma4_mtp::DrafterStepHeadKind::kDense : gemma4_mtp::DrafterStepHeadKind::kCentroid;
@@ -158,6 +163,15 @@ int run(Args& a) {
       h.token_ordering = in("token_ordering", 1, V, h.ordering_int64 ? 8 : 4);
     } else if (head != "dense") {
       emu::fail("head must be none, centroid or dense");
+    }
+    if (sample) {
+      h.scores = nullptr;  // not written by a sampled head
+      h.temperature = static_cast<const float*>(in("temperature", 1, T_, 4));
+      h.temp_stride = 1;
+      h.uniforms = static_cast<const double*>(in("uniforms", 1, T_, 8));
+      h.u_stride = 1;
+      h.probs = static_cast<float*>(static_cast<void*>(probs.data()));
+      h.probs_stride = probs.stride;
     }
   }
 
@@ -178,7 +192,8 @@ int run(Args& a) {
   std::free(raw);
   const size_t launches = emu::launch_log().size();
   // every launch under programmatic dependent launch on sm_90 but the centroid head's cooperative one
-  if (!launched_as_expected(err, launches, major >= 9, counters, head == "centroid" ? 1 : 0)) return 1;
+  // (last, or before softmax_sample's two)
+  if (!launched_as_expected(err, launches, major >= 9, counters, head != "centroid" ? 0 : sample ? 3 : 1)) return 1;
   // the refusals: a workspace off the 256-byte grid, no counters
   if (gemma4_mtp::launch_drafter_step(dt, p, sms, reinterpret_cast<void*>(16), counters.data(), nullptr) !=
           cudaErrorInvalidValue ||
@@ -191,7 +206,8 @@ int run(Args& a) {
   store(dir, "proj", proj);
   if (head != "none") {
     store(dir, "ids", ids);
-    store(dir, "scores", scores);
+    if (sample) store(dir, "probs", probs);
+    else store(dir, "scores", scores);
   }
   std::printf("OK launches=%zu workspace=%lld counters=%lld\n", launches, static_cast<long long>(bytes),
               static_cast<long long>(n_counters));

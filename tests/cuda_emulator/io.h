@@ -145,9 +145,10 @@ inline void use_device(int smem_optin, int major, int sms, const std::string& sc
 
 // Whether the launcher returned success after exactly `expected` launches, each with programmatic
 // dependent launch exactly when `pdl`, and left every counter zero; prints "FAIL ..." when not.
-// not_pdl_tail: the last launches that are never programmatic dependent ones (a cooperative launch).
+// not_pdl_from_end: the launch, counted from the end (1: the last), that is never a programmatic dependent
+// one (a cooperative launch); 0: none.
 inline bool launched_as_expected(cudaError_t err, size_t expected, bool pdl, const std::vector<int32_t>& counters,
-                                 size_t not_pdl_tail = 0) {
+                                 size_t not_pdl_from_end = 0) {
   const auto& log = emu::launch_log();
   if (err != cudaSuccess) {
     std::printf("FAIL launcher returned %d\n", err);
@@ -158,7 +159,7 @@ inline bool launched_as_expected(cudaError_t err, size_t expected, bool pdl, con
     return false;
   }
   for (size_t i = 0; i < log.size(); ++i) {
-    const bool want = pdl && i + not_pdl_tail < log.size();
+    const bool want = pdl && i + not_pdl_from_end != log.size();
     if (log[i].pdl != want) {
       std::printf("FAIL launch %zu: programmatic dependent launch %d, expected %d\n", i, log[i].pdl, want);
       return false;

@@ -664,6 +664,12 @@ __global__ void __launch_bounds__(kThreads, 1) head_kernel(CentroidParams p, Wor
        off += static_cast<int64_t>(gridDim.x) * kThreads * 128)
     prefetch_l2(static_cast<const char*>(p.token_ordering) + off);
   score_centroids<T, VEC>(p, w, lane, warp);
+  if (p.output == CentroidOutput::kDense && p.fill_dense) {  // before the barrier that precedes phase 2's writes
+    const int64_t n = static_cast<int64_t>(p.T) * p.V;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * kThreads)
+      p.logits[i] = -INFINITY;
+  }
   if (p.cluster_major) {  // the member counts and the token slots start at zero
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < p.C + p.T;
          i += static_cast<int64_t>(gridDim.x) * kThreads)

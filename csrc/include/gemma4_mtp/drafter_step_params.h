@@ -45,6 +45,9 @@ struct DrafterStepLayer {
 // The LM head after the step, in the same call (Gemma4MTPDrafter.top_tokens of `last`): the k best
 // tokens of each row, from the two-stage centroid head (E2B / E4B: centroid_logits' argmax at k = 1,
 // its topk above) or the dense one (26B / 31B: dense_lm_head's topk). kNone: no head.
+// With `temperature`, a token drawn per row instead (Gemma4MTPDrafter.sample_tokens of `last`): the
+// head's dense fp32 logits (centroid_logits' "dense", -inf outside the kept clusters, filled by its own
+// launch; dense_lm_head's "dense") into the workspace, then softmax_sample.
 enum class DrafterStepHeadKind { kNone = 0, kCentroid, kDense };
 
 struct DrafterStepHead {
@@ -55,9 +58,17 @@ struct DrafterStepHead {
   const void* token_ordering;  // kCentroid: [V] int32 or int64
   bool ordering_int64;
   int C, top_k;                // kCentroid: clusters, clusters kept per token
-  int k;                       // answers per token: 1 .. 16 (and at most the head's candidates)
-  int64_t* ids;                // out [T, k] int64, best first, ties to the lower id
-  float* scores;               // out [T, k] fp32: their logits
+  int k;                       // answers per token: 1 .. 16 (and at most the head's candidates); sampled: 1
+  int64_t* ids;                // out [T, k] int64, best first, ties to the lower id; sampled: [T], the draws
+  float* scores;               // out [T, k] fp32: their logits; sampled: unused
+  // sampled (temperature not null): q = softmax(logits / temperature) per row, a token by its inverse
+  // CDF at the row's uniform (softmax_sample's arguments, strides in elements)
+  const float* temperature;    // [T] fp32
+  int64_t temp_stride;
+  const double* uniforms;      // [T] fp64, each in [0, 1)
+  int64_t u_stride;
+  float* probs;                // out [T, V] fp32, stride 1 in V
+  int64_t probs_stride;
 };
 
 struct DrafterStepParams {

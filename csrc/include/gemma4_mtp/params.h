@@ -77,6 +77,9 @@ struct CentroidParams {
   int k;  // topk: answers per token, 1..min(K, 16) (K = top_k * V / C); the other outputs ignore it
   int64_t* ids;  // argmax: [T]; topk: [T, k], best first; sparse: [T, K]
   float* logits;  // argmax: [T]; topk: [T, k]; sparse: [T, K]; dense: [T, V] already filled with the fill value
+  // dense: the launch fills [T, V] with -inf itself before any candidate is written (the drafter step's
+  // sampled head: no fill launch of its own); else the caller filled it
+  bool fill_dense;
   void* workspace;  // prepare_centroid_logits() bytes
   int32_t* counters;  // 2 int32, zero before the first launch; every launch leaves them zero
   CentroidOrder order;  // kAuto (zero) unless forced
