@@ -43,9 +43,10 @@ C++ where the step is one); a round is `gemma4_mtp.graphs.draft_tree`
 - `cuda_eager_ops` (steps): `cuda_eager` with the step made of the ops one by one
   (`Gemma4MTPDrafter.one_call_step` False), what the one-call step saves (benchmarks/README.md, "A
   drafter step in one host call");
-- `cuda_eager_head_apart` (steps at B = 1): `cuda_eager` with the head as a call of its own after the
-  one-call step (`step`, then `top_tokens`), what the head in the step's call saves (benchmarks/README.md,
-  "A draft step and its head in one host call");
+- `cuda_eager_head_apart` (steps and sampled chain rounds at B = 1): `cuda_eager` with the head as calls of
+  its own after the one-call step (`step`, then `top_tokens`; sampled, then `sample_tokens`: the head's
+  logits and softmax_sample), what the head in the step's call saves (benchmarks/README.md, "A draft step
+  and its head in one host call", "A sampled draft step in one host call");
 - `torch_eager`: the reference backend (the unfused composition, host reads in its attention).
 Floors: roofline.drafter_step, roofline.draft_round (chain), and the tree round's three steps with 1,
 2 and 4 queries per request plus the verify of its 11 nodes (roofline.draft_round counts 1 + 7).
@@ -55,6 +56,7 @@ drafted tokens equal the reference backend's.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import os
 from unittest import mock
@@ -165,6 +167,12 @@ def _with_backend(drafter, backend, one_call=True):
     return d
 
 
+def _sample_apart(drafter, ctx, tokens, hidden, temperature, uniforms, probs_out=None):
+    """step_sample_tokens as three calls: the step's, then sample_tokens' two (the head's logits, softmax_sample)."""
+    last, proj = drafter.step(ctx, tokens, hidden)
+    return last, proj, *drafter.sample_tokens(last.reshape(-1, last.shape[-1]), temperature, uniforms, probs_out)
+
+
 def run_ours(inp, backend, kind, one_call=True, head_apart=False):
     from gemma4_mtp.graphs import DraftSampling, draft_tree
 
@@ -176,6 +184,8 @@ def run_ours(inp, backend, kind, one_call=True, head_apart=False):
         return drafter.step_top_tokens(inp["ctx"], tokens, hidden, 1)[2].view(-1)
     if kind == "sampled":
         s = DraftSampling(inp["temperature"], inp["draft_uniforms"])
+        if head_apart:  # draft_tree's levels as the step's call, then the head's two
+            drafter.step_sample_tokens = functools.partial(_sample_apart, drafter)
         tokens = draft_tree(drafter, inp["ctx"], inp["pending"], inp["hidden"], SHAPES[kind], sampling=s)
         verify = gk.tree_verify(tokens, inp["parents"], inp["logits"], temperature=inp["temperature"],
                                 uniforms=inp["verify_uniforms"], draft_probs=s.probs, backend=drafter.backend)
@@ -289,7 +299,7 @@ def cases(dry: bool) -> list[Case]:
             baselines["cuda_eager"] = ours("cuda", kind)
             if kind == "step":
                 baselines["cuda_eager_ops"] = ours("cuda", kind, one_call=False)
-            if kind == "step" and B == 1:
+            if kind in ("step", "sampled") and B == 1:
                 baselines["cuda_eager_head_apart"] = ours("cuda", kind, head_apart=True)
         baselines["torch_eager"] = ours("torch", kind)
         what = {"step": "step", "chain": "chain round k=4", "tree": "tree round (2,2,1)",

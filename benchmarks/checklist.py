@@ -39,6 +39,7 @@ STEP_E2B, STEP_31B = "E2B step B=1 ctx=8192", "31B step B=1 ctx=8192"
 ALL_FOUR = "the four sections of 2026-12-04 after \"Kernel by kernel\""
 ONE_CALL = "A drafter step in one host call"
 HEAD_CALL = "A draft step and its head in one host call"
+SAMPLED_CALL = "A sampled draft step in one host call"
 TOPK_SECTION = "The centroid head's top-k in its own launch"
 CLUSTER_MAJOR = "The centroid head at large T: cluster-major phase 2"
 ATTN_PIPELINE = "Attention's K/V tiles pipelined past the block table"
@@ -62,6 +63,9 @@ PREDICTIONS = (
                STEP_E2B, "cuda_eager_head_apart", 30, 90, None, HEAD_CALL, minus=(STEP_E2B, "cuda_eager")),
     Prediction("31B eager step, cuda: one host call", "drafter_step", STEP_31B, "cuda_eager", 590, 700, 1598.1,
                ONE_CALL),
+    Prediction("E2B eager sampled chain round, cuda: each level's head in calls of its own, less in the step's call",
+               "draft_round", "E2B sampled chain round k=4 T=0.8 B=1 ctx=8192", "cuda_eager_head_apart", 800, 2400,
+               None, SAMPLED_CALL, minus=("E2B sampled chain round k=4 T=0.8 B=1 ctx=8192", "cuda_eager")),
     Prediction("31B step without the weight prefetch, less with it", "drafter_step", STEP_31B, "triton_no_prefetch",
                7, 12, None, "Weights asked of L2 before the wait", minus=(STEP_31B, "triton")),
     Prediction("31B step, PDL triggered at each kernel's exit, less at its wait", "drafter_step", STEP_31B,

@@ -724,15 +724,10 @@ void rms_norm_q_rope(const at::Tensor& x, const at::Tensor& weight, const at::Te
 
 // q [B, V] fp32 (rows strided) and tokens [B] int64 are written; the chunk statistics and masses go to
 // a workspace from the caching allocator, the per-row counters to the op's zeroed cache.
-void softmax_sample(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& uniforms,
-                    at::Tensor& probs, at::Tensor& tokens) {
-  const auto dev = logits.device();
-  check_tensor(logits, "logits", 2, dev);
-  const DType dt = float_dtype(logits, "logits");
-  const int64_t B = logits.size(0), V = logits.size(1);
-  G4_CHECK(V >= 1 && V <= INT32_MAX && B <= 65535, "gemma4_mtp: softmax_sample needs 1 <= V < 2^31 and B <= 65535, "
-           "got logits ", logits.sizes());
-  check_inner(logits, "logits");
+// softmax_sample's per-row arguments for B rows of V logits on dev (softmax_sample and the drafter step's
+// sampled head), each named.
+void check_sampling(const at::Tensor& temperature, const at::Tensor& uniforms, const at::Tensor& probs, int64_t B,
+                    int64_t V, const at::Device& dev) {
   check_tensor(temperature, "temperature", 1, dev);
   check_dtype(temperature, "temperature", at::kFloat);
   check_shape(temperature, "temperature", {B});
@@ -743,6 +738,18 @@ void softmax_sample(const at::Tensor& logits, const at::Tensor& temperature, con
   check_dtype(probs, "probs", at::kFloat);
   check_shape(probs, "probs", {B, V});
   check_inner(probs, "probs");
+}
+
+void softmax_sample(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& uniforms,
+                    at::Tensor& probs, at::Tensor& tokens) {
+  const auto dev = logits.device();
+  check_tensor(logits, "logits", 2, dev);
+  const DType dt = float_dtype(logits, "logits");
+  const int64_t B = logits.size(0), V = logits.size(1);
+  G4_CHECK(V >= 1 && V <= INT32_MAX && B <= 65535, "gemma4_mtp: softmax_sample needs 1 <= V < 2^31 and B <= 65535, "
+           "got logits ", logits.sizes());
+  check_inner(logits, "logits");
+  check_sampling(temperature, uniforms, probs, B, V, dev);
   check_dense(tokens, "tokens", {B}, dev, at::kLong);
   if (B == 0) return;
 
@@ -799,8 +806,8 @@ void drafter_step(const at::Tensor& token_ids, const at::Tensor& hidden, const a
                   at::TensorList block_tables, at::IntArrayRef windows, const at::Tensor& seq_lens,
                   const at::Tensor& positions, const at::Tensor& final_norm, const at::Tensor& post_projection,
                   double eps, const OptTensor& centroids, const OptTensor& token_ordering, const OptTensor& lm_head,
-                  int64_t centroid_top_k, at::Tensor& last, at::Tensor& proj, const OptTensor& ids,
-                  const OptTensor& scores) {
+                  int64_t centroid_top_k, const OptTensor& temperature, const OptTensor& uniforms, at::Tensor& last,
+                  at::Tensor& proj, const OptTensor& ids, const OptTensor& scores, const OptTensor& probs) {
   const auto dev = hidden.device();
   G4_CHECK(std::isfinite(embed_scale), "gemma4_mtp: drafter_step: embed_scale must be finite, got ",
            std::to_string(embed_scale));
@@ -944,17 +951,23 @@ void drafter_step(const at::Tensor& token_ids, const at::Tensor& hidden, const a
   p.post_projection = post_projection.data_ptr();
   p.last = last.data_ptr();
   p.proj = proj.data_ptr();
-  // the LM head's k best tokens of last (Gemma4MTPDrafter.step_top_tokens): the centroid head with centroids
-  // and token_ordering, the dense one without
-  G4_CHECK(lm_head.has_value() == ids.has_value() && ids.has_value() == scores.has_value() &&
+  // the LM head's k best tokens of last (Gemma4MTPDrafter.step_top_tokens), or with temperature a token
+  // drawn per row (step_sample_tokens): the centroid head with centroids and token_ordering, the dense one
+  // without
+  const bool sampled = temperature.has_value();
+  G4_CHECK(lm_head.has_value() == ids.has_value() &&
+               (sampled ? lm_head && !scores : ids.has_value() == scores.has_value()) &&
+               uniforms.has_value() == sampled && probs.has_value() == sampled &&
                centroids.has_value() == token_ordering.has_value() && (lm_head || !centroids),
-           "gemma4_mtp: drafter_step: a head needs lm_head, ids and scores (and centroids with token_ordering for "
-           "the centroid head), or none of them");
+           "gemma4_mtp: drafter_step: a head needs lm_head, ids and scores (sampled: lm_head, ids, temperature, "
+           "uniforms and probs, no scores; and centroids with token_ordering for the centroid head), or none of them");
   if (lm_head) {
     check_tensor(*ids, "ids", 3, dev);
     const int64_t k = ids->size(2);
     check_dense(*ids, "ids", {B, Q, k}, dev, at::kLong);
-    check_dense(*scores, "scores", {B, Q, k}, dev, at::kFloat);
+    G4_CHECK(!sampled || k == 1, "gemma4_mtp: drafter_step: a sampled head's ids must be [B, Q, 1], got ",
+             ids->sizes());
+    if (!sampled) check_dense(*scores, "scores", {B, Q, k}, dev, at::kFloat);
     gemma4_mtp::DrafterStepHead& h = p.head;
     if (centroids) {
       const int64_t K = check_centroid_head(*centroids, *token_ordering, *lm_head, centroid_top_k, Hd, dev, type);
@@ -977,7 +990,19 @@ void drafter_step(const at::Tensor& token_ids, const at::Tensor& hidden, const a
     h.V = lm_head->size(0);
     h.k = static_cast<int>(k);
     h.ids = ids->data_ptr<int64_t>();
-    h.scores = scores->data_ptr<float>();
+    if (sampled) {  // softmax_sample's limits and arguments over the step's T rows
+      G4_CHECK(T <= 65535 && h.V <= INT32_MAX, "gemma4_mtp: drafter_step: a sampled head needs B * Q <= 65535 and "
+               "V < 2^31, got token_ids ", token_ids.sizes(), ", lm_head ", lm_head->sizes());
+      check_sampling(*temperature, *uniforms, *probs, T, h.V, dev);
+      h.temperature = temperature->data_ptr<float>();
+      h.temp_stride = stride(*temperature, 0);
+      h.uniforms = uniforms->data_ptr<double>();
+      h.u_stride = stride(*uniforms, 0);
+      h.probs = probs->data_ptr<float>();
+      h.probs_stride = stride(*probs, 0);
+    } else {
+      h.scores = scores->data_ptr<float>();
+    }
   }
 
   const c10::cuda::CUDAGuard guard(dev);
@@ -1019,8 +1044,9 @@ TORCH_LIBRARY(gemma4_mtp, m) {
   m.def("drafter_step(Tensor token_ids, Tensor hidden, Tensor embed_table, float embed_scale, Tensor pre_projection, "
         "Tensor[] layer_weights, int[] layer_kv, Tensor[] k_caches, Tensor[] v_caches, Tensor[] block_tables, "
         "int[] windows, Tensor seq_lens, Tensor positions, Tensor final_norm, Tensor post_projection, float eps, "
-        "Tensor? centroids, Tensor? token_ordering, Tensor? lm_head, int centroid_top_k, Tensor(a!) last, "
-        "Tensor(b!) proj, Tensor(c!)? ids, Tensor(d!)? scores) -> ()");
+        "Tensor? centroids, Tensor? token_ordering, Tensor? lm_head, int centroid_top_k, Tensor? temperature, "
+        "Tensor? uniforms, Tensor(a!) last, Tensor(b!) proj, Tensor(c!)? ids, Tensor(d!)? scores, "
+        "Tensor(e!)? probs) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(gemma4_mtp, CUDA, m) {

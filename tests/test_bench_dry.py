@@ -530,3 +530,27 @@ def test_the_drafter_step_module_gets_half_the_budget():
     assert run_all.share(mods, 120.0) == pytest.approx(60.0)
     assert run_all.share(mods[1:], 70.0) == pytest.approx(10.0)  # the other seven share the rest equally
     assert run_all.share(mods[-1:], 7.0) == pytest.approx(7.0)
+
+
+def test_head_apart_rows_make_the_heads_calls_after_the_steps():
+    """cuda_eager_head_apart (B = 1 steps and sampled chain rounds): each level's head as calls of their own
+    after the step's, drawing the same tokens (on the CPU, the reference backend) as the head in the step's
+    call."""
+    from unittest import mock
+
+    from benchmarks import bench_drafter_step as b
+    from gemma4_mtp.drafter import Gemma4MTPDrafter
+
+    grid = {c.label: set(c.baselines) for c in b.cases(dry=False)}
+    assert "cuda_eager_head_apart" in grid["E2B sampled chain round k=4 T=0.8 B=1 ctx=8192"]
+    assert "cuda_eager_head_apart" in grid["31B step B=1 ctx=8192"]
+    assert "cuda_eager_head_apart" not in grid["E2B sampled chain round k=4 T=0.8 B=8 ctx=8192"]
+    case = next(c for c in b.cases(dry=True) if "sampled" in c.label)
+    inp = case.make_inputs(torch.device("cpu"), torch.float32, 0)
+    with mock.patch.object(Gemma4MTPDrafter, "step_sample_tokens", autospec=True,
+                           side_effect=Gemma4MTPDrafter.step_sample_tokens) as in_call:
+        together = b.run_ours(inp, "torch", "sampled")
+        assert in_call.call_count == len(b.SHAPES["sampled"])
+        in_call.reset_mock()
+        assert torch.equal(b.run_ours(inp, "torch", "sampled", head_apart=True), together)
+        assert in_call.call_count == 0

@@ -25,7 +25,7 @@ OPS = {
     "rms_norm_gate_up": ["out", "residual_out"],
     "rms_norm_q_rope": ["out", "residual_out"],
     "softmax_sample": ["probs", "tokens"],
-    "drafter_step": ["last", "proj", "ids", "scores"],
+    "drafter_step": ["last", "proj", "ids", "scores", "probs"],
 }
 
 
@@ -166,8 +166,8 @@ class _OpCounter(torch.utils._python_dispatch.TorchDispatchMode):
 
 def test_a_cuda_step_is_one_op_and_its_fake_checks():
     """backend="cuda": Gemma4MTPDrafter.step is the one drafter_step op (its fake on meta tensors, which
-    opcheck checks against the schema), step_top_tokens too (the head in the call), and the 22 ops one by
-    one with one_call_step False."""
+    opcheck checks against the schema), step_top_tokens and step_sample_tokens too (the head in the call), and
+    the 22 ops one by one with one_call_step False."""
     from unittest import mock
 
     from gemma4_mtp.drafter import random_drafter, synthetic_context
@@ -189,18 +189,28 @@ def test_a_cuda_step_is_one_op_and_its_fake_checks():
         [kinds.index(k) for k in t.layer_types], [ctx.k_cache[k] for k in kinds], [ctx.v_cache[k] for k in kinds],
         [ctx.block_table[k] for k in kinds], [ctx.window[k] or 0 for k in kinds], ctx.seq_lens, ctx.positions,
         drafter.norm.weight, drafter.post_projection.weight, 1e-6)
-    opcheck_meta(ops().drafter_step, (*step_args, None, None, None, 0, torch.empty_like(last), torch.empty_like(proj),
-                                      None, None))
+    opcheck_meta(ops().drafter_step, (*step_args, None, None, None, 0, None, None, torch.empty_like(last),
+                                      torch.empty_like(proj), None, None, None))
     with _OpCounter() as counted:  # the step and its head: still the one op
         _, _, ids = drafter.step_top_tokens(ctx, tokens, hidden, 4)
     assert counted.names == ["drafter_step"] and ids.shape == (2, 3, 4) and ids.dtype == torch.int64
-    from gemma4_mtp.graphs import draft_tree
+    from gemma4_mtp.graphs import DraftSampling, draft_tree
     with _OpCounter() as counted:  # a greedy round: one op a level
         draft_tree(drafter, ctx, tokens[:, 0], hidden[:, 0], (2, 1))
     assert counted.names == ["drafter_step", "drafter_step"], counted.names
+    sampling = DraftSampling(torch.ones(2, device="meta"), torch.empty(2, 2, dtype=torch.float64, device="meta"))
+    with _OpCounter() as counted:  # a sampled round: one op a level too (the head's logits and softmax_sample)
+        draft_tree(drafter, ctx, tokens[:, 0], hidden[:, 0], (1, 1), sampling=sampling)
+    assert counted.names == ["drafter_step", "drafter_step"], counted.names
     scores = torch.empty(2, 3, 4, device="meta")
-    opcheck_meta(ops().drafter_step, (*step_args, None, None, drafter.lm_head_weight, 0, torch.empty_like(last),
-                                      torch.empty_like(proj), torch.empty_like(ids), scores))
+    opcheck_meta(ops().drafter_step, (*step_args, None, None, drafter.lm_head_weight, 0, None, None,
+                                      torch.empty_like(last), torch.empty_like(proj), torch.empty_like(ids), scores,
+                                      None))
+    V = drafter.lm_head_weight.shape[0]
+    opcheck_meta(ops().drafter_step, (*step_args, None, None, drafter.lm_head_weight, 0, torch.ones(6, device="meta"),
+                                      torch.empty(6, dtype=torch.float64, device="meta"), torch.empty_like(last),
+                                      torch.empty_like(proj), torch.empty(2, 3, 1, dtype=torch.long, device="meta"),
+                                      None, torch.empty(6, V, device="meta")))
     drafter.one_call_step = False
     meta_ok = _dispatch.BackendStatus(True, "meta tensors standing for CUDA tensors")
     with mock.patch.object(_dispatch, "_cuda_status", lambda device=None: meta_ok), _OpCounter() as counted:

@@ -115,11 +115,38 @@ def test_step_top_tokens_is_step_then_top_tokens(models):
 
 
 @torch.no_grad()
+def test_step_sample_tokens_is_step_then_sample_tokens(models):
+    """A sampled draft step (what draft_tree runs with sampling): the step's outputs and sample_tokens over
+    its B * Q rows of last, q into probs_out when given."""
+    _, _, target, drafter = models
+    g = torch.Generator().manual_seed(3)
+    reqs = [target.new_request() for _ in range(2)]
+    try:
+        target.prefill(reqs, [torch.randint(0, hf_tiny.VOCAB, (n,), generator=g) for n in (7, 11)])
+        ctx = drafter.context(target, reqs, "last_cached")
+        tokens = torch.randint(0, hf_tiny.VOCAB, (2, 2), generator=g)
+        hidden = torch.randn(2, 2, hf_tiny.HB, generator=g)
+        temperature = 0.5 + torch.rand(4, generator=g)
+        uniforms = torch.rand(4, generator=g, dtype=torch.float64)
+        ref_last, ref_proj = drafter.step(ctx, tokens, hidden)
+        ref_tokens, ref_probs = drafter.sample_tokens(ref_last.reshape(4, -1), temperature, uniforms)
+        probs_out = torch.full((4, hf_tiny.VOCAB), float("nan"))
+        last, proj, drawn, probs = drafter.step_sample_tokens(ctx, tokens, hidden, temperature, uniforms, probs_out)
+        assert torch.equal(last, ref_last) and torch.equal(proj, ref_proj)
+        assert torch.equal(drawn, ref_tokens) and drawn.shape == (4,) and drawn.dtype == torch.int64
+        assert probs.data_ptr() == probs_out.data_ptr() and torch.equal(probs, ref_probs)
+    finally:
+        for r in reqs:
+            target.release(r)
+
+
+@torch.no_grad()
 def test_one_call_step_hands_the_head_its_weights(models, monkeypatch):
     """The one call's head arguments (csrc/torch_bindings.cpp drafter_step: ..., centroids, token_ordering,
-    lm_head, centroid_top_k, last, proj, ids, scores) are those top_tokens gives the head op: the centroid
-    head's with centroids, the dense one's without, none for a step alone. The op itself is a stand-in
-    recording them (the kernels run in test_drafter_step_emulated.py and, on a GPU, test_drafter_step_cuda.py)."""
+    lm_head, centroid_top_k, temperature, uniforms, last, proj, ids, scores, probs) are those top_tokens (and,
+    sampled, sample_tokens) give the head ops: the centroid head's with centroids, the dense one's without,
+    none for a step alone. The op itself is a stand-in recording them (the kernels run in
+    test_drafter_step_emulated.py and, on a GPU, test_drafter_step_cuda.py)."""
     from gemma4_mtp_kernels import cuda
 
     _, _, target, drafter = models
@@ -128,7 +155,7 @@ def test_one_call_step_hands_the_head_its_weights(models, monkeypatch):
     class Ops:
         @staticmethod
         def drafter_step(*args):
-            seen.append(args[-8:])
+            seen.append(args[-11:])
     monkeypatch.setattr(cuda, "_ops", lambda: Ops)
     req = target.new_request()
     try:
@@ -137,18 +164,28 @@ def test_one_call_step_hands_the_head_its_weights(models, monkeypatch):
         tokens, hidden = torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2, hf_tiny.HB)
         last, proj, ids = drafter._one_call_step(ctx, tokens, hidden, 3)
         assert len(drafter._one_call_step(ctx, tokens, hidden)) == 2
+        temperature, uniforms = torch.ones(2), torch.zeros(2, dtype=torch.float64)
+        probs_out = torch.empty(2, hf_tiny.VOCAB)
+        s_last, s_proj, drawn, probs = drafter._one_call_step(ctx, tokens, hidden,
+                                                              sample=(temperature, uniforms, probs_out))
     finally:
         target.release(req)
-    (centroids, ordering, lm_head, top_k, o_last, o_proj, o_ids, o_scores), alone = seen
+    (centroids, ordering, lm_head, top_k, temp, u, o_last, o_proj, o_ids, o_scores, o_probs), alone, sampled = seen
     assert lm_head is drafter.lm_head_weight and o_last is last and o_proj is proj and o_ids is ids
     assert ids.shape == (1, 2, 3) and ids.dtype == torch.int64
     assert o_scores.shape == (1, 2, 3) and o_scores.dtype == torch.float32
+    assert temp is None and u is None and o_probs is None
     if drafter.config.use_ordered_embeddings:
         assert centroids is drafter.centroids.weight and ordering is drafter.token_ordering
         assert top_k == drafter.config.centroid_top_k
     else:
         assert centroids is None and ordering is None
-    assert alone[:3] == (None, None, None) and alone[-2:] == (None, None)
+    assert alone[:3] == (None,) * 3 and alone[4:6] == (None, None) and alone[-3:] == (None, None, None)
+    # sampled: the head's weights as logits gives them, the draws as [B, Q, 1] (returned as [T]), no scores
+    assert all(x is y for x, y in zip(sampled[:3], (centroids, ordering, lm_head))) and sampled[3] == top_k
+    assert sampled[4] is temperature and sampled[5] is uniforms
+    assert sampled[6] is s_last and sampled[7] is s_proj and sampled[9] is None and sampled[10] is probs is probs_out
+    assert sampled[8].shape == (1, 2, 1) and sampled[8].dtype == torch.int64 and drawn.shape == (2,)
 
 
 @torch.no_grad()

@@ -1,7 +1,7 @@
 """The drafter step in one host call (backend="cuda", csrc/ops/drafter_step.cu) on a GPU: the same
 kernels with the same plans as the step made of the ops one by one, so the same bits, eagerly and
 replayed as a CUDA graph, the LM head's top tokens included (step_top_tokens: the head op's kernels in the
-same call); and every refused argument a ValueError (a TypeError for a dtype) naming it, as the ops one
+same call) and a sampled token (step_sample_tokens: the head's logits and softmax_sample); and every refused argument a ValueError (a TypeError for a dtype) naming it, as the ops one
 by one raise, before any launch.
 Its CPU twin, tests/test_drafter_step_emulated.py, runs the same C++ against the reference step."""
 import copy
@@ -51,6 +51,58 @@ def test_bad_head_k_is_refused_by_name(name, k, what):
     drafter, _, ctx, tokens, hidden = _setup(1, 1, name)
     with pytest.raises(ValueError, match=what):
         drafter.step_top_tokens(ctx, tokens, hidden, k)
+
+
+def _sampling(T, seed=5):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    return 0.5 + torch.rand(T, generator=g, device=DEV), torch.rand(T, generator=g, device=DEV, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("B,Q,name", [(1, 1, None), (3, 2, None), (2, 1, SMALL_CENTROIDS), (2, 2, SMALL_CENTROIDS),
+                                      (1, 1, "E2B"), (8, 1, "E2B")])
+def test_one_call_sampled_head_matches_the_ops(B, Q, name):
+    """step_sample_tokens' one call: the head op's dense logits (the centroid head's -inf filled by its own
+    launch instead of torch.full) and softmax_sample's kernels, so the same draws and q, bit for bit."""
+    drafter, ops, ctx, tokens, hidden = _setup(B, Q, name)
+    T, V = B * Q, drafter.config.text.vocab_size
+    temperature, uniforms = _sampling(T)
+    probs_out = torch.full((T, V), float("nan"), device=DEV)
+    last, proj, drawn, probs = drafter.step_sample_tokens(ctx, tokens, hidden, temperature, uniforms, probs_out)
+    ref_last, ref_proj = ops.step(ctx, tokens, hidden)
+    ref_drawn, ref_probs = ops.sample_tokens(ref_last.reshape(T, -1), temperature, uniforms)
+    assert torch.equal(last, ref_last) and torch.equal(proj, ref_proj)
+    assert probs.data_ptr() == probs_out.data_ptr() and torch.equal(probs, ref_probs)
+    assert torch.equal(drawn, ref_drawn)
+
+
+@pytest.mark.parametrize("what,error", [("uniforms", TypeError), ("temperature", ValueError), ("probs", ValueError)])
+def test_bad_sampling_argument_is_refused_by_name(what, error):
+    drafter, _, ctx, tokens, hidden = _setup(2, 1, SMALL_CENTROIDS)
+    temperature, uniforms = _sampling(2)
+    probs = torch.empty(2, drafter.config.text.vocab_size, device=DEV)
+    bad = {"uniforms": (temperature, uniforms.float(), probs), "temperature": (temperature[:1], uniforms, probs),
+           "probs": (temperature, uniforms, probs[:, 1:])}[what]
+    with pytest.raises(error, match=what):
+        drafter.step_sample_tokens(ctx, tokens, hidden, *bad)
+
+
+def test_one_call_sampled_step_replays_as_a_graph():
+    drafter, ops, ctx, tokens, hidden = _setup(2, 1, SMALL_CENTROIDS)
+    temperature, uniforms = _sampling(2)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        drafter.step_sample_tokens(ctx, tokens, hidden, temperature, uniforms)  # warm-up: the cached counters
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, _, drawn, probs = drafter.step_sample_tokens(ctx, tokens, hidden, temperature, uniforms)
+    hidden.copy_(torch.randn_like(hidden))
+    uniforms.copy_(torch.rand_like(uniforms))
+    graph.replay()
+    ref_drawn, ref_probs = ops.sample_tokens(ops.step(ctx, tokens, hidden)[0].reshape(2, -1), temperature, uniforms)
+    assert torch.equal(drawn, ref_drawn) and torch.equal(probs, ref_probs)
 
 
 def test_one_call_step_replays_as_a_graph():

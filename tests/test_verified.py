@@ -136,9 +136,10 @@ def _step(drafter, B, **times):
 def test_a_whole_step_has_its_own_evidence_graphed_and_eager(tmp_path):
     """The drafter_step rows decide Gemma4MTPDrafter.step's path: graph-replayed rows (triton, cuda) for the
     steps of captured rounds, eager rows (triton_eager, cuda_eager) for the others; the drafter by its widths."""
-    # every op a draft step runs in the one call, the LM heads included (written out: not read from STEP_OPS)
+    # every op a draft step runs in the one call, the LM heads and a sampled step's softmax_sample included
+    # (written out: not read from STEP_OPS)
     step_ops = ("fused_concat_down_proj", "rms_norm_q_rope", "rms_norm_linear", "rms_norm_gate_up",
-                "q_only_paged_attention", "centroid_logits", "dense_lm_head")
+                "q_only_paged_attention", "centroid_logits", "dense_lm_head", "softmax_sample")
     every = {(op, b): True for op in step_ops for b in ("cuda", "triton")}
     cases = [_step("E2B", 1, triton=171.0, cuda=203.0, triton_eager=2685.0, cuda_eager=1293.0),
              _step("E2B", 8, triton=190.0, cuda=210.0, triton_eager=2700.0, cuda_eager=1300.0),

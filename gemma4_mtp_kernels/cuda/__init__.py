@@ -215,26 +215,38 @@ def softmax_sample(logits, temperature, uniforms, *, probs_out=None):
 
 def drafter_step(token_ids, hidden, embed_table, pre_projection, layer_weights, layer_kv, k_caches, v_caches,
                  block_tables, windows, seq_lens, positions, final_norm, post_projection, *, embed_scale, eps,
-                 lm_head=None, centroids=None, token_ordering=None, centroid_top_k=0, k=1):
+                 lm_head=None, centroids=None, token_ordering=None, centroid_top_k=0, k=1, temperature=None,
+                 uniforms=None, probs_out=None):
     """A whole drafter step in one call (csrc/ops/drafter_step.cu): token_ids [B, Q], hidden [B, Q, Hb]
     -> (last [B, Q, Hd], proj [B, Q, Hb]), what Gemma4MTPDrafter.step computes from the ops.
     layer_weights: 12 tensors a layer (gemma4_mtp.drafter._LayerWeights' order), layer_kv: each layer's
     index into k_caches / v_caches / block_tables / windows (one entry per attention type; window 0:
     none). With lm_head, the LM head's k best tokens of last in the same call (Gemma4MTPDrafter.top_tokens:
     the centroid head with centroids, token_ordering and centroid_top_k, else the dense one): returns
-    (last, proj, ids [B, Q, k] int64, scores [B, Q, k] fp32). Every argument is checked in C++ (a
-    ValueError, or a TypeError for a dtype, naming it)."""
+    (last, proj, ids [B, Q, k] int64, scores [B, Q, k] fp32); with temperature [T] fp32 and uniforms [T]
+    fp64 as well (T = B * Q), a token drawn per row instead (Gemma4MTPDrafter.sample_tokens: the head's
+    dense logits, then softmax_sample): (last, proj, tokens [T] int64, q [T, V] fp32, into probs_out when
+    given). Every argument is checked in C++ (a ValueError, or a TypeError for a dtype, naming it)."""
     B, Q = token_ids.shape
     Hb, Hd = hidden.shape[-1], pre_projection.shape[0]
     last = torch.empty((B, Q, Hd), dtype=hidden.dtype, device=hidden.device)
     proj = torch.empty((B, Q, Hb), dtype=hidden.dtype, device=hidden.device)
-    ids = scores = None
+    ids = scores = probs = None
+    sampled = temperature is not None
     if lm_head is not None:
-        ids = torch.empty((B, Q, k), dtype=torch.int64, device=hidden.device)
-        scores = torch.empty((B, Q, k), dtype=torch.float32, device=hidden.device)
+        ids = torch.empty((B, Q, 1 if sampled else k), dtype=torch.int64, device=hidden.device)
+        if not sampled:
+            scores = torch.empty((B, Q, k), dtype=torch.float32, device=hidden.device)
+        elif probs_out is None:
+            probs = torch.empty((B * Q, lm_head.shape[0]), dtype=torch.float32, device=hidden.device)
+        else:
+            probs = probs_out
     # the layouts the op takes, copied only where a caller's differ (as the per-op step's calls accept them)
     _ops().drafter_step(token_ids.contiguous(), hidden.reshape(B * Q, Hb), embed_table, float(embed_scale),
                         pre_projection, layer_weights, layer_kv, k_caches, v_caches, block_tables, windows,
                         seq_lens.contiguous(), positions.contiguous(), final_norm, post_projection, float(eps),
-                        centroids, token_ordering, lm_head, int(centroid_top_k), last, proj, ids, scores)
-    return (last, proj) if lm_head is None else (last, proj, ids, scores)
+                        centroids, token_ordering, lm_head, int(centroid_top_k), temperature, uniforms, last, proj,
+                        ids, scores, probs)
+    if lm_head is None:
+        return last, proj
+    return (last, proj, ids.view(B * Q), probs) if sampled else (last, proj, ids, scores)

@@ -56,5 +56,5 @@ def _softmax_sample(logits, temperature, uniforms, probs, tokens):
 @torch.library.register_fake("gemma4_mtp::drafter_step")
 def _drafter_step(token_ids, hidden, embed_table, embed_scale, pre_projection, layer_weights, layer_kv, k_caches,
                   v_caches, block_tables, windows, seq_lens, positions, final_norm, post_projection, eps, centroids,
-                  token_ordering, lm_head, centroid_top_k, last, proj, ids, scores):
+                  token_ordering, lm_head, centroid_top_k, temperature, uniforms, last, proj, ids, scores, probs):
     return None

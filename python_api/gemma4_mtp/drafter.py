@@ -36,10 +36,11 @@ QUERY_POSITIONS = ("last_cached", "next")
 # the shape parameters each passes to resolve (from its positional arguments)
 _GLUE_OPS = ("rms_norm_q_rope", "rms_norm_linear", "rms_norm_gate_up")
 # every op a draft step runs, one by one or in one call, the LM head's included (step_top_tokens makes the
-# head's launches in the step's call, and the step benchmark's rows time it): benchmarks.make_verified counts
-# a backend's whole-step evidence only where each of them passed the GPU suite with it. Both heads, whichever
-# the drafter has: the verdicts are per op, not per drafter.
-STEP_OPS = ("fused_concat_down_proj", *_GLUE_OPS, "q_only_paged_attention", "centroid_logits", "dense_lm_head")
+# head's launches in the step's call, and the step benchmark's rows time it; step_sample_tokens softmax_sample's
+# too): benchmarks.make_verified counts a backend's whole-step evidence only where each of them passed the GPU
+# suite with it. Both heads, whichever the drafter has: the verdicts are per op, not per drafter.
+STEP_OPS = ("fused_concat_down_proj", *_GLUE_OPS, "q_only_paged_attention", "centroid_logits", "dense_lm_head",
+            "softmax_sample")
 # each from a glue call's arguments (its keywords too: rms_norm_gate_up's down_weight is a shape parameter)
 _GLUE_SHAPES = {"rms_norm_q_rope": lambda x, w, q_norm, *_, **__: q_rope_shape(x, w, q_norm),
                 "rms_norm_linear": lambda x, w, *_, **__: linear_shape(x, w),
@@ -343,18 +344,34 @@ class Gemma4MTPDrafter(nn.Module):
         last, proj = self.step(ctx, token_ids, hidden)
         return last, proj, self.top_tokens(last, k)
 
-    def _one_call_step(self, ctx: DraftContext, token_ids: torch.Tensor, hidden: torch.Tensor, k: int | None = None
-                       ) -> tuple[torch.Tensor, ...]:
-        """The step in one call into C++; with k, the head's top-k too: (last, proj[, ids])."""
+    def step_sample_tokens(self, ctx: DraftContext, token_ids: torch.Tensor, hidden: torch.Tensor,
+                           temperature: torch.Tensor, uniforms: torch.Tensor, probs_out: torch.Tensor | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """step, then sample_tokens over its T = B * Q rows of last: (last [B, Q, Hd], proj [B, Q, Hb], a token
+        per row [T] drawn from q = softmax(logits / temperature [T]) at uniforms [T] fp64, q [T, V] fp32 (into
+        probs_out when given)), what a sampled draft step computes. Where the step is one call into C++ (see
+        step), the head's dense logits and softmax_sample are in that call too (one crossing from Python a
+        sampled draft step instead of three); elsewhere it is step and sample_tokens."""
+        if self._in_one_call(token_ids):
+            return self._one_call_step(ctx, token_ids, hidden, sample=(temperature, uniforms, probs_out))
+        last, proj = self.step(ctx, token_ids, hidden)
+        return last, proj, *self.sample_tokens(last.reshape(-1, last.shape[-1]), temperature, uniforms, probs_out)
+
+    def _one_call_step(self, ctx: DraftContext, token_ids: torch.Tensor, hidden: torch.Tensor, k: int | None = None,
+                       sample: tuple | None = None) -> tuple[torch.Tensor, ...]:
+        """The step in one call into C++; with k, the head's top-k too: (last, proj, ids); with sample
+        (temperature, uniforms, probs_out), a drawn token per row: (last, proj, tokens, probs)."""
         from gemma4_mtp_kernels import cuda
 
         t = self.config.text
         kinds = tuple(dict.fromkeys(t.layer_types))  # attention types in order of first use
         weights = [w for i in range(t.num_layers) for w in self._layer_weights(i)]
         head = {}
-        if k is not None:  # as top_tokens calls the head op
+        if k is not None or sample is not None:  # as top_tokens / logits call the head op
             head_weights = self._head_weights()
-            head = dict(lm_head=head_weights[-1], k=k)
+            head = dict(lm_head=head_weights[-1], k=k or 1)
+            if sample is not None:
+                head.update(zip(("temperature", "uniforms", "probs_out"), sample))
             if self.config.use_ordered_embeddings:
                 head.update(centroids=head_weights[0], token_ordering=head_weights[1],
                             centroid_top_k=self.config.centroid_top_k)
@@ -364,7 +381,7 @@ class Gemma4MTPDrafter(nn.Module):
             [ctx.v_cache[kind] for kind in kinds], [ctx.block_table[kind] for kind in kinds],
             [ctx.window[kind] or 0 for kind in kinds], ctx.seq_lens, ctx.positions, _weight(self._modules["norm"]),
             _weight(self._modules["post_projection"]), embed_scale=ctx.embed_scale, eps=t.rms_norm_eps, **head)
-        return out[:3]
+        return out if sample is not None else out[:3]
 
     def _layer_weights(self, i: int) -> "_LayerWeights":
         # Read every step, to notice a replaced weight: through the modules' own dicts, because

@@ -87,10 +87,9 @@ def draft_tree(drafter: Gemma4MTPDrafter, ctx: DraftContext, pending: torch.Tens
         if sampling is None:  # the step and its head (one call into C++ where the step is one)
             last, proj, level_tok = drafter.step_top_tokens(ctx, level_tok, level_hid, w)
             level_tok = level_tok.view(B, Q * w)
-        else:
-            last, proj = drafter.step(ctx, level_tok, level_hid)
-            level_tok, _ = drafter.sample_tokens(last[:, 0], sampling.temperature, sampling.uniforms[:, d],
-                                                 probs_out=sampling.probs[:, d])
+        else:  # the step, its head's logits and softmax_sample (one call where the step is one)
+            last, proj, level_tok, _ = drafter.step_sample_tokens(ctx, level_tok, level_hid, sampling.temperature,
+                                                                  sampling.uniforms[:, d], sampling.probs[:, d])
             level_tok = level_tok.view(B, 1)
         tokens[:, at:at + Q * w] = level_tok
         level_hid = proj[:, :, None, :].expand(B, Q, w, proj.shape[-1]).reshape(B, Q * w, -1)
