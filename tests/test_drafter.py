@@ -89,17 +89,27 @@ def test_draft_steps_match_hf(models):
             target.release(r)
 
 
+@contextlib.contextmanager
+def _draft_inputs(target, drafter, lengths, Q, seed):
+    """Requests prefilled with random prompts of `lengths`, released after: (their drafter context, random
+    tokens [B, Q] and hidden states [B, Q, Hb], the generator for more)."""
+    g = torch.Generator().manual_seed(seed)
+    reqs = [target.new_request() for _ in lengths]
+    try:
+        target.prefill(reqs, [torch.randint(0, hf_tiny.VOCAB, (n,), generator=g) for n in lengths])
+        B = len(lengths)
+        yield (drafter.context(target, reqs, "last_cached"), torch.randint(0, hf_tiny.VOCAB, (B, Q), generator=g),
+               torch.randn(B, Q, hf_tiny.HB, generator=g), g)
+    finally:
+        for r in reqs:
+            target.release(r)
+
+
 @torch.no_grad()
 def test_step_top_tokens_is_step_then_top_tokens(models):
     """A greedy draft step (what draft_tree runs): the step's outputs and top_tokens of its last."""
     _, _, target, drafter = models
-    g = torch.Generator().manual_seed(2)
-    reqs = [target.new_request() for _ in range(2)]
-    try:
-        target.prefill(reqs, [torch.randint(0, hf_tiny.VOCAB, (n,), generator=g) for n in (9, 5)])
-        ctx = drafter.context(target, reqs, "last_cached")
-        tokens = torch.randint(0, hf_tiny.VOCAB, (2, 3), generator=g)
-        hidden = torch.randn(2, 3, hf_tiny.HB, generator=g)
+    with _draft_inputs(target, drafter, (9, 5), 3, seed=2) as (ctx, tokens, hidden, _):
         ref_last, ref_proj = drafter.step(ctx, tokens, hidden)
         for k in (1, 3):
             last, proj, ids = drafter.step_top_tokens(ctx, tokens, hidden, k)
@@ -109,9 +119,6 @@ def test_step_top_tokens_is_step_then_top_tokens(models):
         for bad in (0, -1, 2.0, True):
             with pytest.raises(ValueError, match="k must be a positive int"):
                 drafter.step_top_tokens(ctx, tokens, hidden, bad)
-    finally:
-        for r in reqs:
-            target.release(r)
 
 
 @torch.no_grad()
@@ -119,13 +126,7 @@ def test_step_sample_tokens_is_step_then_sample_tokens(models):
     """A sampled draft step (what draft_tree runs with sampling): the step's outputs and sample_tokens over
     its B * Q rows of last, q into probs_out when given."""
     _, _, target, drafter = models
-    g = torch.Generator().manual_seed(3)
-    reqs = [target.new_request() for _ in range(2)]
-    try:
-        target.prefill(reqs, [torch.randint(0, hf_tiny.VOCAB, (n,), generator=g) for n in (7, 11)])
-        ctx = drafter.context(target, reqs, "last_cached")
-        tokens = torch.randint(0, hf_tiny.VOCAB, (2, 2), generator=g)
-        hidden = torch.randn(2, 2, hf_tiny.HB, generator=g)
+    with _draft_inputs(target, drafter, (7, 11), 2, seed=3) as (ctx, tokens, hidden, g):
         temperature = 0.5 + torch.rand(4, generator=g)
         uniforms = torch.rand(4, generator=g, dtype=torch.float64)
         ref_last, ref_proj = drafter.step(ctx, tokens, hidden)
@@ -135,9 +136,6 @@ def test_step_sample_tokens_is_step_then_sample_tokens(models):
         assert torch.equal(last, ref_last) and torch.equal(proj, ref_proj)
         assert torch.equal(drawn, ref_tokens) and drawn.shape == (4,) and drawn.dtype == torch.int64
         assert probs.data_ptr() == probs_out.data_ptr() and torch.equal(probs, ref_probs)
-    finally:
-        for r in reqs:
-            target.release(r)
 
 
 @torch.no_grad()

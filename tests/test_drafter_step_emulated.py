@@ -14,11 +14,14 @@ the reference run in the same dtype, both against the fp32 reference.
 With the LM head in the same call (`DrafterStepParams::head`, what `Gemma4MTPDrafter.step_top_tokens`
 runs): the centroid head (argmax at k = 1, topk above) and the dense one (topk), each checked against
 the fp64 oracle of its op's tests on the `last` the emulated step wrote (the head's input), ids and
-scores poisoned before the launch."""
+scores poisoned before the launch. Sampled (`step_sample_tokens`): q against softmax(logits / temperature)
+of the fp64 head on that `last` (-inf outside the centroid head's kept clusters), the tokens against q's
+inverse CDF, q and the workspace poisoned."""
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -160,20 +163,27 @@ HEAD_CASES = [  # head, dtype, B, Q, k, major
 ]
 
 
+def _head_after_step(binary, tmp_path, head, dtype, B, Q, seed, major, **kw):
+    """The emulated step with its head (kw: _emulate's k, or sample), whose step outputs must be the step's
+    alone (the head launches after them): (the drafter in dtype, last as [T, Hd], the head's launches, the
+    head's outputs)."""
+    shapes = CENTROID_DRAFTER if head == "centroid" else SMALL_DRAFTER
+    drafter, ctx, tokens, hidden = _inputs(dtype, B, Q, seed=seed, shapes=shapes)
+    d, c, h = (drafter, ctx, hidden) if dtype == torch.float32 else _in_dtype(drafter, ctx, hidden, dtype)
+    run = functools.partial(_emulate, binary, tmp_path, d, c, tokens, h, sms=8, major=major, schedule="rr",
+                            offset=False, tok64=True)
+    last, proj, info, *out = run(head=head, **kw)
+    last_alone, proj_alone, info_alone = run()
+    assert torch.equal(last, last_alone) and torch.equal(proj, proj_alone)
+    return d, last.reshape(B * Q, -1), int(info["launches"]) - int(info_alone["launches"]), out
+
+
 @pytest.mark.parametrize("head,dtype,B,Q,k,major", HEAD_CASES)
 def test_one_call_step_with_its_head(binary, tmp_path, head, dtype, B, Q, k, major):
-    shapes = CENTROID_DRAFTER if head == "centroid" else SMALL_DRAFTER
-    drafter, ctx, tokens, hidden = _inputs(dtype, B, Q, seed=B * 10 + Q + k, shapes=shapes)
-    d, c, h = (drafter, ctx, hidden) if dtype == torch.float32 else _in_dtype(drafter, ctx, hidden, dtype)
-    last, proj, info, ids, scores = _emulate(binary, tmp_path, d, c, tokens, h, sms=8, major=major, schedule="rr",
-                                             offset=False, tok64=True, head=head, k=k)
-    # the step's outputs are the step's without a head (the head launches after them)
-    last_alone, proj_alone, info_alone = _emulate(binary, tmp_path, d, c, tokens, h, sms=8, major=major,
-                                                  schedule="rr", offset=False, tok64=True)
-    assert torch.equal(last, last_alone) and torch.equal(proj, proj_alone)
+    d, x, launches, (ids, scores) = _head_after_step(binary, tmp_path, head, dtype, B, Q, B * 10 + Q + k, major, k=k)
     # the centroid head: one cooperative launch; the dense one: its GEMV and the merge of its partials
-    assert int(info["launches"]) - int(info_alone["launches"]) == (1 if head == "centroid" else 2), (info, info_alone)
-    x, lm_head = last.reshape(B * Q, -1), d.lm_head_weight.detach()
+    assert launches == (1 if head == "centroid" else 2), launches
+    lm_head = d.lm_head_weight.detach()
     if head == "dense":
         cases_dense_lm_head.check_topk(x, lm_head, k, None, what="step head", call=lambda *_: (ids, scores))
         return
@@ -196,22 +206,15 @@ def test_one_call_step_with_a_sampled_token(binary, tmp_path, head, dtype, B, Q,
     """step_sample_tokens' one call: the head's dense logits into the workspace (the centroid head's launch
     filling them with -inf first), then softmax_sample; q against softmax(logits / temperature) of the fp64
     head on the `last` the step wrote, the tokens against q's inverse CDF at the uniforms."""
-    shapes = CENTROID_DRAFTER if head == "centroid" else SMALL_DRAFTER
-    drafter, ctx, tokens, hidden = _inputs(dtype, B, Q, seed=B * 10 + Q + 7, shapes=shapes)
-    d, c, h = (drafter, ctx, hidden) if dtype == torch.float32 else _in_dtype(drafter, ctx, hidden, dtype)
     T, V = B * Q, SMALL_DRAFTER["vocab"]
     g = torch.Generator().manual_seed(T)
     temperature = 0.5 + torch.rand(T, generator=g)
     uniforms = torch.rand(T, generator=g, dtype=torch.float64)
-    last, proj, info, drawn, probs = _emulate(binary, tmp_path, d, c, tokens, h, sms=8, major=major, schedule="rr",
-                                              offset=False, tok64=True, head=head,
-                                              sample=(temperature, uniforms, V + pad))
-    last_alone, proj_alone, info_alone = _emulate(binary, tmp_path, d, c, tokens, h, sms=8, major=major,
-                                                  schedule="rr", offset=False, tok64=True)
-    assert torch.equal(last, last_alone) and torch.equal(proj, proj_alone)
+    d, x, launches, (drawn, probs) = _head_after_step(binary, tmp_path, head, dtype, B, Q, B * 10 + Q + 7, major,
+                                                      sample=(temperature, uniforms, V + pad))
     # the head's dense logits in one launch (the centroid head's fill in it), softmax_sample's two
-    assert int(info["launches"]) - int(info_alone["launches"]) == 3, (info, info_alone)
-    x, lm_head = last.reshape(T, -1).double(), d.lm_head_weight.detach().double()
+    assert launches == 3, launches
+    x, lm_head = x.double(), d.lm_head_weight.detach().double()
     logits = x @ lm_head.T
     if head == "centroid":  # -inf outside the kept clusters' tokens
         C = d.config.num_centroids
