@@ -24,7 +24,10 @@ metadata), each launch stopping at a stub standing in for its compiled kernel. `
 every launch at Triton's JIT entry instead: our side alone. The driver call (~2-4 µs a launch on a
 GPU host, 27 launches) comes on top of `host_us`. `host_cuda_us`: the same step with
 backend="cuda" (the step and its head one torch custom op, its Python fake standing in for the C++ side);
-`host_cuda_ops_us`: the same with every launch one (Gemma4MTPDrafter.one_call_step = False).
+`host_cuda_ops_us`: the same with every launch one (Gemma4MTPDrafter.one_call_step = False);
+`host_cuda_sampled_us`: a sampled draft step (`step_sample_tokens`: the step, the head's logits and
+softmax_sample in the one op), `host_cuda_sampled_apart_us`: the same as three calls (`step`, then
+`sample_tokens`: the head's logits op and softmax_sample's).
 Needs the real @triton.jit kernels: run it without TRITON_INTERPRET (tests do, in a subprocess).
 """
 from __future__ import annotations
@@ -133,17 +136,24 @@ def count_step(name: str, B: int = 1, ctx: int = 8192, *, Q: int = 1, k: int = 1
             drafter.step_top_tokens(dctx, tokens, hidden, k)
         row["host_us"] = _host_us(step, sms, triton_path=True)
         row["host_ours_us"] = _host_us(step, sms, triton_path=False)
-        row["host_cuda_us"] = _cuda_host_us(drafter, dctx, tokens, hidden, k)
-        row["host_cuda_ops_us"] = _cuda_host_us(drafter, dctx, tokens, hidden, k, one_call=False)
+        row["host_cuda_us"] = _cuda_host_us(drafter, lambda d: d.step_top_tokens(dctx, tokens, hidden, k))
+        row["host_cuda_ops_us"] = _cuda_host_us(drafter, lambda d: d.step_top_tokens(dctx, tokens, hidden, k),
+                                                one_call=False)
+        T, V = B * Q, drafter.config.text.vocab_size
+        sampling = (torch.empty(T, device="meta"), torch.empty(T, dtype=torch.float64, device="meta"),
+                    torch.empty(T, V, device="meta"))  # temperature, uniforms, probs_out
+        row["host_cuda_sampled_us"] = _cuda_host_us(
+            drafter, lambda d: d.step_sample_tokens(dctx, tokens, hidden, *sampling))
+        row["host_cuda_sampled_apart_us"] = _cuda_host_us(
+            drafter, lambda d: d.sample_tokens(d.step(dctx, tokens, hidden)[0].reshape(T, -1), *sampling))
     return row
 
 
-def _cuda_host_us(drafter, dctx, tokens, hidden, k: int, repeats: int = 50, *, one_call: bool = True
-                  ) -> float | None:
-    """Median wall time in µs of the same eager step with backend="cuda": the step and its head one torch
-    custom op (one_call, Gemma4MTPDrafter.one_call_step) or every launch one, whose Python fake implementation
-    (on meta tensors) stands in for the C++ side (argument checks, plans, workspace, cudaLaunchKernelEx:
-    not measured here). None without the compiled extension."""
+def _cuda_host_us(drafter, step, repeats: int = 50, *, one_call: bool = True) -> float | None:
+    """Median wall time in µs of step(d), an eager step of d, `drafter` with backend="cuda": the step (and
+    what of its head step() asks) one torch custom op (one_call, Gemma4MTPDrafter.one_call_step) or every
+    launch one, whose Python fake implementation (on meta tensors) stands in for the C++ side (argument
+    checks, plans, workspace, cudaLaunchKernelEx: not measured here). None without the compiled extension."""
     from unittest import mock
 
     from gemma4_mtp_kernels import _dispatch
@@ -159,7 +169,7 @@ def _cuda_host_us(drafter, dctx, tokens, hidden, k: int, repeats: int = 50, *, o
         times = []
         for i in range(repeats + 1):  # the first step checks the glue calls
             t0 = time.perf_counter()
-            cuda.step_top_tokens(dctx, tokens, hidden, k)
+            step(cuda)
             times.append(time.perf_counter() - t0)
     return round(statistics.median(times[1:]) * 1e6, 1)
 

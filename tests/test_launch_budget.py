@@ -129,14 +129,16 @@ def test_host_time_is_reported_for_the_counted_step():
     """The eager host-time measurement (a benchmark number, not held to a bound here) runs the same
     step as the count: with Triton's launch path up to the driver (host_us), and without (host_ours_us);
     and with backend="cuda" where the extension is built: the step in one call (host_cuda_us) and the
-    ops one by one (host_cuda_ops_us)."""
+    ops one by one (host_cuda_ops_us); a sampled step in one call (host_cuda_sampled_us) and as the step's
+    call and the head's two (host_cuda_sampled_apart_us)."""
     from gemma4_mtp_kernels import cuda as cuda_backend
 
     (row,) = _launch_count("--host-time", "--drafter", "E2B")
     print(f"E2B B=1 eager step on this CPU: {row['host_us']} us, our side {row['host_ours_us']} us, "
-          f"cuda backend {row['host_cuda_us']} us in one call, {row['host_cuda_ops_us']} us op by op")
+          f"cuda backend {row['host_cuda_us']} us in one call, {row['host_cuda_ops_us']} us op by op; sampled "
+          f"{row['host_cuda_sampled_us']} us in one call, {row['host_cuda_sampled_apart_us']} us in three")
     assert 0 < row["host_ours_us"] and 0 < row["host_us"], row
-    for key in ("host_cuda_us", "host_cuda_ops_us"):
+    for key in ("host_cuda_us", "host_cuda_ops_us", "host_cuda_sampled_us", "host_cuda_sampled_apart_us"):
         assert (row[key] is not None) == cuda_backend.extension_status()[0], row
         assert row[key] is None or row[key] > 0, row
     assert row["launches"] <= PER_LAYER * row["layers"] + PER_STEP, row
