@@ -722,8 +722,6 @@ void rms_norm_q_rope(const at::Tensor& x, const at::Tensor& weight, const at::Te
   launch_glue(p, dt, x, "rms_norm_q_rope", gemma4_mtp::launch_rms_norm_q_rope);
 }
 
-// q [B, V] fp32 (rows strided) and tokens [B] int64 are written; the chunk statistics and masses go to
-// a workspace from the caching allocator, the per-row counters to the op's zeroed cache.
 // softmax_sample's per-row arguments for B rows of V logits on dev (softmax_sample and the drafter step's
 // sampled head), each named.
 void check_sampling(const at::Tensor& temperature, const at::Tensor& uniforms, const at::Tensor& probs, int64_t B,
@@ -740,6 +738,8 @@ void check_sampling(const at::Tensor& temperature, const at::Tensor& uniforms, c
   check_inner(probs, "probs");
 }
 
+// q [B, V] fp32 (rows strided) and tokens [B] int64 are written; the chunk statistics and masses go to
+// a workspace from the caching allocator, the per-row counters to the op's zeroed cache.
 void softmax_sample(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& uniforms,
                     at::Tensor& probs, at::Tensor& tokens) {
   const auto dev = logits.device();

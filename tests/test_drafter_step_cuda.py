@@ -1,8 +1,9 @@
 """The drafter step in one host call (backend="cuda", csrc/ops/drafter_step.cu) on a GPU: the same
 kernels with the same plans as the step made of the ops one by one, so the same bits, eagerly and
 replayed as a CUDA graph, the LM head's top tokens included (step_top_tokens: the head op's kernels in the
-same call) and a sampled token (step_sample_tokens: the head's logits and softmax_sample); and every refused argument a ValueError (a TypeError for a dtype) naming it, as the ops one
-by one raise, before any launch.
+same call) and a sampled token (step_sample_tokens: the head's logits and softmax_sample); and every
+refused argument a ValueError (a TypeError for a dtype) naming it, as the ops one by one raise, before any
+launch.
 Its CPU twin, tests/test_drafter_step_emulated.py, runs the same C++ against the reference step."""
 import copy
 

@@ -359,39 +359,40 @@ def _glue_scenarios() -> Iterator[Scenario]:
 
 
 def _step_scenarios() -> Iterator[Scenario]:
-    """The product path: a whole `Gemma4MTPDrafter.step` + `top_tokens` (or a sampled token) of each real
-    drafter (every weight, cache and activation a meta tensor) for chain steps and tree levels, so that
-    what is compiled is what the decode loop launches. Needs the gemma4_mtp package (python_api/)
-    importable."""
+    """The product path: a whole greedy draft step (`Gemma4MTPDrafter.step_top_tokens`: `step` + `top_tokens`)
+    or sampled one (`step_sample_tokens`: `step` + `sample_tokens`) of each real drafter (every weight, cache
+    and activation a meta tensor) for chain steps and tree levels, as `graphs.draft_tree` calls them, so that
+    what is compiled is what the decode loop launches. Needs the gemma4_mtp package (python_api/) importable."""
     from gemma4_mtp.drafter import random_drafter, synthetic_context
 
-    def step(name, B, Q):
-        """(drafter, last) of one meta step."""
+    def inputs(name, B, Q):
+        """(drafter, its meta context, token ids, hidden states) of one step."""
         drafter = random_drafter(name, device="meta", backend="triton")
-        ctx = synthetic_context(drafter, B, 8192, device="meta")
         Hb = drafter.config.backbone_hidden_size
-        return drafter, drafter.step(ctx, _meta((B, Q), torch.int64), _meta((B, Q, Hb), torch.bfloat16))[0]
+        return (drafter, synthetic_context(drafter, B, 8192, device="meta"), _meta((B, Q), torch.int64),
+                _meta((B, Q, Hb), torch.bfloat16))
 
-    def sample(drafter, last):
+    def top(name, B, Q, k):
+        drafter, *args = inputs(name, B, Q)
+        return drafter.step_top_tokens(*args, k)
+
+    def sample(name, B):
         """A sampled token per request (graphs.DraftSampling), q into one depth of a [B, 5, V] buffer."""
-        B, V = last.shape[0], drafter.config.text.vocab_size
-        return drafter.sample_tokens(last[:, 0], _meta((B,), torch.float32), _meta((B, 4), torch.float64)[:, 0],
-                                     probs_out=_meta((B, 5, V), torch.float32)[:, 0])
+        drafter, *args = inputs(name, B, 1)
+        V = drafter.config.text.vocab_size
+        return drafter.step_sample_tokens(*args, _meta((B,), torch.float32), _meta((B, 4), torch.float64)[:, 0],
+                                          _meta((B, 5, V), torch.float32)[:, 0])
 
     for name, B, Q, k in itertools.product(DRAFTERS, (1, 8, 32), (1, 2), (1, 2)):
-        def call(name=name, B=B, Q=Q, k=k):
-            drafter, last = step(name, B, Q)
-            return drafter.top_tokens(last, k)
-        yield Scenario(f"drafter step bf16 {name} B={B} Q={Q} top {k}", "bf16", call)
+        yield Scenario(f"drafter step bf16 {name} B={B} Q={Q} top {k}", "bf16",
+                       lambda name=name, B=B, Q=Q, k=k: top(name, B, Q, k))
     for name, B in itertools.product(DRAFTERS, (1, 8, 32)):  # a sampled chain step
-        yield Scenario(f"drafter step bf16 {name} B={B} Q=1 sampled", "bf16",
-                       lambda name=name, B=B: sample(*step(name, B, 1)))
+        yield Scenario(f"drafter step bf16 {name} B={B} Q=1 sampled", "bf16", lambda name=name, B=B: sample(name, B))
     for name in DRAFTERS:  # bench_drafter_step's triton_pdl_at_exit: the B = 1 step, next kernels triggered at exit
         def late(name=name):  # (and a sampled token: any step kernel can run with the flag off)
             with mock.patch.object(_common, "PDL_EARLY_TRIGGER", False):
-                drafter, last = step(name, 1, 1)
-                sample(drafter, last)
-                return drafter.top_tokens(last, 1)
+                sample(name, 1)
+                return top(name, 1, 1, 1)
         yield Scenario(f"drafter step bf16 {name} B=1 Q=1 top 1, PDL trigger at exit", "bf16", late)
 
 
@@ -403,7 +404,7 @@ SWEEP_CONTEXTS = (1000, 3000, 8192, 20000, 70000)
 
 def step_compiles(name: str, batches=SWEEP_BATCHES, contexts=SWEEP_CONTEXTS, sms: int = 132, arch: int = 90
                   ) -> dict[str, int]:
-    """Distinct compiles per kernel that chain steps (`step` + `top_tokens(last, 1)`) of drafter `name`
+    """Distinct compiles per kernel that greedy chain steps (`step_top_tokens(..., 1)`) of drafter `name`
     make over every (batch size, context length) pair: what a GPU process JIT-compiles (a second or
     two each, on the decode's critical path) as its batch and context move. Needs gemma4_mtp."""
     from gemma4_mtp.drafter import random_drafter, synthetic_context
@@ -414,8 +415,7 @@ def step_compiles(name: str, batches=SWEEP_BATCHES, contexts=SWEEP_CONTEXTS, sms
     for B, length in itertools.product(batches, contexts):
         ctx = synthetic_context(drafter, B, length, device="meta")
         with recording(sms, arch) as recorded:
-            last, _ = drafter.step(ctx, _meta((B, 1), torch.int64), _meta((B, 1, Hb), torch.bfloat16))
-            drafter.top_tokens(last, 1)
+            drafter.step_top_tokens(ctx, _meta((B, 1), torch.int64), _meta((B, 1, Hb), torch.bfloat16), 1)
         for rec in recorded:
             keys.setdefault(rec.kernel.__name__, set()).add(rec.key)
     return {k: len(v) for k, v in sorted(keys.items())}
