@@ -56,7 +56,6 @@ drafted tokens equal the reference backend's.
 from __future__ import annotations
 
 import copy
-import functools
 import importlib
 import os
 from unittest import mock
@@ -167,12 +166,6 @@ def _with_backend(drafter, backend, one_call=True):
     return d
 
 
-def _sample_apart(drafter, ctx, tokens, hidden, temperature, uniforms, probs_out=None):
-    """step_sample_tokens as three calls: the step's, then sample_tokens' two (the head's logits, softmax_sample)."""
-    last, proj = drafter.step(ctx, tokens, hidden)
-    return last, proj, *drafter.sample_tokens(last.reshape(-1, last.shape[-1]), temperature, uniforms, probs_out)
-
-
 def run_ours(inp, backend, kind, one_call=True, head_apart=False):
     from gemma4_mtp.graphs import DraftSampling, draft_tree
 
@@ -185,7 +178,7 @@ def run_ours(inp, backend, kind, one_call=True, head_apart=False):
     if kind == "sampled":
         s = DraftSampling(inp["temperature"], inp["draft_uniforms"])
         if head_apart:  # draft_tree's levels as the step's call, then the head's two
-            drafter.step_sample_tokens = functools.partial(_sample_apart, drafter)
+            drafter.step_sample_tokens = drafter._step_then_sample_tokens
         tokens = draft_tree(drafter, inp["ctx"], inp["pending"], inp["hidden"], SHAPES[kind], sampling=s)
         verify = gk.tree_verify(tokens, inp["parents"], inp["logits"], temperature=inp["temperature"],
                                 uniforms=inp["verify_uniforms"], draft_probs=s.probs, backend=drafter.backend)

@@ -132,20 +132,19 @@ def count_step(name: str, B: int = 1, ctx: int = 8192, *, Q: int = 1, k: int = 1
            "launches": torch_ops + len(triton_launches), "triton": len(triton_launches), "torch": torch_ops,
            "triton_kernels": dict(kernels), "torch_ops": dict(counter.ops)}
     if host_time:
-        def step():
-            drafter.step_top_tokens(dctx, tokens, hidden, k)
-        row["host_us"] = _host_us(step, sms, triton_path=True)
-        row["host_ours_us"] = _host_us(step, sms, triton_path=False)
-        row["host_cuda_us"] = _cuda_host_us(drafter, lambda d: d.step_top_tokens(dctx, tokens, hidden, k))
-        row["host_cuda_ops_us"] = _cuda_host_us(drafter, lambda d: d.step_top_tokens(dctx, tokens, hidden, k),
-                                                one_call=False)
+        def top(d):  # the counted step, of `drafter` or of its backend="cuda" copy
+            d.step_top_tokens(dctx, tokens, hidden, k)
+        row["host_us"] = _host_us(lambda: top(drafter), sms, triton_path=True)
+        row["host_ours_us"] = _host_us(lambda: top(drafter), sms, triton_path=False)
+        row["host_cuda_us"] = _cuda_host_us(drafter, top)
+        row["host_cuda_ops_us"] = _cuda_host_us(drafter, top, one_call=False)
         T, V = B * Q, drafter.config.text.vocab_size
         sampling = (torch.empty(T, device="meta"), torch.empty(T, dtype=torch.float64, device="meta"),
                     torch.empty(T, V, device="meta"))  # temperature, uniforms, probs_out
         row["host_cuda_sampled_us"] = _cuda_host_us(
             drafter, lambda d: d.step_sample_tokens(dctx, tokens, hidden, *sampling))
         row["host_cuda_sampled_apart_us"] = _cuda_host_us(
-            drafter, lambda d: d.sample_tokens(d.step(dctx, tokens, hidden)[0].reshape(T, -1), *sampling))
+            drafter, lambda d: d._step_then_sample_tokens(dctx, tokens, hidden, *sampling))
     return row
 
 

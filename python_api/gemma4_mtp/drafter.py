@@ -354,6 +354,14 @@ class Gemma4MTPDrafter(nn.Module):
         sampled draft step instead of three); elsewhere it is step and sample_tokens."""
         if self._in_one_call(token_ids):
             return self._one_call_step(ctx, token_ids, hidden, sample=(temperature, uniforms, probs_out))
+        return self._step_then_sample_tokens(ctx, token_ids, hidden, temperature, uniforms, probs_out)
+
+    def _step_then_sample_tokens(self, ctx: DraftContext, token_ids: torch.Tensor, hidden: torch.Tensor,
+                                 temperature: torch.Tensor, uniforms: torch.Tensor,
+                                 probs_out: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """step_sample_tokens as separate calls: step, then sample_tokens over its B * Q rows of last (the
+        head's logits, softmax_sample). What it is where the step is not one call; the benchmarks' head-apart
+        baseline where it is."""
         last, proj = self.step(ctx, token_ids, hidden)
         return last, proj, *self.sample_tokens(last.reshape(-1, last.shape[-1]), temperature, uniforms, probs_out)
 
