@@ -65,6 +65,9 @@ def cases(dry: bool) -> list[Case]:
             d = roofline.DRAFTERS[name]
             grid += [(name, B, Q, d["Hq"], d["Hkv_full"], d["D_full"], 8192, None) for B, Q in ((8, 1), (1, 4), (32, 1))]
             grid.append((name, 8, 1, d["Hq"], d["Hkv_swa"], d["D_swa"], 8192, d["window"]))
+        # Hugging Face's sliding window (the drafter's + 1: gemma4_mtp.hf, query_position="next")
+        d = roofline.DRAFTERS["E2B"]
+        grid.append(("E2B", 1, 1, d["Hq"], d["Hkv_swa"], d["D_swa"], 8192, d["window"] + 1))
     block_size = 16
     out = []
     for name, B, Q, Hq, Hkv, D, ctx, window in grid:
@@ -85,8 +88,9 @@ def cases(dry: bool) -> list[Case]:
         baselines.update(flashinfer_decode=_flashinfer(window, ctx, block_size),
                          flash_attn_kvcache=_flash_attn(window, ctx, block_size))
         kind = "sliding" if window else "full"
+        hf = window is not None and window != roofline.DRAFTERS.get(name, {}).get("window", window)
         out.append(Case(
-            op=OP, label=f"{name} {kind} D={D} B={B} Q={Q} ctx={ctx}",
+            op=OP, label=f"{name} {kind} D={D} B={B} Q={Q} ctx={ctx}" + (f" window={window}" if hf else ""),
             params=dict(drafter=name, B=B, Q=Q, Hq=Hq, Hkv=Hkv, D=D, ctx=ctx, window=window, block_size=block_size),
             cost=roofline.attention(B, Q, Hq, Hkv, D, ctx, window=window, block_size=block_size),
             make_inputs=_inputs(B, Q, Hq, Hkv, D, ctx, block_size),

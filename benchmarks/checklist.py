@@ -51,6 +51,8 @@ SHORT_SPLITS = "E2B's split-K GEMVs in two-block programs"
 ONE_LAUNCH_MLP = "The MLP in one launch"
 CUDA_MLP = "The CUDA MLP in one launch"
 CUDA_STAGE_ROWS = "The CUDA glue's stage sized by its live tokens"
+HF_WINDOW = "Hugging Face's sliding window merged in the attention kernel"
+E2B_SWA, E2B_SWA_HF = "E2B sliding D=256 B=1 Q=1 ctx=8192", "E2B sliding D=256 B=1 Q=1 ctx=8192 window=513"
 PREDICTIONS = (
     Prediction("E2B step", "drafter_step", STEP_E2B, "triton", 124, 152, 171.3,
                f"{ALL_FOUR}; {ATTN_PIPELINE}; {SHORT_SPLITS}; {ONE_LAUNCH_MLP}"),
@@ -99,8 +101,7 @@ PREDICTIONS = (
                17, 21, 23.4, ATTN_PIPELINE),
     Prediction("E2B full attention 32K", "q_only_paged_attention", "E2B full D=512 B=1 Q=1 ctx=32768", "triton",
                30, 40, 45.7, ATTN_PIPELINE),
-    Prediction("E2B sliding attention 8K", "q_only_paged_attention", "E2B sliding D=256 B=1 Q=1 ctx=8192", "triton",
-               7.5, 8.8, 9.2, ATTN_PIPELINE),
+    Prediction("E2B sliding attention 8K", "q_only_paged_attention", E2B_SWA, "triton", 7.5, 8.8, 9.2, ATTN_PIPELINE),
     Prediction("31B full attention 8K", "q_only_paged_attention", "31B full D=512 B=1 Q=1 ctx=8192", "triton",
                24, 40, None, ATTN_PIPELINE),
     Prediction("E2B centroid head, argmax T=1", "centroid_logits", "E2B argmax T=1", "triton", 12.3, 12.8, 13.7,
@@ -163,8 +164,8 @@ PREDICTIONS = (
                CUDA_TAILS),
     Prediction("31B q_rope T=1, CUDA", "rms_norm_q_rope", "31B q_proj full T=1", "cuda", 20.5, 21.8, 23.79,
                CUDA_TAILS),
-    Prediction("E2B sliding attention 8K, CUDA", "q_only_paged_attention", "E2B sliding D=256 B=1 Q=1 ctx=8192",
-               "cuda", 8.5, 10.0, 12.17, CUDA_TAILS),
+    Prediction("E2B sliding attention 8K, CUDA", "q_only_paged_attention", E2B_SWA, "cuda", 8.5, 10.0, 12.17,
+               CUDA_TAILS),
     Prediction("E2B full attention 8K, CUDA", "q_only_paged_attention", "E2B full D=512 B=1 Q=1 ctx=8192", "cuda",
                15.5, 18.5, 21.78, CUDA_TAILS),
     Prediction("E2B full attention 32K, CUDA", "q_only_paged_attention", "E2B full D=512 B=1 Q=1 ctx=32768", "cuda",
@@ -204,6 +205,10 @@ PREDICTIONS = (
                "The dense head's top-k in passes that stop"),
     Prediction("31B dense head top-8 T=32, CUDA", "dense_lm_head", "31B top8 T=32", "cuda", 270, 330, 2361.5,
                "The dense head's top-k in passes that stop"),
+    Prediction("E2B sliding attention 8K, Hugging Face's window (513 keys), less 512", "q_only_paged_attention",
+               E2B_SWA_HF, "triton", -0.5, 1.0, None, HF_WINDOW, minus=(E2B_SWA, "triton")),
+    Prediction("E2B sliding attention 8K, CUDA, Hugging Face's window (513 keys), less 512", "q_only_paged_attention",
+               E2B_SWA_HF, "cuda", -0.5, 1.0, None, HF_WINDOW, minus=(E2B_SWA, "cuda")),
 )
 
 

@@ -108,6 +108,8 @@ def test_many_splits_and_the_merge(binaries, path, device):
 IN_KERNEL = {
     # E2B sliding layer at B = 1: 4 rows x 8 splits x D 256 = 32 KiB, the bound itself
     "e2b_sliding": ("dtype=bf16 D=256 Hq=4 Hkv=1 Q=1 lens=2000 window=512 sms=132", 8, 1),
+    # Hugging Face's sliding window (513 keys): 6 splits of three 32-key stages, not 9 of two and a merge launch
+    "hf_window": ("dtype=bf16 D=256 Hq=4 Hkv=1 Q=1 lens=2000,513,300 window=513 sms=132", 6, 3),
     # 31B sliding-like: 2 rows per KV head, four KV heads (groups), two threads per float4 column
     "31b_sliding": ("dtype=bf16 D=256 Hq=8 Hkv=4 Q=1 lens=2000 window=512 sms=32", 8, 4),
     # Q = 2 tree level: a group's rows are two queries x two heads (not adjacent rows of out)

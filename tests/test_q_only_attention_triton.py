@@ -219,6 +219,31 @@ def test_which_drafter_layers_merge_in_the_attention_kernel(name, layer, B, ctx,
     assert tq.merges_in_kernel(rows, splits, D) == in_kernel
 
 
+@pytest.mark.parametrize("window,splits", [(512, 8), (513, 6), (700, 8), (769, 13)])
+def test_a_split_count_just_past_the_in_kernel_merge_is_cut_to_it(window, splits):
+    """E2B's sliding layer at B = 1 (4 rows of D 256: the in-kernel merge takes 8 splits): Hugging Face's
+    513-key window would make 9 splits of two 32-key tiles, the last holding one key, and a merge launch;
+    it takes 6 splits of three tiles instead (at most one tile more a split, 700 keys too), as the CUDA
+    backend's plan does (csrc/tests/test_plan.cpp, the same windows); 769 keys would need two more."""
+    cfg = tq.kernel_config(256, 4)
+    n = tq.num_splits(1, 1, 1, window, cfg["BLOCK_N"], 132, tq.programs_per_sm(cfg), cfg["MIN_TILES"])
+    got = tq.fit_in_kernel_merge(n, window, cfg["BLOCK_N"], 4, 256)
+    assert got == splits
+    assert tq.merges_in_kernel(4, got, 256) == (window <= 700)
+
+
+def test_hugging_face_window_merges_in_the_attention_kernel(monkeypatch):
+    """The launcher at 132 SMs with a 513-key window: one launch (the merge kernel is never reached),
+    its 6 splits' results right for a long, an exactly-window-long and a short request."""
+    monkeypatch.setattr(tq, "num_sms", lambda device: 132)
+
+    class NoMergeLaunch:
+        def __getitem__(self, grid):
+            raise AssertionError("the merge kernel was launched")
+    monkeypatch.setattr(tq, "_merge_kernel", NoMergeLaunch())
+    run_case([600, 513, 40], 1, 4, 1, 256, window=513)
+
+
 def _counters_zero(device="cpu"):
     from gemma4_mtp_kernels._counters import zeroed_counters
     return not bool(zeroed_counters(torch.device(device), 1, tq.COUNTER_OWNER).any())

@@ -114,6 +114,9 @@ static void test_attention_plans_of_the_drafters() {
       {1, 1, 4, 1, 512, 8192, 0, 128, 128},     // E2B full, 8K: 64 keys per split
       {1, 1, 4, 1, 512, 32768, 0, 128, 128},    // E2B full, 32K: 256 keys per split
       {1, 1, 4, 1, 256, 8192, 512, 8, 8},       // E2B sliding: window 512, two 32-key stages each
+      {1, 1, 4, 1, 256, 8192, 513, 6, 6},       // Hugging Face's window (513 keys): 6 of 3 stages, not 9 of 2
+      {1, 1, 4, 1, 256, 8192, 700, 8, 8},       // 8 of 3 stages where 11 of 2 would need the merge kernel
+      {1, 1, 4, 1, 256, 8192, 769, 13, 13},     // 8 would take 4 stages each: 13 of 2 and the merge kernel
       {8, 1, 4, 1, 512, 8192, 0, 16, 128},      // E2B full, B = 8
       {1, 1, 32, 4, 512, 8192, 0, 32, 128},     // 31B full, 8K
       {1, 1, 32, 4, 512, 32768, 0, 33, 132},    // 31B full, 32K
@@ -126,7 +129,7 @@ static void test_attention_plans_of_the_drafters() {
     const int rows = c.Q * c.Hq / c.Hkv;
     const AttentionShape shape = attention_shape(2, c.D, rows);
     CHECK_EQ(ceil_div(rows, shape.rows), 1);
-    const SplitPlan plan = attention_plan(shape, c.B, c.Hkv, rows, ceil_div(c.ctx, 16), 16, c.window, 132);
+    const SplitPlan plan = attention_plan(shape, c.B, c.Hkv, rows, c.D, ceil_div(c.ctx, 16), 16, c.window, 132);
     CHECK_EQ(plan.num_splits, c.splits);
     CHECK_EQ(int64_t{c.B} * c.Hkv * plan.num_splits, c.ctas);
   }
@@ -143,6 +146,8 @@ static void test_attention_merge_paths() {
   };
   const Case cases[] = {
       {1, 1, 4, 1, 256, 8192, 512, true},     // E2B sliding: 4 rows x 8 splits x 256 x 4 B = 32 KiB
+      {1, 1, 4, 1, 256, 8192, 513, true},     // Hugging Face's window: 6 splits, one stage longer
+      {1, 1, 4, 1, 256, 8192, 769, false},    // 13 splits (8 would be two stages longer)
       {1, 1, 4, 1, 512, 8192, 0, false},      // E2B full, 8K: 128 splits
       {1, 1, 32, 16, 256, 8192, 1024, true},  // 31B sliding: 2 rows x 8 splits
       {1, 1, 32, 4, 512, 8192, 0, false},     // 31B full, 8K: 32 splits x 8 rows x 2 KiB
@@ -152,7 +157,7 @@ static void test_attention_merge_paths() {
   for (const Case& c : cases) {
     const int rows = c.Q * c.Hq / c.Hkv;
     const AttentionShape shape = attention_shape(2, c.D, rows);
-    const SplitPlan plan = attention_plan(shape, c.B, c.Hkv, rows, ceil_div(c.ctx, 16), 16, c.window, 132);
+    const SplitPlan plan = attention_plan(shape, c.B, c.Hkv, rows, c.D, ceil_div(c.ctx, 16), 16, c.window, 132);
     CHECK_EQ(attention_merges_in_kernel(shape, rows, c.D, plan.num_splits), c.in_kernel);
   }
   const AttentionShape tile32 = attention_shape(2, 128, 40);  // two tiles of 32 rows: a tile counts 32
@@ -170,7 +175,7 @@ static void test_attention_plans_fill_one_wave() {
       for (int Hkv : {1, 2, 4, 8}) {
         for (int64_t ctx : {100, 2048, 8192, 131072}) {
           const AttentionShape shape = attention_shape(2, 512, 8);
-          const SplitPlan plan = attention_plan(shape, B, Hkv, 8, ceil_div(ctx, 16), 16, 0, sms);
+          const SplitPlan plan = attention_plan(shape, B, Hkv, 8, 512, ceil_div(ctx, 16), 16, 0, sms);
           const int64_t units = int64_t{B} * Hkv, ctas = units * plan.num_splits;
           CHECK(plan.num_splits >= 1);
           if (units >= sms) {

@@ -34,14 +34,16 @@ Design. The op is a pure K/V stream: every attended cache entry is read once, th
   directly. Small groups (a row tile's partials <= 32 KiB and <= 64 (row, split) pairs: the sliding
   layers of every drafter step, most calls at large batch) are merged by the tile's last program to
   finish (a per-tile counter, as the glue's split-K: bar.sync, one atom.acq_rel.gpu, partials read
-  back with .cg, the counter reset by the merging program), which saves the dependent merge launch.
-  Large groups (long full layers at small batch: E2B at B = 1 and 8K has 128 splits) go to a merge
-  kernel that reads the partials as [32 splits, 128-column] tiles (more than 32 splits: [256, 16]),
-  one program per (row, columns), each tile's lse and partials in one load wave after one for the
-  row's largest lse: 2 dependent steps at 128 splits (the first version looped over the splits one
-  by one, ~15 us of the 26 us measured for E2B at B = 1; the second took 12: 4 for the largest lse,
-  then per 32 splits the lse and, masked by them, the partials). Every program writes its partial
-  and lse, an empty split 0 and -inf, so the merges read them without a mask from the lse.
+  back with .cg, the counter reset by the merging program), which saves the dependent merge launch;
+  a count just above what it takes is cut to it where each split gets at most one key tile more
+  (fit_in_kernel_merge: Hugging Face's 513-key sliding window). Large groups (long full layers at
+  small batch: E2B at B = 1 and 8K has 128 splits) go to a merge kernel that reads the partials as
+  [32 splits, 128-column] tiles (more than 32 splits: [256, 16]), one program per (row, columns),
+  each tile's lse and partials in one load wave after one for the row's largest lse: 2 dependent
+  steps at 128 splits (the first version looped over the splits one by one, ~15 us of the 26 us
+  measured for E2B at B = 1; the second took 12: 4 for the largest lse, then per 32 splits the lse
+  and, masked by them, the partials). Every program writes its partial and lse, an empty split 0
+  and -inf, so the merges read them without a mask from the lse.
 - One compile serves every batch size and table width: the integer sizes (split count, table
   width, window, block size, head counts) are not specialised by Triton's JIT (do_not_specialize),
   and no tile size follows them; only the strides keep Triton's divisibility-by-16 specialisation,
@@ -367,6 +369,20 @@ def num_splits(B: int, Hkv: int, row_tiles: int, max_len: int, block_n: int, sms
     return max(1, min((sms * per_sm) // programs, cdiv(tiles, min_tiles)))
 
 
+def fit_in_kernel_merge(splits: int, max_len: int, block_n: int, tile_rows: int, D: int) -> int:
+    """`splits` (num_splits' count), or fewer where the in-kernel merge takes fewer at one key tile more a
+    split: a count just above its capacity (Hugging Face's sliding window of 513 keys: 9 splits of two
+    32-key tiles, the last holding one key) would pay the merge kernel's dependent launch for one key.
+    The fewer splits are as many as the longer chunks need (6 of 3 tiles for 513 keys; plan.h
+    attention_plan makes the same choice for the CUDA backend)."""
+    cap = merge_tile(tile_rows, D)[1]
+    if not IN_KERNEL_MERGE or splits <= cap or cap < 2:
+        return splits
+    tiles = cdiv(max_len, block_n)
+    per_split = cdiv(tiles, cap)
+    return cdiv(tiles, per_split) if per_split <= cdiv(tiles, splits) + 1 else splits
+
+
 def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=1.0, window=None, softcap=None,
                            out=None, return_lse=False, splits=None):
     """`splits` (tests only) forces the key-range split count instead of the SM-count heuristic."""
@@ -388,6 +404,7 @@ def q_only_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale=
     if splits is None:
         splits = num_splits(B, Hkv, row_tiles, max_len, cfg["BLOCK_N"], num_sms(q.device), programs_per_sm(cfg),
                             cfg["MIN_TILES"])
+        splits = fit_in_kernel_merge(splits, max_len, cfg["BLOCK_N"], min(rows, cfg["BLOCK_M"]), D)
     interp = interpreting(q.device)
     common = dict(D=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                   MIN_CHUNK=cfg["MIN_TILES"] * cfg["BLOCK_N"], PAGES=table_pages(cfg["BLOCK_N"]),

@@ -82,15 +82,6 @@ inline int64_t attention_units(const AttentionShape& shape, int64_t B, int64_t H
   return B * Hkv * ceil_div(rows_needed, shape.rows);
 }
 
-// The split plan of one call: shapes, the window, the block table's capacity and the SM count.
-inline SplitPlan attention_plan(const AttentionShape& shape, int64_t B, int64_t Hkv, int64_t rows_needed,
-                                int64_t max_blocks, int64_t block_size, int64_t window, int num_sms) {
-  int64_t bound = max_blocks * block_size;
-  if (window > 0) bound = min64(bound, window);
-  return plan_kv_splits(bound, attention_units(shape, B, Hkv, rows_needed), int64_t{shape.ctas_per_sm} * num_sms,
-                        shape.keys, int64_t{kAttentionMinTiles} * shape.keys, kAttentionMaxSplits);
-}
-
 // The fp32 partials (rows x splits x D x 4 bytes) up to which a merge group's last CTA merges them in
 // the attention kernel instead of a merge kernel: it reads them from L2 in one pass (an estimated
 // ~0.2-0.3 us for 32 KiB on an H200), where the merge kernel costs a dependent launch (~1.5-2.5 us).
@@ -100,12 +91,35 @@ inline SplitPlan attention_plan(const AttentionShape& shape, int64_t B, int64_t 
 // tile padded to powers of two: the same choice at every drafter shape, not always at D <= 128).
 constexpr int64_t kAttentionInKernelMergeBytes = 32 * 1024;
 
+// The most splits the attention kernel merges itself for a launch of this shape (fewer than 2: none).
+constexpr int64_t attention_merge_split_cap(const AttentionShape& shape, int64_t rows_needed, int D) {
+  const int64_t rows_of_tile = rows_needed < shape.rows ? rows_needed : shape.rows;  // the rows one CTA holds
+  return rows_of_tile * D > 0 ? kAttentionInKernelMergeBytes / (rows_of_tile * D * 4) : 0;
+}
+
 // Whether the splits of a launch are merged in the attention kernel (one counter per merge group,
 // attention_units()) rather than by the merge kernel. constexpr: a kernel instantiation asks whether
 // any launch of it can merge (fewest rows, 2 splits).
 constexpr bool attention_merges_in_kernel(const AttentionShape& shape, int64_t rows_needed, int D, int num_splits) {
-  const int64_t rows_of_tile = rows_needed < shape.rows ? rows_needed : shape.rows;  // the rows one CTA holds
-  return num_splits > 1 && rows_of_tile * num_splits * D * 4 <= kAttentionInKernelMergeBytes;
+  return num_splits > 1 && num_splits <= attention_merge_split_cap(shape, rows_needed, D);
+}
+
+// The split plan of one call: shapes, the window, the block table's capacity and the SM count. A plan
+// just above what the in-kernel merge takes (Hugging Face's sliding window of 513 keys: 9 splits of two
+// 32-key stages, the last holding one key) would pay the merge kernel's dependent launch for one key:
+// where the merge's own count needs at most one stage more a split, the plan takes that (6 splits of 3
+// stages for 513 keys; the Triton backend's fit_in_kernel_merge makes the same choice).
+inline SplitPlan attention_plan(const AttentionShape& shape, int64_t B, int64_t Hkv, int64_t rows_needed, int D,
+                                int64_t max_blocks, int64_t block_size, int64_t window, int num_sms) {
+  int64_t bound = max_blocks * block_size;
+  if (window > 0) bound = min64(bound, window);
+  const int64_t units = attention_units(shape, B, Hkv, rows_needed), slots = int64_t{shape.ctas_per_sm} * num_sms;
+  const int64_t min_chunk = int64_t{kAttentionMinTiles} * shape.keys;
+  const SplitPlan plan = plan_kv_splits(bound, units, slots, shape.keys, min_chunk, kAttentionMaxSplits);
+  const int64_t cap = attention_merge_split_cap(shape, rows_needed, D);
+  if (cap < 2 || plan.num_splits <= cap) return plan;
+  const SplitPlan merged = plan_kv_splits(bound, units, slots, shape.keys, min_chunk, static_cast<int>(cap));
+  return merged.chunk <= plan.chunk + shape.keys ? merged : plan;
 }
 
 // Keys per split for one request: its own attended range spread over the launch's splits (a multiple of

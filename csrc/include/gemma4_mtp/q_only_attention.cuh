@@ -930,8 +930,8 @@ cudaError_t launch_d(const AttentionParams& p, cudaStream_t stream) {
 inline SplitPlan attention_plan_for(int elem_bytes, const AttentionParams& p, int num_sms) {
   if (p.Hkv <= 0 || p.Hq % p.Hkv) return {1, 16};  // refused by the launcher; no division by zero here
   const int64_t rows = static_cast<int64_t>(p.Q) * (p.Hq / p.Hkv);
-  return attention_plan(attention_shape(elem_bytes, p.D, static_cast<int>(rows)), p.B, p.Hkv, rows, p.max_blocks,
-                        p.block_size, p.window, num_sms);
+  return attention_plan(attention_shape(elem_bytes, p.D, static_cast<int>(rows)), p.B, p.Hkv, rows, p.D,
+                        p.max_blocks, p.block_size, p.window, num_sms);
 }
 
 // The int32 counters that p.counters must hold for a call of element size elem_bytes (after
