@@ -14,6 +14,7 @@ raises, so a step that counts here also has no hidden device->host sync.
 
     python -m benchmarks.launch_count               # JSON: per drafter, B, k: launches by kind
     python -m benchmarks.launch_count --rounds      # a k = 4 chain round and a (2, 2, 1) tree round
+    python -m benchmarks.launch_count --query-position next  # steps over Hugging Face's sliding windows
     python -m benchmarks.launch_count --host-time   # adds host_us: wall time of one eager step here
     python -m benchmarks.launch_count --decode      # speculative_generate's rounds: launches, copies
 
@@ -110,13 +111,14 @@ def _host_us(fn, sms: int, repeats: int = 50, *, triton_path: bool) -> float:
 
 
 def count_step(name: str, B: int = 1, ctx: int = 8192, *, Q: int = 1, k: int = 1, sms: int = 132,
-               host_time: bool = False) -> dict:
-    """Launches of one eager step_top_tokens (step + top_tokens(last, k)) at the real shapes of drafter `name`."""
+               host_time: bool = False, query_position: str = "last_cached") -> dict:
+    """Launches of one eager step_top_tokens (step + top_tokens(last, k)) at the real shapes of drafter `name`
+    (query_position "next": with Hugging Face's sliding window, one entry wider)."""
     from gemma4_mtp.drafter import random_drafter, synthetic_context
     from gemma4_mtp_kernels.triton.record import recording
 
     drafter = random_drafter(name, device="meta", backend="triton")
-    dctx = synthetic_context(drafter, B, ctx, device="meta")
+    dctx = synthetic_context(drafter, B, ctx, device="meta", query_position=query_position)
     Hb = drafter.config.backbone_hidden_size
     tokens = torch.empty(B, Q, dtype=torch.int64, device="meta")
     hidden = torch.empty(B, Q, Hb, dtype=torch.bfloat16, device="meta")
@@ -127,7 +129,8 @@ def count_step(name: str, B: int = 1, ctx: int = 8192, *, Q: int = 1, k: int = 1
         drafter.step_top_tokens(dctx, tokens, hidden, k)
     kernels = collections.Counter(r.kernel.__name__ for r in triton_launches)
     torch_ops = sum(counter.ops.values())
-    row = {"drafter": name, "B": B, "Q": Q, "ctx": ctx, "k": k, "layers": drafter.config.text.num_layers,
+    row = {"drafter": name, "B": B, "Q": Q, "ctx": ctx, "k": k, "query_position": query_position,
+           "layers": drafter.config.text.num_layers,
            "sliding_layers": sum(t == "sliding_attention" for t in drafter.config.text.layer_types),
            "launches": torch_ops + len(triton_launches), "triton": len(triton_launches), "torch": torch_ops,
            "triton_kernels": dict(kernels), "torch_ops": dict(counter.ops)}
@@ -341,6 +344,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, nargs="*", default=[1])
     p.add_argument("--queries", type=int, nargs="*", default=[1], help="queries per request (tree level width)")
     p.add_argument("--k", type=int, nargs="*", default=[1], help="top_tokens k (tree branching)")
+    p.add_argument("--query-position", default="last_cached", choices=("last_cached", "next"),
+                   help="the steps' context: next = Hugging Face's, its sliding windows one entry wider")
     p.add_argument("--rounds", action="store_true", help="count a k = 4 chain and a (2, 2, 1) tree round instead")
     p.add_argument("--host-time", action="store_true", help="also time the eager step's host side (host_us)")
     p.add_argument("--decode", action="store_true",
@@ -359,7 +364,7 @@ def main(argv=None) -> int:
     elif args.rounds:
         rows = [count_round(n, w, B) for n in names for B in args.batch for w in ((1, 1, 1, 1), (2, 2, 1))]
     else:
-        rows = [count_step(n, B, Q=Q, k=k, host_time=args.host_time)
+        rows = [count_step(n, B, Q=Q, k=k, host_time=args.host_time, query_position=args.query_position)
                 for n in names for B in args.batch for Q in args.queries for k in args.k]
     json.dump(rows, sys.stdout, indent=1)
     return 0

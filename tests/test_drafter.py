@@ -260,6 +260,22 @@ def test_max_branch_is_what_top_tokens_can_give():
     assert small.max_branch == 8  # 2 clusters of 4 tokens
 
 
+def test_synthetic_context_reads_as_the_query_position_says():
+    """`synthetic_context` (the benchmarks' and launch counts' contexts) as `context` gives them: "next"
+    queries one position later over sliding windows one entry wider (Hugging Face's assistant)."""
+    from gemma4_mtp.drafter import random_drafter, synthetic_context
+    small = random_drafter(dict(Hb=32, Hd=16, inter=32, Hq=2, Hkv_swa=1, Hkv_full=1, D_swa=64, D_full=64, window=8,
+                                vocab=64, centroids=16, top_k=2), dtype=torch.float32)
+    last, nxt = (synthetic_context(small, 2, 20, dtype=torch.float32, query_position=qp)
+                 for qp in ("last_cached", "next"))
+    assert last.window == {"sliding_attention": 8, "full_attention": None}
+    assert nxt.window == {"sliding_attention": 9, "full_attention": None}
+    assert last.positions.tolist() == [19, 19] and nxt.positions.tolist() == [20, 20]
+    assert torch.equal(last.seq_lens, nxt.seq_lens)
+    with pytest.raises(ValueError, match="query_position"):
+        synthetic_context(small, 1, 20, query_position="P+1")
+
+
 @torch.no_grad()
 @contextlib.contextmanager
 def _one_request(target, drafter, seed):

@@ -77,6 +77,19 @@ def test_a_chain_steps_sliding_layers_merge_in_the_attention_kernel(counts):
             assert r["sliding_layers"] == 3 and r["launches"] <= budget, r
 
 
+def test_hugging_face_windows_launch_what_last_cached_ones_do(counts):
+    """A chain step over Hugging Face's sliding windows (`query_position="next"`: 513 / 1025 keys, one more
+    than the last-cached 512 / 1024) launches exactly what the last-cached step does: on E2B 513 keys would
+    be 9 splits of two key tiles, one past what the in-kernel merge takes, and a merge launch per sliding
+    layer; the launcher takes 6 splits of three tiles instead (triton/q_only_attention.fit_in_kernel_merge)."""
+    rows = _launch_count("--query-position", "next")
+    last_cached = {r["drafter"]: r for r in counts if (r["B"], r["Q"], r["k"]) == (1, 1, 1)}
+    assert {r["drafter"] for r in rows} == set(last_cached)
+    for r in rows:
+        assert r["query_position"] == "next"
+        assert r["triton_kernels"] == last_cached[r["drafter"]]["triton_kernels"], r
+
+
 def test_a_one_request_steps_mlp_is_one_launch(counts):
     """At B = 1 (1 or 2 tokens a step) each layer's MLP (gate/up and down_proj) of E2B / E4B is one Triton
     launch; at B = 8 (8 or 16 tokens), and for 26B / 31B (`triton.rms_norm_gate_up.one_launch`), two."""

@@ -502,10 +502,15 @@ def random_drafter(name: str | dict, *, device="cpu", dtype=torch.bfloat16, back
 
 
 def synthetic_context(drafter: Gemma4MTPDrafter, B: int, length: int, *, device="cpu", dtype=torch.bfloat16,
-                      block_size: int = 16, seed: int = 0) -> DraftContext:
-    """A DraftContext as a target holding `length` positions per request would give it ("last_cached"):
-    random K/V in paged caches with the blocks of all requests shuffled; sliding layers keep the blocks
-    of their last window + 1 positions (older table entries are -1, released, as the target leaves them)."""
+                      block_size: int = 16, seed: int = 0, query_position: str = "last_cached") -> DraftContext:
+    """A DraftContext as a target holding `length` positions per request would give it (`context`'s
+    query_position: "next" queries at `length` over a sliding window one entry wider, as Hugging Face's
+    assistant reads it): random K/V in paged caches with the blocks of all requests shuffled; sliding
+    layers keep the blocks of their last window + 1 positions (older table entries are -1, released, as
+    the target leaves them)."""
+    if query_position not in QUERY_POSITIONS:
+        raise ValueError(f"query_position: expected one of {QUERY_POSITIONS}, got {query_position!r}")
+    extra = 1 if query_position == "next" else 0
     cfg = drafter.config
     meta = torch.device(device).type == "meta"
     g = None if meta else torch.Generator(device=device).manual_seed(seed)
@@ -523,10 +528,10 @@ def synthetic_context(drafter: Gemma4MTPDrafter, B: int, length: int, *, device=
             v[lt].normal_(generator=g)
             perm = torch.randperm(B * live, generator=g, device=device).to(torch.int32)
             table[:, first:] = perm.view(B, live)
-        tables[lt], windows[lt] = table, spec.window
+        tables[lt], windows[lt] = table, None if spec.window is None else spec.window + extra
     Hb, V = cfg.backbone_hidden_size, cfg.text.vocab_size
     embed = torch.empty(V, Hb, dtype=dtype, device=device)
     if not meta:
         embed.normal_(generator=g)
     seq_lens = torch.full((B,), length, dtype=torch.int32, device=device)
-    return DraftContext(k, v, tables, windows, seq_lens, seq_lens.long() - 1, embed, float(Hb) ** 0.5)
+    return DraftContext(k, v, tables, windows, seq_lens, seq_lens.long() - 1 + extra, embed, float(Hb) ** 0.5)
