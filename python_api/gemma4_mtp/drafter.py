@@ -210,18 +210,23 @@ class Gemma4MTPDrafter(nn.Module):
         entries, as the target's own query at P would. "next" (Hugging Face): queries at P + 1, and a
         sliding layer attends the last `sliding_window + 1` entries, because HF's assistant masks the
         shared K/V with a bidirectional window whose distance bound is inclusive."""
-        if query_position not in QUERY_POSITIONS:
-            raise ValueError(f"query_position: expected one of {QUERY_POSITIONS}, got {query_position!r}")
+        windows, extra = self._query_view(query_position)
         types = set(self.config.text.layer_types)
         kv = {t: target.kv_cache(t) for t in types}
         tables = target.block_tables(reqs, device)
         lengths = target.seq_lens(reqs, device)
-        extra = 1 if query_position == "next" else 0
-        windows = {t: None if s.window is None else s.window + extra
-                   for t, s in self.config.text.attention.items()}
         return DraftContext({t: kv[t][0] for t in types}, {t: kv[t][1] for t in types},
                             {t: tables[t] for t in types}, windows, lengths,
                             lengths.long() - 1 + extra, target.embed_tokens.weight, target.config.embed_scale)
+
+    def _query_view(self, query_position: str) -> tuple[dict, int]:
+        """(each attention type's window, the query's offset past the last cached position) for
+        query_position, as `context` describes them; a bad name refused."""
+        if query_position not in QUERY_POSITIONS:
+            raise ValueError(f"query_position: expected one of {QUERY_POSITIONS}, got {query_position!r}")
+        extra = 1 if query_position == "next" else 0
+        return {t: None if s.window is None else s.window + extra
+                for t, s in self.config.text.attention.items()}, extra
 
     # ---- one draft step ----------------------------------------------------------------------
 
@@ -508,14 +513,12 @@ def synthetic_context(drafter: Gemma4MTPDrafter, B: int, length: int, *, device=
     assistant reads it): random K/V in paged caches with the blocks of all requests shuffled; sliding
     layers keep the blocks of their last window + 1 positions (older table entries are -1, released, as
     the target leaves them)."""
-    if query_position not in QUERY_POSITIONS:
-        raise ValueError(f"query_position: expected one of {QUERY_POSITIONS}, got {query_position!r}")
-    extra = 1 if query_position == "next" else 0
+    windows, extra = drafter._query_view(query_position)
     cfg = drafter.config
     meta = torch.device(device).type == "meta"
     g = None if meta else torch.Generator(device=device).manual_seed(seed)
     blocks = -(-length // block_size)
-    k, v, tables, windows = {}, {}, {}, {}
+    k, v, tables = {}, {}, {}
     for lt, spec in cfg.text.attention.items():
         first = 0 if spec.window is None else max(0, length - spec.window - 1) // block_size
         live = blocks - first
@@ -528,7 +531,7 @@ def synthetic_context(drafter: Gemma4MTPDrafter, B: int, length: int, *, device=
             v[lt].normal_(generator=g)
             perm = torch.randperm(B * live, generator=g, device=device).to(torch.int32)
             table[:, first:] = perm.view(B, live)
-        tables[lt], windows[lt] = table, None if spec.window is None else spec.window + extra
+        tables[lt] = table
     Hb, V = cfg.backbone_hidden_size, cfg.text.vocab_size
     embed = torch.empty(V, Hb, dtype=dtype, device=device)
     if not meta:
