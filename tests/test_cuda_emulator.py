@@ -61,3 +61,64 @@ def test_vector_loads_fault_where_the_gpu_faults(loader, vector, offset, ok):
         assert done.returncode == 0 and done.stdout.strip() == "OK", done.stderr[-2000:]
     else:
         assert done.returncode != 0 and "misaligned address" in done.stderr, (done.stdout, done.stderr[-2000:])
+
+
+# Four warps whose threads switch in block barriers and shuffles with an array on their own stacks: the
+# fiber switch (emu.h Context: x86-64's own, or _setjmp / _longjmp with EMU_SETJMP_SWITCH) must resume each
+# thread with its registers and stack as it left them, and AddressSanitizer must still see the array's bounds
+# after a switch.
+SWITCH_SOURCE = r"""
+#include "emu.h"
+__global__ void __launch_bounds__(128) kernel(const int* in, int* out, int index) {
+  __shared__ int s[128];
+  int local[4];  // on the thread's fiber stack (a run-time index keeps it there)
+  const int t = threadIdx.x;
+  for (int i = 0; i < 4; ++i) local[i] = in[t] * (i + 1);
+  s[t] = local[0];
+  __syncthreads();
+  int v = s[127 - t] + local[index];  // index 4: one past the array
+  for (int m = 16; m; m >>= 1) v += __shfl_xor_sync(0xffffffff, v, m);
+  __syncthreads();
+  if (t % 32 == 0) out[t / 32] = v;
+}
+int main(int argc, char** argv) {
+  emu::devices().push_back({227 * 1024, 9, 132});
+  static int in[128], out[4];
+  for (int t = 0; t < 128; ++t) in[t] = (t * 37) % 101 - 50;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(1);
+  cfg.blockDim = dim3(128);
+  if (cudaLaunchKernelEx(&cfg, kernel, in, out, std::atoi(argv[1])) != cudaSuccess) return 1;
+  std::printf("OK %d %d %d %d\n", out[0], out[1], out[2], out[3]);
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module", params=["own", "setjmp"])
+def switcher(request, tmp_path_factory):
+    flags = compiler_flags()
+    d = tmp_path_factory.mktemp(f"emulator_switch_{request.param}")
+    (d / "switch.cpp").write_text(SWITCH_SOURCE)
+    define = ["-DEMU_SETJMP_SWITCH"] if request.param == "setjmp" else []
+    done = subprocess.run([*flags, *define, f"-I{EMU}", str(d / "switch.cpp"), "-o", str(d / "switch")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return request.param, d / "switch", "-fsanitize=address,alignment" in flags
+
+
+def test_fibers_resume_where_they_left(switcher):
+    _, exe, _ = switcher
+    done = subprocess.run([str(exe), "3"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    x = [(t * 37) % 101 - 50 for t in range(128)]
+    want = [sum(x[127 - t] + 4 * x[t] for t in range(32 * w, 32 * w + 32)) for w in range(4)]
+    assert done.stdout.split() == ["OK", *map(str, want)]
+
+
+def test_address_sanitizer_sees_a_fibers_stack_after_a_switch(switcher):
+    _, exe, sanitized = switcher
+    if not sanitized:
+        pytest.skip("g++ here builds without the sanitizers' runtimes")
+    done = subprocess.run([str(exe), "4"], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "stack-buffer-overflow" in done.stderr, (done.stdout, done.stderr[-2000:])

@@ -1,9 +1,9 @@
 // A CPU emulation of the CUDA features the attention kernels use, so that the kernels' own source
 // (csrc/include/gemma4_mtp/q_only_attention.cuh) runs on a machine without a GPU, under AddressSanitizer.
 //
-// Threads of a block are fibers scheduled round robin on one OS thread (started with makecontext, then
-// switched with _setjmp/_longjmp, which make no system call, annotated for AddressSanitizer); they switch
-// only in barriers and warp-collective operations, each of which waits for all participants. The warp-level
+// Threads of a block are fibers scheduled round robin on one OS thread (switched without a system call, see
+// Context, annotated for AddressSanitizer); they switch only in barriers and warp-collective operations,
+// each of which waits for all participants. The warp-level
 // instructions (shuffles, ldmatrix, mma.m16n8k16) follow the PTX ISA's definitions of their operand
 // fragments; cp.async groups and bulk copies complete either at issue ("early") or as late as the
 // program's waits allow ("late"), which exposes missing waits. Global memory is host memory: a read
@@ -15,6 +15,7 @@
 #pragma once
 
 #include <setjmp.h>
+#include <sys/mman.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -218,10 +219,63 @@ inline void perform(const Copy& c) {
     std::memset(c.dst, 0, c.bytes);
 }
 
+// A fiber's (or the scheduler's) saved execution state; switch_to(from, to) saves the running one in `from`
+// and resumes `to`, which returns when something switches back to `from`. _setjmp / _longjmp make no
+// system call, but under AddressSanitizer every _longjmp first runs __asan_handle_no_return, which asks
+// the kernel for the signal stack (sigaltstack) and clears shadow memory of the stack it leaves: 15x the
+// unsanitized time of a switch-bound kernel (2026-12-07, dense_head at the 31B width, T = 19 on 132 SMs:
+// 47 s, 3 s without the sanitizer; 11 s with it and this switch). On
+// x86-64 the switch is a function of its own, as coroutine libraries write it (the callee-saved registers
+// pushed on the running stack, the stack pointers exchanged), an ordinary call to AddressSanitizer;
+// elsewhere (or with EMU_SETJMP_SWITCH defined: tests/test_cuda_emulator.py runs both) _setjmp / _longjmp,
+// the first entry through swapcontext.
+#if defined(__x86_64__) && !defined(EMU_SETJMP_SWITCH)
+struct Context {
+  void* sp = nullptr;  // the saved stack: callee-saved registers, then the return address
+};
+// Pushes rbp, rbx, r12-r15 (what the SysV ABI has a callee keep) on the running stack, stores its stack
+// pointer in *from, loads `to` and pops them there: returns into whoever saved `to` (or make_context's entry).
+[[gnu::naked, gnu::noinline]] inline void switch_stack(void** /*from: rdi*/, void* /*to: rsi*/) {
+  asm("pushq %rbp\n\tpushq %rbx\n\tpushq %r12\n\tpushq %r13\n\tpushq %r14\n\tpushq %r15\n\t"
+      "movq %rsp, (%rdi)\n\tmovq %rsi, %rsp\n\t"
+      "popq %r15\n\tpopq %r14\n\tpopq %r13\n\tpopq %r12\n\tpopq %rbx\n\tpopq %rbp\n\tret");
+}
+inline void switch_to(Context& from, Context& to) { switch_stack(&from.sp, to.sp); }
+// A context that enters `entry` (which must never return) on [stack, stack + size): zeroed registers
+// and entry's address below a null return address, entry starting with its stack pointer 8 past a
+// 16-byte boundary, as after a call.
+inline void make_context(Context& c, char* stack, size_t size, void (*entry)()) {
+  auto* top = reinterpret_cast<uintptr_t*>(reinterpret_cast<uintptr_t>(stack + size) & ~uintptr_t{15});
+  top[-1] = 0;
+  top[-2] = reinterpret_cast<uintptr_t>(entry);
+  for (int r = 3; r <= 8; ++r) top[-r] = 0;
+  c.sp = top - 8;
+}
+#else
+struct Context {
+  jmp_buf jb;          // where it was left
+  bool saved = false;  // jb holds it (else: first entry, through `first`)
+  ucontext_t first;
+};
+inline void switch_to(Context& from, Context& to) {
+  from.saved = true;
+  if (_setjmp(from.jb)) return;  // switched back
+  if (to.saved) _longjmp(to.jb, 1);
+  ucontext_t unused;  // `from` resumes through its jb, never through what swapcontext saves
+  swapcontext(&unused, &to.first);
+}
+inline void make_context(Context& c, char* stack, size_t size, void (*entry)()) {
+  getcontext(&c.first);
+  c.first.uc_stack.ss_sp = stack;
+  c.first.uc_stack.ss_size = size;
+  c.first.uc_link = nullptr;
+  makecontext(&c.first, entry, 0);
+  c.saved = false;
+}
+#endif
+
 struct Fiber {
-  ucontext_t ctx;  // first entry only
-  jmp_buf jb;      // where it yielded
-  bool started = false;
+  Context ctx;
   dim3 tid;
   bool done = false;
   bool parked = false;  // released the last barrier it met: resumes only in the next round (kWarpAhead)
@@ -253,8 +307,7 @@ struct Block {
   unsigned char* smem = nullptr;
   size_t smem_bytes = 0;
   std::function<void()> body;
-  ucontext_t scheduler;
-  jmp_buf scheduler_jb;
+  Context scheduler;
   const void* scheduler_stack = nullptr;  // AddressSanitizer's view of the scheduler's stack
   size_t scheduler_stack_size = 0;
   size_t stack0 = 0;  // thread t runs on fiber_stack(stack0 + t)
@@ -291,7 +344,7 @@ inline void yield() {
   Fiber& f = self();
   Block* b = block();
   asan_leave(b->scheduler_stack, b->scheduler_stack_size, false);
-  if (!_setjmp(f.jb)) _longjmp(b->scheduler_jb, 1);
+  switch_to(f.ctx, b->scheduler);
   asan_enter(nullptr, nullptr);
 }
 
@@ -331,16 +384,23 @@ inline void fiber_main() {
   self().done = true;
   ++progress();
   asan_leave(b->scheduler_stack, b->scheduler_stack_size, true);
-  _longjmp(b->scheduler_jb, 1);
+  switch_to(self().ctx, b->scheduler);
+  __builtin_unreachable();  // a finished fiber is never resumed
 }
 
 constexpr size_t kStack = 512 * 1024;
 
-// A fiber stack: allocated, not touched (pages are committed only as a thread uses them).
+// A fiber stack: mapped, not touched (pages are committed only as a thread uses them). Not from the heap:
+// AddressSanitizer's allocator clears the shadow of every allocation, 64 KiB a stack, which a cooperative
+// launch of thousands of threads paid in page faults and memset for memory it never uses.
 inline char* fiber_stack(size_t i) {
-  static std::vector<std::unique_ptr<char[]>> stacks;
-  while (stacks.size() <= i) stacks.emplace_back(new char[kStack]);
-  return stacks[i].get();
+  static std::vector<char*> stacks;
+  while (stacks.size() <= i) {
+    void* p = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) fail("cannot map a fiber stack");
+    stacks.push_back(static_cast<char*>(p));
+  }
+  return stacks[i];
 }
 
 // Makes `b` a block of `threads` fibers, whose thread t runs on fiber_stack(stack0 + t).
@@ -360,11 +420,7 @@ inline void init_block(Block& b, dim3 idx, int threads, unsigned char* smem, siz
   for (int t = 0; t < threads; ++t) {
     Fiber& f = b.fibers[t];
     f.tid = dim3(t);
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = fiber_stack(stack0 + t);
-    f.ctx.uc_stack.ss_size = kStack;
-    f.ctx.uc_link = nullptr;
-    makecontext(&f.ctx, fiber_main, 0);
+    make_context(f.ctx, fiber_stack(stack0 + t), kStack, fiber_main);
   }
 }
 
@@ -396,14 +452,7 @@ inline bool run_round(Block& b) {
       if (f.parked) continue;
       b.current = t;
       asan_leave(fiber_stack(b.stack0 + t), kStack, false);
-      if (!_setjmp(b.scheduler_jb)) {
-        if (!f.started) {
-          f.started = true;
-          swapcontext(&b.scheduler, &f.ctx);
-        } else {
-          _longjmp(f.jb, 1);
-        }
-      }
+      switch_to(b.scheduler, f.ctx);
       asan_enter(&b.scheduler_stack, &b.scheduler_stack_size);
     }
     return any;

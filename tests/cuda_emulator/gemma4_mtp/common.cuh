@@ -224,38 +224,28 @@ inline float half_word(uint32_t w, int hi) {
   return to_float(v);
 }
 
+// D = A B + C for a warp: A 16 x 16 (row major), B 16 x 8, C and D 16 x 8, the lanes' fragments laid out
+// as the PTX ISA defines them for mma.m16n8k16 (lane l = 4 g + q holds A rows g and g + 8, columns 2q, 2q + 1
+// and 2q + 8, 2q + 9; B rows 2q, 2q + 1, 2q + 8, 2q + 9 of column g; C / D rows g, g + 8 of columns 2q,
+// 2q + 1). A lane reads from the others' fragments only its two rows of A and two columns of B (all of them,
+// rebuilt in every lane, made the emulation of mma-bound kernels several times slower), and sums k in order.
 template <class T>
 inline void mma_m16n8k16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   static_assert(sizeof(T) == 2, "bf16 / fp16 tensor-core mma");
-  uint64_t mine[10];
-  for (int i = 0; i < 4; ++i) mine[i] = a[i];
-  mine[4] = b[0];
-  mine[5] = b[1];
-  for (int i = 0; i < 4; ++i) {
-    uint32_t u;
-    std::memcpy(&u, &c[i], 4);
-    mine[6 + i] = u;
-  }
-  const auto x = emu::exchange(mine, 10);
-  float A[16][16], B[16][8], C[16][8];
-  for (int l = 0; l < 32; ++l) {
-    const int g = l >> 2, q = l & 3;
-    for (int e = 0; e < 2; ++e) {
-      A[g][2 * q + e] = half_word<T>(static_cast<uint32_t>(x[l][0]), e);
-      A[g + 8][2 * q + e] = half_word<T>(static_cast<uint32_t>(x[l][1]), e);
-      A[g][2 * q + 8 + e] = half_word<T>(static_cast<uint32_t>(x[l][2]), e);
-      A[g + 8][2 * q + 8 + e] = half_word<T>(static_cast<uint32_t>(x[l][3]), e);
-      B[2 * q + e][g] = half_word<T>(static_cast<uint32_t>(x[l][4]), e);
-      B[2 * q + 8 + e][g] = half_word<T>(static_cast<uint32_t>(x[l][5]), e);
-      C[g][2 * q + e] = bits_to_float(static_cast<uint32_t>(x[l][6 + e]));
-      C[g + 8][2 * q + e] = bits_to_float(static_cast<uint32_t>(x[l][8 + e]));
-    }
-  }
+  const uint64_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+  const auto x = emu::exchange(mine, 6);
   const int lane = emu::lane(), g = lane >> 2, q = lane & 3;
+  float A[2][16], B[2][16];  // rows g, g + 8 of A; columns 2q, 2q + 1 of B
+  for (int k = 0; k < 16; ++k) {
+    const int from = (k & 7) / 2, hi = k & 1;  // the lane (of its group of 4) and half word holding element k
+    for (int r = 0; r < 2; ++r)
+      A[r][k] = half_word<T>(static_cast<uint32_t>(x[4 * g + from][r + 2 * (k >> 3)]), hi);
+    for (int n = 0; n < 2; ++n)
+      B[n][k] = half_word<T>(static_cast<uint32_t>(x[4 * (2 * q + n) + from][4 + (k >> 3)]), hi);
+  }
   for (int i = 0; i < 4; ++i) {
-    const int row = g + (i >= 2 ? 8 : 0), col = 2 * q + (i & 1);
-    float acc = C[row][col];
-    for (int k = 0; k < 16; ++k) acc += A[row][k] * B[k][col];
+    float acc = c[i];  // C at (g + 8 (i >= 2), 2q + (i & 1)): this lane's own
+    for (int k = 0; k < 16; ++k) acc += A[i >> 1][k] * B[i & 1][k];
     c[i] = acc;
   }
 }
