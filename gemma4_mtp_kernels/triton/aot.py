@@ -2,9 +2,9 @@
 
 `launches()` runs the public ops (backend="triton") over the real drafter shapes and the awkward
 cases (greedy / sampling / draft_probs verifies, sampled draft tokens, None pointers, every dtype, split
-and unsplit paths, A100 and H100/H200 SM counts) on meta tensors, with `record.recording` in place of the
-kernel launch: what it collects is what the launchers really launch, as Triton's JIT would specialise it
-on a GPU.
+and unsplit paths, the SM counts of A100, H100 and H200: GPUS) on meta tensors, with `record.recording` in
+place of the kernel launch: what it collects is what the launchers really launch, as Triton's JIT would
+specialise it on a GPU.
 `compile_launch` builds one for a `GPUTarget` and reads registers, shared memory and local memory
 (spills) from `cuobjdump -res-usage` of the cubin; `front_end` takes a launch through Triton's front end
 only (the torch.compile check, INDUCTOR_FLOAT). Used by tests/test_triton_aot.py (under Triton 3.8
@@ -31,7 +31,13 @@ from . import _common
 from ._common import cdiv
 from .record import RecordedLaunch, recording
 
-ARCHS = (80, 90)
+# The GPUs the launches are recorded for: SM architecture -> the SM counts of its GPUs (the launchers size
+# grids and splits by them). sm_80: A100 (108); sm_90: H100 PCIe (114), H100 SXM / H200 (132). Each architecture
+# with its own GPUs' counts: the cross product of (108, 132) it replaced also compiled ~60 launches per Triton
+# version for an sm_80 GPU of 132 SMs, which does not exist (a quarter of the centroid head's compiles, the
+# slowest; 2026-12-07).
+GPUS = {80: (108,), 90: (114, 132)}
+ARCHS = tuple(GPUS)
 
 
 class Launch(NamedTuple):
@@ -119,11 +125,10 @@ def compile_launch(launch: Launch, arch: int):
     return compiled, res._replace(shared_bytes=res.shared_bytes + compiled.metadata.shared)
 
 
-# The dispatch-time parameters the launchers meet for the real drafters: SM counts (A100, H100/H200),
-# tokens per draft step, requests per batch, queries per request (a chain step, tree levels of up to 8
-# branches), attended lengths, draft tree sizes, and the awkward options (None pointers, an unaligned
-# `out`, sampling kinds). Each scenario is a public op call with backend="triton" on meta tensors.
-SMS = (108, 132)
+# The dispatch-time parameters the launchers meet for the real drafters (on GPUS' SM counts): tokens per
+# draft step, requests per batch, queries per request (a chain step, tree levels of up to 8 branches),
+# attended lengths, draft tree sizes, and the awkward options (None pointers, an unaligned `out`, sampling
+# kinds). Each scenario is a public op call with backend="triton" on meta tensors.
 TOKENS = (1, 8, 64, 256)  # 256: a large batch of one-token steps
 BATCHES = (1, 8, 64)      # 64: enough programs that attention needs no key split
 QUERIES = (1, 2, 4, 8)
@@ -454,12 +459,12 @@ def defined_kernels() -> set[str]:
     return names
 
 
-def launches(sms_counts=SMS, archs=ARCHS) -> list[Launch]:
-    """Every distinct launch (one per compile) the scenarios make on GPUs of each SM count and
-    architecture; a launch is compiled for the architectures that make it (e.g. the programmatic
-    dependent launches (`_common.pdl_args`) only for sm_90)."""
+def launches(gpus=GPUS) -> list[Launch]:
+    """Every distinct launch (one per compile) the scenarios make on the GPUs `gpus` names (architecture ->
+    SM counts); a launch is compiled for the architectures that make it (e.g. the programmatic dependent
+    launches (`_common.pdl_args`) only for sm_90)."""
     seen: dict[tuple, Launch] = {}
-    for arch, sms in itertools.product(archs, sms_counts):
+    for arch, sms in ((arch, sms) for arch, counts in gpus.items() for sms in counts):
         for sc in scenarios():
             with recording(sms, arch) as recorded:
                 sc.call()
