@@ -33,7 +33,7 @@ from .record import RecordedLaunch, recording
 
 # The GPUs the launches are recorded for: SM architecture -> the SM counts of its GPUs (the launchers size
 # grids and splits by them). sm_80: A100 (108); sm_90: H100 PCIe (114), H100 SXM / H200 (132). Each architecture
-# with its own GPUs' counts: the cross product of (108, 132) it replaced also compiled ~60 launches per Triton
+# with its own GPUs' counts: the cross product of (108, 132) it replaced also compiled 58 launches per Triton
 # version for an sm_80 GPU of 132 SMs, which does not exist (a quarter of the centroid head's compiles, the
 # slowest; 2026-12-07).
 GPUS = {80: (108,), 90: (114, 132)}

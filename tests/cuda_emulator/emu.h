@@ -1,17 +1,15 @@
 // A CPU emulation of the CUDA features the attention kernels use, so that the kernels' own source
 // (csrc/include/gemma4_mtp/q_only_attention.cuh) runs on a machine without a GPU, under AddressSanitizer.
 //
-// Threads of a block are fibers scheduled round robin on one OS thread (switched without a system call, see
-// Context, annotated for AddressSanitizer); they switch only in barriers and warp-collective operations,
-// each of which waits for all participants. The warp-level
-// instructions (shuffles, ldmatrix, mma.m16n8k16) follow the PTX ISA's definitions of their operand
-// fragments; cp.async groups and bulk copies complete either at issue ("early") or as late as the
-// program's waits allow ("late"), which exposes missing waits. Global memory is host memory: a read
-// outside an allocation is an AddressSanitizer error. Data one block reads of another's (__ldcg) must
-// still hold what it read when the launch ends (check_published_reads): a block that reads other
-// blocks' partials before its election, run before them, fails. What this cannot show: timing, memory-model
-// races between warps that real hardware would reorder, bank conflicts, or a misreading of the PTX
-// fragment layouts shared by this file and the kernel.
+// Threads of a block are fibers scheduled round robin on one OS thread (switched without a system call, see Context,
+// annotated for AddressSanitizer); they switch only in barriers and warp-collective operations, each of which waits for
+// all participants. The warp-level instructions (shuffles, ldmatrix, mma.m16n8k16) follow the PTX ISA's definitions of
+// their operand fragments; cp.async groups and bulk copies complete either at issue ("early") or as late as the
+// program's waits allow ("late"), which exposes missing waits. Global memory is host memory: a read outside an
+// allocation is an AddressSanitizer error. Data one block reads of another's (__ldcg) must still hold what it read when
+// the launch ends (check_published_reads): a block that reads other blocks' partials before its election, run before
+// them, fails. What this cannot show: timing, memory-model races between warps that real hardware would reorder, bank
+// conflicts, or a misreading of the PTX fragment layouts shared by this file and the kernel.
 #pragma once
 
 #include <setjmp.h>
@@ -224,11 +222,10 @@ inline void perform(const Copy& c) {
 // system call, but under AddressSanitizer every _longjmp first runs __asan_handle_no_return, which asks
 // the kernel for the signal stack (sigaltstack) and clears shadow memory of the stack it leaves: 15x the
 // unsanitized time of a switch-bound kernel (2026-12-07, dense_head at the 31B width, T = 19 on 132 SMs:
-// 47 s, 3 s without the sanitizer; 11 s with it and this switch). On
-// x86-64 the switch is a function of its own, as coroutine libraries write it (the callee-saved registers
-// pushed on the running stack, the stack pointers exchanged), an ordinary call to AddressSanitizer;
-// elsewhere (or with EMU_SETJMP_SWITCH defined: tests/test_cuda_emulator.py runs both) _setjmp / _longjmp,
-// the first entry through swapcontext.
+// 47 s, 3 s without the sanitizer; 11 s with it and this switch). On x86-64 the switch is a function of its
+// own, as coroutine libraries write it (the callee-saved registers pushed on the running stack, the stack
+// pointers exchanged), an ordinary call to AddressSanitizer; elsewhere (or with EMU_SETJMP_SWITCH defined:
+// tests/test_cuda_emulator.py runs both) _setjmp / _longjmp, the first entry through swapcontext.
 #if defined(__x86_64__) && !defined(EMU_SETJMP_SWITCH)
 struct Context {
   void* sp = nullptr;  // the saved stack: callee-saved registers, then the return address
