@@ -38,17 +38,22 @@ int main(int argc, char** argv) {
 """
 
 
+def _build(tmp_path_factory, name: str, source: str, flags: list[str]):
+    """`source` (a kernel and its main, including emu.h) built with the compiler command `flags`."""
+    d = tmp_path_factory.mktemp(name)
+    (d / "main.cpp").write_text(source)
+    done = subprocess.run([*flags, f"-I{EMU}", str(d / "main.cpp"), "-o", str(d / "main")], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return d / "main"
+
+
 @pytest.fixture(scope="module")
 def loader(tmp_path_factory):
     flags = compiler_flags()
     if "-fsanitize=address,alignment" not in flags:
         pytest.skip("g++ here builds without the sanitizers' runtimes: the emulation runs unchecked")
-    d = tmp_path_factory.mktemp("emulator_alignment")
-    (d / "load.cpp").write_text(SOURCE)
-    done = subprocess.run([*flags, f"-I{EMU}", str(d / "load.cpp"), "-o", str(d / "load")], capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return d / "load"
+    return _build(tmp_path_factory, "emulator_alignment", SOURCE, flags)
 
 
 @pytest.mark.parametrize("vector, offset, ok", [
@@ -98,13 +103,9 @@ int main(int argc, char** argv) {
 @pytest.fixture(scope="module", params=["own", "setjmp"])
 def switcher(request, tmp_path_factory):
     flags = compiler_flags()
-    d = tmp_path_factory.mktemp(f"emulator_switch_{request.param}")
-    (d / "switch.cpp").write_text(SWITCH_SOURCE)
     define = ["-DEMU_SETJMP_SWITCH"] if request.param == "setjmp" else []
-    done = subprocess.run([*flags, *define, f"-I{EMU}", str(d / "switch.cpp"), "-o", str(d / "switch")],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return request.param, d / "switch", "-fsanitize=address,alignment" in flags
+    exe = _build(tmp_path_factory, f"emulator_switch_{request.param}", SWITCH_SOURCE, [*flags, *define])
+    return request.param, exe, "-fsanitize=address,alignment" in flags
 
 
 def test_fibers_resume_where_they_left(switcher):
